@@ -1,0 +1,187 @@
+"""THE precision catalog: every precision name the study knows, and exactly what it means.
+
+Each name means one thing, on CPU and on CUDA, everywhere (config, code, tables, plots):
+
+=============  =====================  ====================  ==============================  ======
+name           weights / grads /      matmul compute        loss scaling                    TF32
+               optimizer state
+=============  =====================  ====================  ==============================  ======
+``fp32``       fp32                   fp32                  none                            OFF
+``tf32``       fp32                   TF32 tensor cores     none                            ON
+``amp_fp16``   fp32 (master)          fp16 (autocast)       dynamic (torch.amp.GradScaler)  OFF
+``amp_bf16``   fp32 (master)          bf16 (autocast)       none                            OFF
+``pure_fp16``  fp16                   fp16                  dynamic (GradScaler, fp16 grads) OFF
+``pure_bf16``  bf16                   bf16                  none                            OFF
+=============  =====================  ====================  ==============================  ======
+
+This module is the one place where a precision name turns into an autocast context, a loss scaler,
+a parameter dtype and the TF32 switches (nanoGPT style). Adding a precision means adding one entry
+to :data:`CATALOG` (and, if it needs new machinery, a branch in :meth:`Precision.autocast`,
+:meth:`Precision.make_scaler` or :func:`check_supported`).
+
+Unsupported combinations (``tf32`` on CPU, bf16 on a CUDA GPU without bf16) are detected by
+:func:`check_supported` *before* training. The engine then either refuses with
+:class:`~precswitch.errors.PrecisionUnsupported` (default, ``on_unsupported: error``) or records the
+stage as ``status: skipped`` with the reason (``on_unsupported: skip``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+
+from .errors import PrecisionUnsupported, PrecswitchError
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How one named precision runs. Frozen: a precision is a fact, not a setting."""
+
+    name: str
+    description: str
+    #: dtype of the weights, gradients and optimizer state (and of the checkpoint written)
+    param_dtype: torch.dtype
+    #: autocast compute dtype, or None for no autocast
+    autocast_dtype: torch.dtype | None
+    #: dynamic loss scaling with torch.amp.GradScaler
+    loss_scaling: bool
+    #: TF32 tensor-core matmuls allowed (CUDA only)
+    tf32: bool
+    #: device types this precision can run on at all
+    device_types: tuple[str, ...] = ("cpu", "cuda")
+
+    @property
+    def is_pure(self) -> bool:
+        return self.param_dtype != torch.float32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.autocast_dtype or self.param_dtype
+
+    def apply_backend_flags(self) -> dict[str, Any]:
+        """Set the global TF32 switches for this precision (explicitly, every stage) and return them.
+
+        ``fp32`` really means fp32: TF32 is switched OFF for every precision except ``tf32``.
+        """
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        torch.backends.cudnn.allow_tf32 = self.tf32
+        torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+        return backend_flags()
+
+    def autocast(self, device_type: str) -> ContextManager:
+        """The forward-pass context: ``torch.autocast`` for amp_*, nothing otherwise."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)
+
+    def make_scaler(self, device_type: str) -> torch.amp.GradScaler | None:
+        """A dynamic loss scaler for fp16 modes, else None."""
+        if not self.loss_scaling:
+            return None
+        if self.is_pure:
+            return PureFP16GradScaler(device_type)
+        return torch.amp.GradScaler(device_type)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Cast the model to this precision's storage dtype (fp32 master weights for amp_*)."""
+        return model.to(dtype=self.param_dtype)
+
+
+class PureFP16GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` for fp16 *parameters* (pure_fp16).
+
+    The stock scaler refuses to unscale fp16 gradients (it assumes AMP with fp32 master weights).
+    Everything else — dynamic scale growth/back-off, inf/NaN detection, step skipping — is the
+    library's own; we only allow fp16 gradients in its unscale kernel.
+    """
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # noqa: D401
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
+
+
+CATALOG: dict[str, Precision] = {
+    p.name: p
+    for p in [
+        Precision("fp32", "fp32 weights and compute; TF32 explicitly off", torch.float32, None, False, False),
+        Precision(
+            "tf32", "fp32 weights; matmuls on TF32 tensor cores", torch.float32, None, False, True, ("cuda",)
+        ),
+        Precision(
+            "amp_fp16",
+            "fp32 master weights, fp16 autocast, dynamic loss scaling (GradScaler)",
+            torch.float32,
+            torch.float16,
+            True,
+            False,
+        ),
+        Precision("amp_bf16", "fp32 master weights, bf16 autocast, no loss scaling", torch.float32, torch.bfloat16, False, False),
+        Precision(
+            "pure_fp16",
+            "fp16 weights, gradients and optimizer state; dynamic loss scaling",
+            torch.float16,
+            None,
+            True,
+            False,
+        ),
+        Precision("pure_bf16", "bf16 weights, gradients and optimizer state", torch.bfloat16, None, False, False),
+    ]
+}
+
+NAMES: tuple[str, ...] = tuple(CATALOG)
+
+#: dtype names as written in metrics.json and checkpoints
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def get(name: str) -> Precision:
+    """Look up a precision by name; an unknown name is a clear error listing the allowed ones."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise PrecswitchError(f"unknown precision {name!r}; allowed: {', '.join(NAMES)}") from None
+
+
+def check_supported(precision: Precision, device: torch.device) -> None:
+    """Raise PrecisionUnsupported (naming the precision and the device) if it can't run there."""
+    dev_type = device.type
+    if dev_type not in precision.device_types:
+        raise PrecisionUnsupported(
+            f"precision {precision.name!r} cannot run on device {describe_device(device)!r}: "
+            f"it needs {' or '.join(precision.device_types)}"
+            + (" (TF32 tensor cores exist only on NVIDIA Ampere or newer GPUs)" if precision.tf32 else "")
+        )
+    uses_bf16 = torch.bfloat16 in (precision.param_dtype, precision.autocast_dtype)
+    if dev_type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if uses_bf16 and not torch.cuda.is_bf16_supported():
+            raise PrecisionUnsupported(
+                f"precision {precision.name!r} needs bf16, which GPU {describe_device(device)!r} "
+                f"(compute capability {major}.{minor}) does not support (bf16 needs Ampere, 8.0, or newer)"
+            )
+        if precision.tf32 and major < 8:
+            raise PrecisionUnsupported(
+                f"precision 'tf32' needs an Ampere (8.0) or newer GPU; {describe_device(device)!r} is {major}.{minor}"
+            )
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def backend_flags() -> dict[str, Any]:
+    """The global numeric switches as they are now (recorded in every metrics.json)."""
+    return {
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+    }
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))

@@ -1,0 +1,169 @@
+"""Stage hyper-parameters: defaults, parsing and validation (before any training starts)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import precision as P
+from ..errors import PrecswitchError
+
+#: Every key a stage accepts, with its default. ``None`` = required or "not set".
+DEFAULTS: dict[str, Any] = {
+    "run_id": None,  # default: "{stage}-{precision}-seed{seed}"
+    "stage": "pretrain",  # pretrain | finetune (a label; the objective decides the loop)
+    "objective": "mlm",  # mlm | classify
+    "precision": "fp32",
+    "seed": 0,
+    "tags": {},
+    "data": None,  # prepared dataset dir (precswitch prepare)
+    "tokenizer": None,  # tokenizer dir; default: the data's meta.json tokenizer
+    "init": "scratch",  # scratch | checkpoint dir | pretrained model dir or hub name
+    "model": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+        "max_position_embeddings": 128,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "attn_implementation": "eager",
+    },
+    "steps": None,
+    "epochs": None,
+    "batch_size": 32,
+    "eval_batch_size": 128,
+    "lr": 5e-4,
+    "warmup_ratio": 0.1,
+    "weight_decay": 0.01,
+    "adam_eps": 1e-8,  # AdamW's default, kept faithful: in fp16 it rounds to 0 (see pure_fp16)
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "max_grad_norm": 1.0,  # 0 or null: no clipping (the norm is still recorded)
+    "mlm_probability": 0.15,
+    "eval_precision": "same",  # same | fp32 | any precision name
+    "eval_seed": 1234,  # fixed MLM eval masks: every run is scored on the same masked tokens
+    "max_nonfinite": 10,  # K consecutive non-finite losses end the stage as "diverged"
+    "timing_warmup_steps": 5,  # excluded from steady-state throughput
+    "threads": 1,  # torch intra-op threads (pinned: results depend on it)
+    "device": "auto",  # auto | cpu | cuda | cuda:N
+    "on_unsupported": "error",  # error | skip: precision the device can't run
+    "log_every": 1,
+    "progress": None,  # tqdm: None = only on a terminal
+    "save_checkpoint": True,
+    "checkpoint_every_steps": 0,  # resumable state every N steps (0 = off)
+    "checkpoint_every_minutes": 0.0,  # ... or every M minutes of training (0 = off)
+    "resume_dir": None,  # default: <out>/resume
+    "deterministic": False,  # torch.use_deterministic_algorithms (CUDA needs CUBLAS_WORKSPACE_CONFIG)
+}
+
+OBJECTIVES = ("mlm", "classify")
+MODEL_KEYS = set(DEFAULTS["model"]) | {"vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range"}
+
+
+def load_hparams(arg: str | dict) -> dict[str, Any]:
+    """Parse ``--hparams``: a JSON object string, ``@file.json``, or a path to a .json/.yaml file."""
+    if isinstance(arg, dict):
+        return dict(arg)
+    text = arg
+    source = "--hparams"
+    path = arg[1:] if arg.startswith("@") else arg
+    if arg.startswith("@") or (not arg.lstrip().startswith("{") and Path(path).suffix in {".json", ".yaml", ".yml"}):
+        if not Path(path).is_file():
+            raise PrecswitchError(f"hparams file {path!r} does not exist")
+        text = Path(path).read_text(encoding="utf-8")
+        source = path
+    try:
+        if source.endswith((".yaml", ".yml")):
+            import yaml
+
+            obj = yaml.safe_load(text)
+        else:
+            obj = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error is a user error
+        raise PrecswitchError(f"{source}: not valid {'YAML' if source.endswith(('yaml', 'yml')) else 'JSON'}: {e}") from None
+    if not isinstance(obj, dict):
+        raise PrecswitchError(f"{source}: expected a mapping of hyper-parameters, got {type(obj).__name__}")
+    return obj
+
+
+def resolve(raw: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and validate every key. Raises PrecswitchError naming the key and what is allowed."""
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise PrecswitchError(f"unknown hparams key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
+    hp = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k in ("steps", "epochs")}}
+    hp["model"] = {**DEFAULTS["model"], **(raw.get("model") or {})}
+    bad_model = sorted(set(hp["model"]) - MODEL_KEYS)
+    if bad_model:
+        raise PrecswitchError(f"unknown model key(s) {bad_model}; allowed: {sorted(MODEL_KEYS)}")
+
+    P.get(hp["precision"])  # raises with the allowed names
+    if hp["eval_precision"] not in ("same",) + P.NAMES:
+        raise PrecswitchError(f"eval_precision {hp['eval_precision']!r}: allowed 'same' or one of {', '.join(P.NAMES)}")
+    if hp["objective"] not in OBJECTIVES:
+        raise PrecswitchError(f"objective {hp['objective']!r}: allowed {', '.join(OBJECTIVES)}")
+    if hp["on_unsupported"] not in ("error", "skip"):
+        raise PrecswitchError(f"on_unsupported {hp['on_unsupported']!r}: allowed 'error' or 'skip'")
+    if not hp["data"]:
+        raise PrecswitchError("hparams key 'data' is required: a dataset dir written by `precswitch prepare`")
+    if (hp["steps"] is None) == (hp["epochs"] is None):
+        raise PrecswitchError("set exactly one of 'steps' or 'epochs' (a positive number)")
+    for key in ("steps", "epochs"):
+        if hp[key] is not None and (not isinstance(hp[key], (int, float)) or isinstance(hp[key], bool) or hp[key] <= 0):
+            raise PrecswitchError(f"{key} must be a positive number, got {hp[key]!r}")
+    if hp["steps"] is not None:
+        if int(hp["steps"]) != hp["steps"]:
+            raise PrecswitchError(f"steps must be a whole number, got {hp['steps']!r}")
+        hp["steps"] = int(hp["steps"])
+    for key in ("seed", "batch_size", "eval_batch_size", "threads", "max_nonfinite", "log_every"):
+        v = hp[key]
+        if not isinstance(v, int) or isinstance(v, bool) or (v < 0 if key == "seed" else v <= 0):
+            raise PrecswitchError(f"{key} must be a {'non-negative' if key == 'seed' else 'positive'} integer, got {v!r}")
+    for key in ("lr", "adam_eps", "weight_decay", "warmup_ratio", "mlm_probability", "adam_beta1", "adam_beta2"):
+        v = hp[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise PrecswitchError(f"{key} must be a finite number, got {v!r}")
+    if hp["lr"] <= 0:
+        raise PrecswitchError(f"lr must be > 0, got {hp['lr']!r}")
+    if hp["adam_eps"] < 0 or hp["weight_decay"] < 0:
+        raise PrecswitchError("adam_eps and weight_decay must be >= 0")
+    if not 0 <= hp["warmup_ratio"] < 1:
+        raise PrecswitchError(f"warmup_ratio must be in [0, 1), got {hp['warmup_ratio']!r}")
+    if not 0 < hp["mlm_probability"] < 1:
+        raise PrecswitchError(f"mlm_probability must be in (0, 1), got {hp['mlm_probability']!r}")
+    if hp["timing_warmup_steps"] < 0:
+        raise PrecswitchError("timing_warmup_steps must be >= 0")
+    if hp["run_id"] is None:
+        hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
+    return hp
+
+
+def config_hash(hp: dict[str, Any]) -> str:
+    """Hash of the hyper-parameters that determine the result (not of run-time plumbing)."""
+    ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags"}
+    canonical = json.dumps({k: v for k, v in hp.items() if k not in ignore}, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def resolve_device(spec: str):
+    import torch
+
+    if spec == "auto":
+        if torch.cuda.is_available():
+            idx = os.environ.get("PRECSWITCH_GPU_INDEX")
+            return torch.device(f"cuda:{idx}" if idx else "cuda")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise PrecswitchError(f"device {spec!r}: allowed auto, cpu, cuda, cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise PrecswitchError(f"device {spec!r} requested but no CUDA GPU is available (torch {torch.__version__})")
+    if dev.type not in ("cpu", "cuda"):
+        raise PrecswitchError(f"device {spec!r}: allowed auto, cpu, cuda, cuda:N")
+    return dev

@@ -1,0 +1,616 @@
+"""One training stage of a BERT-style model under one named precision.
+
+The loop is deliberately plain (nanoGPT style): the only place precision enters is
+``prec.autocast(...)`` around the forward pass, ``scaler`` around backward/step, and
+``prec.prepare_model`` for the storage dtype. Everything measured goes to ``metrics.json``
+(see docs/metrics.md) and the per-step log ``steps.csv``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import METRICS_SCHEMA_VERSION
+from .. import measure
+from .. import precision as P
+from ..errors import EXIT_PREEMPTED, PrecisionUnsupported, PrecswitchError
+from ..io import atomic_path, atomic_write_json, atomic_write_text, read_json
+from . import config as C
+
+STAGE_FILE = "precswitch_stage.json"
+STEP_FIELDS = ["step", "loss", "lr", "grad_norm", "loss_scale", "step_seconds", "skipped"]
+
+
+class Preempted(Exception):
+    """SIGTERM arrived: the resumable state was saved; exit with EXIT_PREEMPTED."""
+
+
+# ====================================================================== inputs
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _load_data(hp: dict) -> tuple[Any, Any, dict]:
+    import datasets
+
+    data_dir = Path(hp["data"])
+    meta_path = data_dir / "meta.json"
+    if not data_dir.is_dir():
+        raise PrecswitchError(f"data dir {str(data_dir)!r} does not exist (write it with `precswitch prepare`)")
+    if not meta_path.is_file():
+        raise PrecswitchError(f"data dir {str(data_dir)!r} has no meta.json: not written by `precswitch prepare`")
+    meta = read_json(meta_path)
+    if meta.get("objective") != hp["objective"]:
+        raise PrecswitchError(
+            f"data {str(data_dir)!r} was prepared for objective {meta.get('objective')!r}, "
+            f"but this stage's objective is {hp['objective']!r}"
+        )
+    try:
+        dd = datasets.load_from_disk(str(data_dir))
+    except Exception as e:  # noqa: BLE001
+        raise PrecswitchError(f"data dir {str(data_dir)!r} cannot be read as a prepared dataset: {e}") from None
+    for split in ("train", "eval"):
+        if split not in dd:
+            raise PrecswitchError(f"data dir {str(data_dir)!r} lacks the {split!r} split (has {list(dd)})")
+        if len(dd[split]) == 0:
+            raise PrecswitchError(f"data dir {str(data_dir)!r}: the {split!r} split is empty")
+    return dd["train"], dd["eval"], meta
+
+
+def _load_tokenizer(hp: dict, meta: dict):
+    from transformers import AutoTokenizer
+
+    tok_dir = hp["tokenizer"] or meta.get("tokenizer")
+    if not tok_dir:
+        raise PrecswitchError("no tokenizer: set hparams 'tokenizer' (the data's meta.json names none)")
+    if not Path(tok_dir).exists():
+        raise PrecswitchError(f"tokenizer dir {str(tok_dir)!r} does not exist")
+    try:
+        return AutoTokenizer.from_pretrained(str(tok_dir))
+    except Exception as e:  # noqa: BLE001
+        raise PrecswitchError(f"tokenizer {str(tok_dir)!r} cannot be loaded: {e}") from None
+
+
+def _init_info(init: str) -> dict:
+    """What the init checkpoint says about itself (written by a previous stage), if anything."""
+    p = Path(init) / STAGE_FILE
+    return read_json(p) if p.is_file() else {}
+
+
+def _checkpoint_dtype(init_dir: Path) -> str | None:
+    """dtype of the first floating tensor stored in a safetensors checkpoint (what the next stage reads)."""
+    files = sorted(init_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        with open(files[0], "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+    except Exception:  # noqa: BLE001 - reported by from_pretrained later
+        return None
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+    for k, v in header.items():
+        if k != "__metadata__" and v.get("dtype") in names:
+            return names[v["dtype"]]
+    return None
+
+
+def _build_model(hp: dict, tokenizer, meta: dict):
+    """Scratch from a BertConfig, or from a checkpoint dir / pretrained name."""
+    from transformers import AutoConfig, BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    cls = BertForMaskedLM if hp["objective"] == "mlm" else BertForSequenceClassification
+    extra = {}
+    if hp["objective"] == "classify":
+        extra["num_labels"] = int(meta["num_labels"])
+    m = dict(hp["model"])
+    attn = m.pop("attn_implementation", "eager")
+    init = str(hp["init"])
+    if init == "scratch":
+        cfg = BertConfig(
+            vocab_size=m.pop("vocab_size", None) or len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            attn_implementation=attn,
+            **m,
+            **extra,
+        )
+        return cls(cfg), None
+    path = Path(init).expanduser()
+    is_dir = path.is_dir()
+    if not is_dir and (init.startswith((".", "/", "~")) or init.count("/") > 1 or path.suffix):
+        raise PrecswitchError(f"model init {init!r}: directory does not exist")
+    if is_dir and not (path / "config.json").is_file():
+        raise PrecswitchError(f"model dir {init!r} has no config.json: not a saved model (save_pretrained)")
+    try:
+        cfg = AutoConfig.from_pretrained(init, **extra)
+        cfg._attn_implementation = attn
+        model = cls.from_pretrained(init, config=cfg, dtype=torch.float32)
+    except OSError as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+        if is_dir:
+            raise PrecswitchError(f"checkpoint {init!r} is corrupt or incomplete: {str(e).splitlines()[0]}") from None
+        raise PrecswitchError(
+            f"model {init!r} is not a local dir and could not be loaded from the hub"
+            + (" (offline: HF_HUB_OFFLINE=1 and it is not in the cache; run the download rule first)" if offline else "")
+            + f": {str(e).splitlines()[0]}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - truncated safetensors etc.
+        raise PrecswitchError(f"checkpoint {init!r} cannot be loaded (corrupt or truncated?): {e}") from None
+    return model, (_checkpoint_dtype(path) if is_dir else None)
+
+
+# ====================================================================== batching
+class Batches:
+    """Deterministic batches: epoch e is a fixed permutation seeded by (seed, e); position = step.
+
+    Because the order is a pure function of (seed, step), a resumed run sees exactly the batches
+    the uninterrupted run would have seen, without saving a sampler.
+    """
+
+    def __init__(self, rows: list[dict], batch_size: int, seed: int, collate):
+        self.rows, self.bs, self.seed, self.collate = rows, batch_size, seed, collate
+        self.per_epoch = len(rows) // batch_size
+        self._epoch, self._perm = -1, None
+
+    def get(self, step: int) -> dict:
+        epoch, pos = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._epoch = torch.randperm(len(self.rows), generator=g).tolist(), epoch
+        idx = self._perm[pos * self.bs : (pos + 1) * self.bs]
+        return self.collate([self.rows[i] for i in idx])
+
+
+def _rows(ds, objective: str) -> list[dict]:
+    cols = ["input_ids", "attention_mask", "token_type_ids"] + (["labels"] if objective == "classify" else [])
+    cols = [c for c in cols if c in ds.column_names]
+    data = ds.select_columns(cols).to_dict()
+    return [dict(zip(cols, vals)) for vals in zip(*(data[c] for c in cols))]
+
+
+def _make_collator(objective: str, tokenizer, mlm_probability: float):
+    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+
+    if objective == "mlm":
+        return DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability)
+    return DataCollatorWithPadding(tokenizer)
+
+
+# ====================================================================== evaluation
+@torch.no_grad()
+def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, device, meta: dict) -> dict:
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    model.eval()
+    total_loss, total_n = 0.0, 0
+    correct, masked = 0, 0
+    preds, labels, nonfinite = [], [], 0
+    for b in batches:
+        b = {k: v.to(device) for k, v in b.items()}
+        with prec.autocast(device.type):
+            out = model(**b)
+        logits = out.logits.float()
+        if objective == "mlm":
+            mask = b["labels"] != -100
+            n = int(mask.sum())
+            total_loss += float(out.loss.float()) * n
+            total_n += n
+            correct += int((logits.argmax(-1)[mask] == b["labels"][mask]).sum())
+            masked += n
+        else:
+            n = len(b["labels"])
+            total_loss += float(out.loss.float()) * n
+            total_n += n
+            nonfinite += int((~torch.isfinite(logits)).any(-1).sum())
+            preds += logits.argmax(-1).tolist()
+            labels += b["labels"].tolist()
+    model.train()
+    loss = total_loss / max(total_n, 1)
+    res: dict[str, Any] = {"eval_loss": loss if math.isfinite(loss) else None, "eval_note": None}
+    if objective == "mlm":
+        res["perplexity"] = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
+        res["mlm_accuracy"] = correct / max(masked, 1) if math.isfinite(loss) else None
+        res["eval_masked_tokens"] = masked
+        if not math.isfinite(loss):
+            res["eval_note"] = "non-finite eval loss: model weights or activations are NaN/inf"
+    else:
+        res["majority_accuracy"] = meta.get("majority_accuracy")
+        res["eval_examples"] = len(labels)
+        if nonfinite:
+            res.update(accuracy=None, f1=None, mcc=None)
+            res["eval_note"] = f"non-finite logits for {nonfinite} of {len(labels)} eval examples: predictions meaningless"
+        else:
+            binary = int(meta.get("num_labels", 2)) == 2
+            res["accuracy"] = float(accuracy_score(labels, preds))
+            res["f1"] = float(f1_score(labels, preds, pos_label=1, average="binary" if binary else "macro", zero_division=0))
+            res["mcc"] = float(matthews_corrcoef(labels, preds))
+    return res
+
+
+def _eval_batches(rows: list[dict], collate, bs: int, seed: int) -> list[dict]:
+    """Eval batches built once under a fixed RNG: every run is scored on the same MLM masks."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return [collate(rows[i : i + bs]) for i in range(0, len(rows), bs)]
+
+
+# ====================================================================== state (resume)
+def _rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _save_state(path: Path, state: dict) -> float:
+    t = time.perf_counter()
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return time.perf_counter() - t
+
+
+# ====================================================================== the stage
+def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
+    """Run one stage. Returns the metrics dict (also written to ``out_dir/metrics.json``).
+
+    Raises PrecswitchError for bad input (before training), Preempted after SIGTERM (state saved).
+    """
+    t_setup = time.perf_counter()
+    started_at = measure.now_iso()
+    hp = C.resolve(hparams)
+    prec = P.get(hp["precision"])
+    eval_prec = prec if hp["eval_precision"] == "same" else P.get(hp["eval_precision"])
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise PrecswitchError(f"output dir {str(out)!r} is not writable: {e.strerror}") from None
+
+    torch.set_num_threads(hp["threads"])
+    device = C.resolve_device(hp["device"])
+    flags = prec.apply_backend_flags()
+    chash = C.config_hash(hp)
+    base = {
+        "schema_version": METRICS_SCHEMA_VERSION,
+        "run_id": hp["run_id"],
+        "stage": hp["stage"],
+        "objective": hp["objective"],
+        "precision": prec.name,
+        "seed": hp["seed"],
+        "schedule": hp["tags"].get("schedule"),
+        "tags": hp["tags"],
+        "config_hash": chash,
+        "started_at": started_at,
+    }
+    try:
+        P.check_supported(prec, device)
+        if eval_prec is not prec:
+            P.check_supported(eval_prec, device)
+    except PrecisionUnsupported as e:
+        if hp["on_unsupported"] != "skip":
+            raise
+        metrics = {**base, "status": "skipped", "status_reason": str(e), **measure.provenance(device), **flags,
+                   "hparams": hp, "finished_at": measure.now_iso()}
+        atomic_write_json(out / "metrics.json", metrics)
+        return metrics
+    if hp["deterministic"]:
+        torch.use_deterministic_algorithms(True)
+        flags = P.backend_flags()
+
+    _quiet_transformers()
+    import transformers
+
+    # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in HF Trainer).
+    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+
+    train_ds, eval_ds, meta = _load_data(hp)
+    tokenizer = _load_tokenizer(hp, meta)
+    if hp["batch_size"] > len(train_ds):
+        raise PrecswitchError(
+            f"batch_size {hp['batch_size']} is larger than the training set ({len(train_ds)} rows in {hp['data']!r})"
+        )
+    transformers.set_seed(hp["seed"])
+    init = str(hp["init"])
+    init_info = _init_info(init) if init != "scratch" else {}
+    model, ckpt_dtype_read = _build_model(hp, tokenizer, meta)
+    max_pos = model.config.max_position_embeddings
+    if int(meta.get("max_length", 0)) > max_pos:
+        raise PrecswitchError(
+            f"data max_length {meta['max_length']} exceeds the model's position embeddings ({max_pos}); "
+            f"lower max_length or raise model.max_position_embeddings"
+        )
+    model = prec.prepare_model(model).to(device)
+    model.train()
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": hp["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=hp["lr"],
+        betas=(hp["adam_beta1"], hp["adam_beta2"]),
+        eps=hp["adam_eps"],
+    )
+    collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"])
+    train_rows = _rows(train_ds, hp["objective"])
+    eval_rows = _rows(eval_ds, hp["objective"])
+    batches = Batches(train_rows, hp["batch_size"], hp["seed"], collate)
+    total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * batches.per_epoch)))
+    warmup = int(round(hp["warmup_ratio"] * total_steps))
+    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
+    scaler = prec.make_scaler(device.type)
+    eval_batches = _eval_batches(eval_rows, collate, hp["eval_batch_size"], hp["eval_seed"])
+
+    # ------------------------------------------------------------ resume
+    resume_dir = Path(hp["resume_dir"] or out / "resume")
+    state_path = resume_dir / "state.pt"
+    st: dict[str, Any] = {
+        "step": 0, "rows": [], "step_times": [], "train_seconds": 0.0, "nonfinite": 0, "consecutive": 0,
+        "first_nonfinite": None, "skipped": 0, "scales": [], "attempts": 0, "tokens": 0, "samples": 0,
+        "state_saves": 0, "state_seconds": 0.0, "status": "ok", "status_reason": None,
+    }
+    resumed = False
+    if state_path.is_file():
+        try:
+            saved = torch.load(state_path, weights_only=False, map_location=device)
+        except Exception as e:  # noqa: BLE001
+            raise PrecswitchError(f"resume state {str(state_path)!r} is corrupt: {e}; delete it to start over") from None
+        if saved.get("config_hash") != chash:
+            raise PrecswitchError(
+                f"resume state {str(state_path)!r} belongs to different hyper-parameters "
+                f"(hash {saved.get('config_hash')} != {chash}); delete it to start over"
+            )
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        if scaler is not None:
+            scaler.load_state_dict(saved["scaler"])
+        st = saved["loop"]
+        _set_rng_state(saved["rng"])
+        resumed = True
+    st["attempts"] += 1
+
+    def snapshot() -> dict:
+        return {
+            "config_hash": chash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": _rng_state(), "loop": st,
+        }
+
+    stop = {"sigterm": False}
+    old_handler = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):  # noqa: ARG001
+        stop["sigterm"] = True
+
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        pass
+
+    setup_seconds = time.perf_counter() - t_setup
+    measure.reset_peak_memory(device)
+    rss_before = measure.current_rss()
+    energy0 = measure.nvml_energy_mj(device)
+    clock = measure.StepClock(device)
+    last_state_t = time.perf_counter()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total_steps, initial=st["step"], desc=hp["run_id"], unit="step",
+               disable=(not sys.stderr.isatty()) if hp["progress"] is None else not hp["progress"])
+    # ------------------------------------------------------------ the loop
+    try:
+        while st["step"] < total_steps:
+            step = st["step"]
+            batch = batches.get(step)
+            clock.start()
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with prec.autocast(device.type):
+                loss = model(**batch).loss
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), hp["max_grad_norm"] or math.inf)
+            if scaler is not None:
+                scale_before = scaler.get_scale()
+                scaler.step(optimizer)
+                scaler.update()
+                scale_after = scaler.get_scale()
+                skipped = scale_after < scale_before
+            else:
+                optimizer.step()
+                scale_before, skipped = None, False
+            optimizer.zero_grad(set_to_none=True)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            loss_val = float(loss.detach().float())
+            dt = clock.stop()
+
+            st["train_seconds"] += dt
+            st["step_times"].append(dt)
+            st["samples"] += int(batch["input_ids"].shape[0])
+            st["tokens"] += int(batch["attention_mask"].sum())
+            st["skipped"] += int(skipped)
+            if scale_before is not None:
+                st["scales"].append(scale_before)
+            gn = float(grad_norm)
+            if step % hp["log_every"] == 0 or step == total_steps - 1:
+                st["rows"].append([step + 1, loss_val, lr, gn, scale_before, round(dt, 6), int(skipped)])
+            st["step"] = step + 1
+            bar.update(1)
+            if not math.isfinite(loss_val):
+                st["nonfinite"] += 1
+                st["consecutive"] += 1
+                st["first_nonfinite"] = st["first_nonfinite"] or step + 1
+                if st["consecutive"] >= hp["max_nonfinite"]:
+                    st["status"] = "diverged"
+                    st["status_reason"] = (
+                        f"{st['consecutive']} consecutive non-finite losses (max_nonfinite={hp['max_nonfinite']}); "
+                        f"first at step {st['first_nonfinite']}"
+                    )
+                    break
+            else:
+                st["consecutive"] = 0
+            due = (hp["checkpoint_every_steps"] and st["step"] % hp["checkpoint_every_steps"] == 0) or (
+                hp["checkpoint_every_minutes"] and time.perf_counter() - last_state_t >= 60 * hp["checkpoint_every_minutes"]
+            )
+            if stop["sigterm"] or (due and st["step"] < total_steps):
+                st["state_saves"] += 1
+                st["state_seconds"] += _save_state(state_path, snapshot())
+                last_state_t = time.perf_counter()
+                if stop["sigterm"]:
+                    raise Preempted(f"SIGTERM at step {st['step']}: state saved to {state_path}")
+    finally:
+        bar.close()
+        try:
+            signal.signal(signal.SIGTERM, old_handler)
+        except ValueError:
+            pass
+    mem = measure.peak_memory(device)
+    energy1 = measure.nvml_energy_mj(device)
+
+    # ------------------------------------------------------------ evaluation
+    t_eval = time.perf_counter()
+    measure.sync(device)
+    eval_model = model
+    if eval_prec.param_dtype != prec.param_dtype:
+        eval_model = eval_prec.prepare_model(copy.deepcopy(model))
+    ev = evaluate(eval_model, eval_batches, hp["objective"], eval_prec, device, meta)
+    measure.sync(device)
+    eval_seconds = time.perf_counter() - t_eval
+    del eval_model
+
+    # ------------------------------------------------------------ checkpoint
+    t_ckpt = time.perf_counter()
+    written = P.dtype_name(prec.param_dtype)
+    if hp["save_checkpoint"]:
+        with atomic_path(out / "checkpoint") as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            atomic_write_json(
+                tmp / STAGE_FILE,
+                {"run_id": hp["run_id"], "precision": prec.name, "objective": hp["objective"], "dtype": written,
+                 "status": st["status"], "config_hash": chash},
+            )
+    checkpoint_seconds = time.perf_counter() - t_ckpt + st["state_seconds"]
+
+    # ------------------------------------------------------------ metrics
+    times = st["step_times"]
+    w = hp["timing_warmup_steps"] if len(times) > hp["timing_warmup_steps"] else 0
+    steady = times[w:]
+    steady_s = sum(steady)
+    steady_steps = len(steady)
+    tokens_per_step = st["tokens"] / max(len(times), 1)
+    scales = st["scales"]
+    gns = [r[3] for r in st["rows"] if r[3] is not None and math.isfinite(r[3])]
+    buf = io.StringIO()
+    wr = csv.writer(buf)
+    wr.writerow(STEP_FIELDS)
+    wr.writerows(st["rows"])
+    atomic_write_text(out / "steps.csv", buf.getvalue())
+    prov = measure.provenance(device)
+    metrics = {
+        **base,
+        "status": st["status"],
+        "status_reason": st["status_reason"],
+        "init": init,
+        "init_run_id": init_info.get("run_id"),
+        "init_precision": init_info.get("precision"),
+        "init_status": init_info.get("status"),
+        "param_dtype": P.dtype_name(prec.param_dtype),
+        "autocast_dtype": P.dtype_name(prec.autocast_dtype) if prec.autocast_dtype else None,
+        "checkpoint_dtype_written": written if hp["save_checkpoint"] else None,
+        "checkpoint_dtype_read": ckpt_dtype_read,
+        "train_seconds": st["train_seconds"],
+        "eval_seconds": eval_seconds,
+        "setup_seconds": setup_seconds,
+        "checkpoint_seconds": checkpoint_seconds,
+        "state_saves": st["state_saves"],
+        "state_save_seconds": st["state_seconds"],
+        "steps_planned": total_steps,
+        "steps_completed": st["step"],
+        "batch_size": hp["batch_size"],
+        "samples_seen": st["samples"],
+        "tokens_seen": st["tokens"],
+        "timing_warmup_steps": w,
+        "steps_per_second": steady_steps / steady_s if steady_s > 0 else None,
+        "samples_per_second": steady_steps * hp["batch_size"] / steady_s if steady_s > 0 else None,
+        "tokens_per_second": steady_steps * tokens_per_step / steady_s if steady_s > 0 else None,
+        "step_seconds_median": statistics.median(steady) if steady else None,
+        "step_seconds_p90": float(np.percentile(steady, 90)) if steady else None,
+        **mem,
+        "memory_baseline_bytes": rss_before if device.type == "cpu" else None,
+        "energy_joules": (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None,
+        "loss_scale_start": scales[0] if scales else None,
+        "loss_scale_end": scales[-1] if scales else None,
+        "loss_scale_min": min(scales) if scales else None,
+        "skipped_steps": st["skipped"],
+        "nonfinite_losses": st["nonfinite"],
+        "first_nonfinite_step": st["first_nonfinite"],
+        "final_train_loss": st["rows"][-1][1] if st["rows"] else None,
+        "grad_norm": {
+            "mean": statistics.fmean(gns) if gns else None,
+            "median": statistics.median(gns) if gns else None,
+            "p90": float(np.percentile(gns, 90)) if gns else None,
+            "max": max(gns) if gns else None,
+            "nonfinite": sum(1 for r in st["rows"] if r[3] is None or not math.isfinite(r[3])),
+        },
+        "eval_precision": eval_prec.name,
+        **ev,
+        **prov,
+        "threads": hp["threads"],
+        **flags,
+        "resumed": resumed,
+        "attempts": st["attempts"],
+        "hparams": hp,
+        "finished_at": measure.now_iso(),
+    }
+    atomic_write_json(out / "metrics.json", metrics)
+    if state_path.is_file():
+        state_path.unlink()
+        try:
+            resume_dir.rmdir()
+        except OSError:
+            pass
+    return metrics
+
+
+__all__ = ["run_stage", "evaluate", "Preempted", "EXIT_PREEMPTED", "STAGE_FILE"]

@@ -1,0 +1,69 @@
+"""Tiny prepared datasets + tokenizer for engine tests, built directly per docs/contracts.md."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = "the a red blue old young fox dog cat bird chased saw liked met quickly slowly near far".split()
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    r = random.Random(seed)
+    return [" ".join(r.choice(WORDS) for _ in range(r.randint(4, 9))) for _ in range(n)]
+
+
+def make_tokenizer(out: Path, max_length: int = 32):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(_sentences(200, 0), trainers.WordPieceTrainer(vocab_size=60, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_max_length=max_length,
+    )
+    fast.save_pretrained(out)
+    return fast
+
+
+def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 40, max_length: int = 32) -> Path:
+    """Write tokenizer + prepared dataset under root; return the dataset dir."""
+    from datasets import Dataset, DatasetDict
+
+    tok_dir = root / "tokenizer"
+    tok = make_tokenizer(tok_dir, max_length) if not tok_dir.exists() else None
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+    splits = {}
+    for split, n, seed in (("train", n_train, 1), ("eval", n_eval, 2)):
+        a = _sentences(n, seed)
+        if objective == "mlm":
+            enc = tok(a, truncation=True, max_length=max_length, padding="max_length")
+            splits[split] = Dataset.from_dict(dict(enc))
+        else:
+            r = random.Random(seed + 10)
+            labels = [r.randint(0, 1) for _ in range(n)]
+            # label 1: second sentence repeats the first (learnable)
+            b = [x if y else s for x, y, s in zip(a, labels, _sentences(n, seed + 20))]
+            enc = tok(a, b, truncation=True, max_length=max_length)
+            splits[split] = Dataset.from_dict({**dict(enc), "labels": labels})
+    out = root / f"prepared-{objective}"
+    DatasetDict(splits).save_to_disk(str(out))
+    meta = {"objective": objective, "n_train": n_train, "n_eval": n_eval, "max_length": max_length,
+            "tokenizer": str(tok_dir), "source": {"kind": "test"}}
+    if objective == "classify":
+        ev = splits["eval"]["labels"]
+        meta.update(num_labels=2, label_values=[0, 1], majority_accuracy=max(ev.count(0), ev.count(1)) / len(ev))
+    (out / "meta.json").write_text(json.dumps(meta))
+    return out
