@@ -338,7 +338,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     import transformers
 
     # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in HF Trainer).
-    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
     train_ds, eval_ds, meta = _load_data(hp)
     tokenizer = _load_tokenizer(hp, meta)
