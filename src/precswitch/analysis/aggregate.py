@@ -1,0 +1,270 @@
+"""Aggregate per-stage ``metrics.json`` files into ``runs`` and ``schedules`` tables.
+
+``runs``: one row per stage run (the flat scalars of metrics.json, plus ``grad_norm_<k>`` from the
+``grad_norm`` dict and ``metrics_path``, the file it came from, so that ``steps.csv`` beside it can be
+found later).
+
+``schedules``: one row per (schedule, seed), built from every *finetune* run: its stage 1 is the run whose
+``run_id`` equals the finetune run's ``init_run_id``. A finetune run whose ``init_run_id`` is empty or
+not among the inputs (fine-tuning from scratch or from a hub model) gives a row with empty stage-1
+columns (``stage1_precision`` then falls back to the finetune run's ``init_precision``).
+
+The contract columns (docs/contracts.md) come first, in contract order; extra columns follow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import PrecswitchError
+
+#: schedules.csv columns fixed by docs/contracts.md (in this order).
+SCHEDULE_COLUMNS = [
+    "schedule", "seed", "stage1_precision", "stage2_precision", "status",
+    "accuracy", "f1", "mcc", "majority_accuracy",
+    "stage1_train_seconds", "stage2_train_seconds", "total_train_seconds",
+    "stage1_peak_memory_bytes", "stage2_peak_memory_bytes",
+    "stage1_status", "stage2_status", "stage1_eval_loss", "stage1_mlm_accuracy",
+    "stage2_samples_per_second", "skipped_steps", "nonfinite_losses",
+]
+#: Extra schedules.csv columns (after the contract ones).
+SCHEDULE_EXTRA_COLUMNS = [
+    "stage1_run_id", "stage2_run_id", "stage1_samples_per_second", "stage1_tokens_per_second",
+    "stage2_tokens_per_second", "stage1_skipped_steps", "stage2_skipped_steps",
+    "stage1_nonfinite_losses", "stage2_nonfinite_losses", "stage1_loss_scale_min",
+    "stage2_loss_scale_min", "stage1_status_reason", "stage2_status_reason",
+    "stage1_metrics_path", "stage2_metrics_path", "peak_memory_bytes",
+]
+
+#: Statuses in order of severity: the schedule's status is the worst of its stages'.
+STATUS_SEVERITY = {"ok": 0, "skipped": 1, "diverged": 2}
+
+_IDENTITY_FIRST = [
+    "run_id", "stage", "objective", "precision", "seed", "status", "status_reason", "schedule",
+    "init", "init_run_id", "init_precision",
+]
+
+
+def _is_missing(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    if isinstance(v, str) and v == "":
+        return True
+    return False
+
+
+def flatten_metrics(metrics: dict, path: str | os.PathLike | None = None) -> dict:
+    """Flat scalars of one metrics.json; ``grad_norm`` dict → ``grad_norm_<k>``; schedule from tags."""
+    row: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            if k == "grad_norm":
+                for kk, vv in v.items():
+                    if not isinstance(vv, (dict, list)):
+                        row[f"grad_norm_{kk}"] = vv
+            continue  # hparams, tags: not scalars
+        if isinstance(v, list):
+            continue
+        row[k] = v
+    tags = metrics.get("tags") or {}
+    if _is_missing(row.get("schedule")) and isinstance(tags, dict) and tags.get("schedule"):
+        row["schedule"] = tags["schedule"]
+    if path is not None:
+        row["metrics_path"] = str(path)
+    return row
+
+
+def load_runs(paths: Iterable[str | os.PathLike]):
+    """Read metrics.json files into the runs DataFrame (one row per distinct run_id)."""
+    import pandas as pd
+
+    rows: dict[str, dict] = {}
+    seen_paths: set[str] = set()
+    for p in paths:
+        p = Path(p)
+        key = str(p.resolve())
+        if key in seen_paths:
+            continue
+        seen_paths.add(key)
+        if not p.is_file():
+            raise PrecswitchError(f"metrics file not found: {p}")
+        try:
+            with open(p, encoding="utf-8") as f:
+                metrics = json.load(f)
+        except json.JSONDecodeError as e:
+            raise PrecswitchError(f"metrics file {p} is not valid JSON: {e}") from None
+        if not isinstance(metrics, dict):
+            raise PrecswitchError(f"metrics file {p}: expected a JSON object")
+        for key_ in ("run_id", "stage", "precision", "seed", "status"):
+            if _is_missing(metrics.get(key_)):
+                raise PrecswitchError(f"metrics file {p}: missing required key '{key_}'")
+        if metrics["stage"] not in ("pretrain", "finetune"):
+            raise PrecswitchError(
+                f"metrics file {p}: stage '{metrics['stage']}' is not one of pretrain, finetune"
+            )
+        row = flatten_metrics(metrics, p)
+        rid = row["run_id"]
+        if rid in rows:
+            old = {k: v for k, v in rows[rid].items() if k != "metrics_path"}
+            new = {k: v for k, v in row.items() if k != "metrics_path"}
+            if old != new:
+                raise PrecswitchError(
+                    f"run_id '{rid}' appears in two different metrics files: "
+                    f"{rows[rid]['metrics_path']} and {p}"
+                )
+            continue
+        rows[rid] = row
+    if not rows:
+        raise PrecswitchError("no metrics files given (--metrics FILE...)")
+    df = pd.DataFrame(list(rows.values()))
+    first = [c for c in _IDENTITY_FIRST if c in df.columns]
+    df = df[first + [c for c in df.columns if c not in first]]
+    df = df.sort_values(["stage", "precision", "seed", "run_id"],
+                        key=lambda s: s.map({"pretrain": 0, "finetune": 1}) if s.name == "stage" else s)
+    return df.reset_index(drop=True)
+
+
+def _worst_status(*statuses: Any) -> str:
+    present = [s for s in statuses if not _is_missing(s)]
+    if not present:
+        return "ok"
+    return max(present, key=lambda s: STATUS_SEVERITY.get(s, 3))
+
+
+def _num(v: Any) -> float:
+    if _is_missing(v):
+        return float("nan")
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _sum_nan(*vals: Any) -> float:
+    xs = [_num(v) for v in vals]
+    xs = [x for x in xs if not math.isnan(x)]
+    return float(sum(xs)) if xs else float("nan")
+
+
+def build_schedules(runs):
+    """One row per (schedule, seed), joined stage 1 → stage 2 by ``init_run_id``."""
+    import pandas as pd
+
+    by_id = {r["run_id"]: r for r in runs.to_dict("records")}
+    out = []
+    fine = runs[runs["stage"] == "finetune"]
+    for r in fine.to_dict("records"):
+        sched = r.get("schedule")
+        if _is_missing(sched):
+            raise PrecswitchError(
+                f"finetune run '{r['run_id']}' ({r.get('metrics_path')}) has no schedule "
+                "(metrics.json 'schedule' or tags.schedule)"
+            )
+        s1 = None
+        init_id = r.get("init_run_id")
+        if not _is_missing(init_id):
+            s1 = by_id.get(init_id)
+            if s1 is None:
+                print(
+                    f"precswitch aggregate: warning: finetune run '{r['run_id']}' starts from run "
+                    f"'{init_id}', which is not among the inputs: its stage-1 columns stay empty",
+                    file=sys.stderr,
+                )
+            elif s1.get("stage") != "pretrain":
+                print(
+                    f"precswitch aggregate: warning: run '{init_id}' (init of '{r['run_id']}') is a "
+                    f"{s1.get('stage')} run, used as stage 1 anyway",
+                    file=sys.stderr,
+                )
+        g1 = (lambda k: s1.get(k)) if s1 is not None else (lambda k: None)
+        stage1_precision = g1("precision") if s1 is not None else r.get("init_precision")
+        row = {
+            "schedule": sched,
+            "seed": r["seed"],
+            "stage1_precision": None if _is_missing(stage1_precision) else stage1_precision,
+            "stage2_precision": r["precision"],
+            "status": _worst_status(g1("status"), r.get("status")),
+            "accuracy": _num(r.get("accuracy")),
+            "f1": _num(r.get("f1")),
+            "mcc": _num(r.get("mcc")),
+            "majority_accuracy": _num(r.get("majority_accuracy")),
+            "stage1_train_seconds": _num(g1("train_seconds")),
+            "stage2_train_seconds": _num(r.get("train_seconds")),
+            "total_train_seconds": _sum_nan(g1("train_seconds"), r.get("train_seconds")),
+            "stage1_peak_memory_bytes": _num(g1("peak_memory_bytes")),
+            "stage2_peak_memory_bytes": _num(r.get("peak_memory_bytes")),
+            "stage1_status": g1("status"),
+            "stage2_status": r.get("status"),
+            "stage1_eval_loss": _num(g1("eval_loss")),
+            "stage1_mlm_accuracy": _num(g1("mlm_accuracy")),
+            "stage2_samples_per_second": _num(r.get("samples_per_second")),
+            "skipped_steps": _sum_nan(g1("skipped_steps"), r.get("skipped_steps")),
+            "nonfinite_losses": _sum_nan(g1("nonfinite_losses"), r.get("nonfinite_losses")),
+            "stage1_run_id": g1("run_id"),
+            "stage2_run_id": r["run_id"],
+            "stage1_samples_per_second": _num(g1("samples_per_second")),
+            "stage1_tokens_per_second": _num(g1("tokens_per_second")),
+            "stage2_tokens_per_second": _num(r.get("tokens_per_second")),
+            "stage1_skipped_steps": _num(g1("skipped_steps")),
+            "stage2_skipped_steps": _num(r.get("skipped_steps")),
+            "stage1_nonfinite_losses": _num(g1("nonfinite_losses")),
+            "stage2_nonfinite_losses": _num(r.get("nonfinite_losses")),
+            "stage1_loss_scale_min": _num(g1("loss_scale_min")),
+            "stage2_loss_scale_min": _num(r.get("loss_scale_min")),
+            "stage1_status_reason": g1("status_reason"),
+            "stage2_status_reason": r.get("status_reason"),
+            "stage1_metrics_path": g1("metrics_path"),
+            "stage2_metrics_path": r.get("metrics_path"),
+        }
+        mems = [x for x in (row["stage1_peak_memory_bytes"], row["stage2_peak_memory_bytes"])
+                if not math.isnan(x)]
+        row["peak_memory_bytes"] = max(mems) if mems else float("nan")
+        out.append(row)
+    df = pd.DataFrame(out, columns=SCHEDULE_COLUMNS + SCHEDULE_EXTRA_COLUMNS)
+    dup = df.duplicated(["schedule", "seed"], keep=False)
+    if dup.any():
+        d = df[dup].sort_values(["schedule", "seed"])
+        pairs = ", ".join(f"{s} seed {k} ({rid})" for s, k, rid in
+                          zip(d["schedule"], d["seed"], d["stage2_run_id"]))
+        raise PrecswitchError(f"more than one finetune run for the same (schedule, seed): {pairs}")
+    return df.sort_values(["schedule", "seed"]).reset_index(drop=True)
+
+
+def _parquet_safe(df):
+    """Object columns holding mixed Python types (e.g. int and str) → str, so pyarrow can write them."""
+    df = df.copy()
+    for c in df.columns:
+        if df[c].dtype == object:
+            types = {type(v) for v in df[c] if not _is_missing(v)}
+            numeric = {int, float, bool}
+            if len(types) > 1 and not types <= numeric:
+                df[c] = df[c].map(lambda v: None if _is_missing(v) else str(v))
+    return df
+
+
+def write_table(df, csv_path: str | os.PathLike, parquet_path: str | os.PathLike | None = None) -> None:
+    """Write CSV (and parquet) atomically."""
+    from ..io import atomic_path, atomic_write_text
+
+    atomic_write_text(csv_path, df.to_csv(index=False))
+    if parquet_path is not None:
+        with atomic_path(parquet_path) as tmp:
+            _parquet_safe(df).to_parquet(tmp, index=False)
+
+
+def aggregate(metrics_paths: Iterable[str | os.PathLike], out_dir: str | os.PathLike):
+    """Build both tables and write ``runs.csv/.parquet`` and ``schedules.csv/.parquet`` in out_dir."""
+    out_dir = Path(out_dir)
+    runs = load_runs(metrics_paths)
+    schedules = build_schedules(runs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_table(runs, out_dir / "runs.csv", out_dir / "runs.parquet")
+    write_table(schedules, out_dir / "schedules.csv", out_dir / "schedules.parquet")
+    return runs, schedules

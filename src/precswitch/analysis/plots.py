@@ -1,0 +1,404 @@
+"""Plots (seaborn on the matplotlib Agg backend); each plot is written as PNG and/or SVG.
+
+Plot names (file stem → what it shows; captions in workflow/report/<name>.rst):
+
+* ``accuracy``     fine-tuned accuracy per schedule: every seed's point, mean and 95% t CI
+* ``forest``       paired accuracy deltas (points) vs the baseline and for the named contrasts, with the
+                   ±margin equivalence band
+* ``time_memory``  training-loop time and peak memory per stage and precision
+* ``loss_curves``  training loss over steps, mean ± SD over seeds: stage 1 by stage-1 precision,
+                   stage 2 by schedule
+* ``loss_scale``   dynamic loss-scale traces of the fp16 runs, skipped steps marked
+* ``stage1``       stage-1 eval metrics (MLM loss, masked-token accuracy) per stage-1 precision
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import PrecswitchError
+
+PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1")
+FORMATS = ("png", "svg")
+FP16_PRECISIONS = ("amp_fp16", "pure_fp16")
+
+
+def _setup():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    plt.rcParams["svg.hashsalt"] = "precswitch"  # reproducible SVG ids
+    return plt, sns
+
+
+def _schedule_order(schedules, baseline: str | None) -> list[str]:
+    names = sorted(schedules["schedule"].dropna().unique())
+    if baseline in names:
+        names.remove(baseline)
+        names.insert(0, baseline)
+    return names
+
+
+def _resolve(path: Any, base: Path | None) -> Path | None:
+    if path is None or (isinstance(path, float) and math.isnan(path)) or str(path) == "":
+        return None
+    p = Path(str(path))
+    if p.exists():
+        return p
+    if base is not None and not p.is_absolute() and (base / p).exists():
+        return base / p
+    return None
+
+
+def load_steps(runs, base: Path | None = None):
+    """Concatenate every run's steps.csv (beside its metrics.json) with run identity columns."""
+    import pandas as pd
+
+    frames = []
+    missing = 0
+    for r in runs.to_dict("records"):
+        mp = _resolve(r.get("metrics_path"), base)
+        sp = mp.parent / "steps.csv" if mp is not None else None
+        if sp is None or not sp.is_file():
+            missing += 1
+            continue
+        try:
+            st = pd.read_csv(sp)
+        except Exception:  # noqa: BLE001 - an empty or broken log is skipped, not fatal
+            missing += 1
+            continue
+        if st.empty or "step" not in st or "loss" not in st:
+            continue
+        for c in ("run_id", "stage", "precision", "seed", "status", "schedule"):
+            st[c] = r.get(c)
+        frames.append(st)
+    if missing:
+        print(f"precswitch plots: warning: no steps.csv for {missing} run(s); their curves are missing",
+              file=sys.stderr)
+    if not frames:
+        return pd.DataFrame(columns=["step", "loss", "loss_scale", "skipped", "run_id", "stage",
+                                     "precision", "seed", "status", "schedule"])
+    out = pd.concat(frames, ignore_index=True)
+    for c in ("step", "loss", "loss_scale", "skipped"):
+        if c in out:
+            out[c] = pd.to_numeric(out[c], errors="coerce")
+    return out
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=11, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+# --------------------------------------------------------------------------------------------------
+# Individual plots: each returns a matplotlib Figure
+# --------------------------------------------------------------------------------------------------
+def plot_accuracy(schedules, stats: dict, plt, sns):
+    from .stats import describe, mark_outcomes
+
+    df = mark_outcomes(schedules)
+    df["accuracy_pct"] = df["accuracy"].astype(float) * 100
+    order = _schedule_order(df, stats.get("baseline"))
+    alpha = stats.get("settings", {}).get("alpha", 0.05)
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.4 * len(order) + 2), 4.5))
+    used = df[df["used"]]
+    label_of = {"ok": "run (ok)", "degenerate": "degenerate (≤ majority class)"}
+    sns.stripplot(data=used, x="schedule", y="accuracy_pct", hue=used["outcome"].map(label_of),
+                  order=order, hue_order=list(label_of.values()), palette=["tab:blue", "tab:red"],
+                  dodge=False, jitter=0.12, size=6, alpha=0.75, ax=ax, zorder=2)
+    for i, s in enumerate(order):
+        d = describe(used.loc[used["schedule"] == s, "accuracy_pct"], alpha)
+        if d["n"]:
+            lo, hi = d["ci_low"], d["ci_high"]
+            yerr = [[d["mean"] - lo], [hi - d["mean"]]] if math.isfinite(lo) else None
+            ax.errorbar(i + 0.3, d["mean"], yerr=yerr, fmt="D", color="black", capsize=5, ms=6, zorder=3,
+                        label=f"mean, {int(round((1 - alpha) * 100))}% t CI" if i == 0 else None)
+        nf = int((~df.loc[df["schedule"] == s, "used"]).sum())
+        if nf:
+            ax.annotate(f"{nf} failed", (i, 0.96), xycoords=("data", "axes fraction"), ha="center",
+                        va="top", color="tab:red", fontsize=9)
+    maj = df["majority_accuracy"].astype(float).dropna()
+    if not maj.empty:
+        ax.axhline(maj.median() * 100, color="0.5", ls=":", lw=1, label="majority-class accuracy")
+    ax.set_xlabel("schedule (pre-train → fine-tune precision)")
+    ax.set_ylabel("fine-tuned accuracy on the eval split (%)")
+    ax.set_title("Accuracy per schedule (each dot = one seed)")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def plot_forest(stats: dict, plt, sns):
+    import pandas as pd
+
+    d = pd.DataFrame(stats.get("deltas", []))
+    margin = stats.get("settings", {}).get("margin", 1.0)
+    alpha = stats.get("settings", {}).get("alpha", 0.05)
+    if not d.empty:
+        d = d[(d["metric"] == "accuracy") & d["family"].isin(["vs_baseline", "named"])]
+        # a named contrast that repeats a vs-baseline one is shown once (vs-baseline row)
+        d = d.drop_duplicates(["a", "b"], keep="first")
+    n = max(1, len(d))
+    fig, ax = plt.subplots(figsize=(8, 1.8 + 0.6 * n))
+    if d.empty:
+        _empty(ax, "no paired contrasts (one schedule only?)")
+        return fig
+    d = d.reset_index(drop=True)
+    ys = list(range(len(d)))[::-1]
+    ax.axvspan(-margin, margin, color="tab:green", alpha=0.12, label=f"equivalence band ±{margin:g} points")
+    ax.axvline(0, color="0.3", lw=1)
+    colors = {"better": "tab:blue", "worse": "tab:red", "equivalent": "tab:green"}
+    for y, r in zip(ys, d.to_dict("records")):
+        c = colors.get(r.get("classification"), "0.35")
+        m = r.get("mean")
+        if m is None:
+            continue
+        lo, hi = r.get("ci_low"), r.get("ci_high")
+        if lo is not None and hi is not None:
+            ax.plot([lo, hi], [y, y], color=c, lw=2.5, solid_capstyle="butt")
+        blo, bhi = r.get("boot_low"), r.get("boot_high")
+        if blo is not None and bhi is not None:
+            ax.plot([blo, bhi], [y - 0.18, y - 0.18], color=c, lw=1, alpha=0.7)
+        ax.plot([m], [y], "o", color=c, ms=7)
+    labels = [f"{r['a']} vs {r['b']}  (n={r['n_pairs']}, {r['classification']})" for r in d.to_dict("records")]
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=9)
+    conf = int(round((1 - alpha) * 100))
+    ax.set_ylim(-0.7, len(d) - 0.4)
+    ax.set_xlabel("paired accuracy difference A − B (percentage points)")
+    ax.set_title(f"Accuracy deltas, paired by seed (thick: {conf}% t CI, thin: bootstrap CI)", fontsize=11)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.9 / (1.8 + 0.6 * n)), ncol=1,
+              frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_time_memory(runs, plt, sns):
+    df = runs.copy()
+    df = df[df["status"].fillna("ok") == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    if df.empty:
+        for ax in axes:
+            _empty(ax, "no finished runs")
+        return fig
+    df["stage_label"] = df["stage"].map({"pretrain": "stage 1 (pre-train)", "finetune": "stage 2 (fine-tune)"})
+    df["train_s"] = df["train_seconds"].astype(float)
+    df["peak_mib"] = df["peak_memory_bytes"].astype(float) / 2**20
+    order = sorted(df["precision"].unique(), key=lambda p: (p != "fp32", p))
+    hue_order = [h for h in ("stage 1 (pre-train)", "stage 2 (fine-tune)") if h in set(df["stage_label"])]
+    kinds = sorted({str(k) for k in df.get("memory_kind", []) if isinstance(k, str)})
+    for ax, col, ylabel in ((axes[0], "train_s", "training-loop time (s)"),
+                            (axes[1], "peak_mib", "peak memory (MiB" + (f", {', '.join(kinds)}" if kinds else "") + ")")):
+        sns.barplot(data=df, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
+                    errorbar=None, alpha=0.45, ax=ax)
+        sns.stripplot(data=df, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
+                      dodge=True, jitter=0.1, size=4, ax=ax, legend=False)
+        ax.set_xlabel("precision of the stage")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, title=None)
+    axes[0].set_title("Training time per stage and precision")
+    axes[1].set_title("Peak memory per stage and precision")
+    fig.tight_layout()
+    return fig
+
+
+def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    if steps.empty:
+        for ax in axes:
+            _empty(ax, "no steps.csv logs found")
+        return fig
+    st = steps.copy()
+    st = st[st["loss"].map(lambda v: v is not None and math.isfinite(float(v)))]
+    order = _schedule_order(schedules, stats.get("baseline"))
+    # stage 1: one curve per stage-1 precision, labelled with the schedules that share it
+    pre = st[st["stage"] == "pretrain"].copy()
+    ax = axes[0]
+    if pre.empty:
+        _empty(ax, "no stage-1 runs")
+    else:
+        users: dict[str, list[str]] = {}
+        for s in order:
+            p = schedules.loc[schedules["schedule"] == s, "stage1_precision"].dropna()
+            if not p.empty:
+                users.setdefault(p.iloc[0], []).append(s)
+        pre["curve"] = pre["precision"].map(lambda p: f"{p} ({', '.join(users.get(p, [])) or 'no schedule'})")
+        ok = pre[pre["status"] == "ok"]
+        if not ok.empty:
+            sns.lineplot(data=ok, x="step", y="loss", hue="curve", errorbar="sd", ax=ax)
+        bad = pre[pre["status"] != "ok"]
+        for _, g in bad.groupby("run_id"):
+            ax.plot(g["step"], g["loss"], ls=":", color="tab:red", lw=1)
+        ax.set_title("Stage 1: masked-LM training loss (mean ± SD over seeds)")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss (nats/token)")
+        ax.legend(fontsize=8, title="stage-1 precision (schedules)")
+    # stage 2: one curve per schedule
+    ax = axes[1]
+    fin = st[st["stage"] == "finetune"].copy()
+    if fin.empty:
+        _empty(ax, "no stage-2 runs")
+    else:
+        ok = fin[fin["status"] == "ok"]
+        if not ok.empty:
+            sns.lineplot(data=ok, x="step", y="loss", hue="schedule",
+                         hue_order=[s for s in order if s in set(ok["schedule"])], errorbar="sd", ax=ax)
+        for _, g in fin[fin["status"] != "ok"].groupby("run_id"):
+            ax.plot(g["step"], g["loss"], ls=":", color="tab:red", lw=1)
+        ax.set_title("Stage 2: fine-tuning loss (mean ± SD over seeds)")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss (cross-entropy, nats)")
+        ax.legend(fontsize=8, title="schedule")
+    fig.tight_layout()
+    return fig
+
+
+def plot_loss_scale(steps, plt, sns):
+    st = steps.copy()
+    if not st.empty and "loss_scale" in st:
+        st = st[st["precision"].isin(FP16_PRECISIONS) & st["loss_scale"].notna()]
+    else:
+        st = st.iloc[0:0]
+    stages = [s for s in ("pretrain", "finetune") if s in set(st.get("stage", []))]
+    fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(6 * max(1, len(stages)), 4.2), squeeze=False)
+    axes = axes[0]
+    if st.empty:
+        _empty(axes[0], "no fp16 runs with a loss scale (amp_fp16 / pure_fp16)")
+        return fig
+    for ax, stage in zip(axes, stages):
+        sub = st[st["stage"] == stage].copy()
+        sub["run"] = sub.apply(
+            lambda r: f"{r['schedule'] if stage == 'finetune' and isinstance(r['schedule'], str) else r['precision']}"
+                      f" seed {r['seed']}", axis=1)
+        sns.lineplot(data=sub, x="step", y="loss_scale", hue="run", drawstyle="steps-post", errorbar=None,
+                     ax=ax, lw=1.2)
+        sk = sub[sub["skipped"].fillna(0).astype(float) > 0] if "skipped" in sub else sub.iloc[0:0]
+        if not sk.empty:
+            ax.plot(sk["step"], sk["loss_scale"], "x", color="tab:red", ms=6, label="skipped step (inf/NaN grads)")
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss scale (log2 axis)")
+        ax.set_title(f"{'Stage 1 (pre-train)' if stage == 'pretrain' else 'Stage 2 (fine-tune)'}: fp16 loss scale")
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_stage1(runs, stats: dict, plt, sns):
+    from .stats import describe
+
+    pre = runs[(runs["stage"] == "pretrain") & (runs["status"].fillna("ok") == "ok")].copy()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    if pre.empty:
+        for ax in axes:
+            _empty(ax, "no finished stage-1 runs")
+        return fig
+    alpha = stats.get("settings", {}).get("alpha", 0.05)
+    base = stats.get("stage1_baseline_precision")
+    order = sorted(pre["precision"].unique(), key=lambda p: (p != base, p))
+    pre["mlm_acc_pct"] = pre.get("mlm_accuracy").astype(float) * 100 if "mlm_accuracy" in pre else math.nan
+    pre["eval_loss_f"] = pre["eval_loss"].astype(float) if "eval_loss" in pre else math.nan
+    for ax, col, ylabel, title in ((axes[0], "eval_loss_f", "MLM eval loss (nats/token)", "Stage-1 eval loss"),
+                                   (axes[1], "mlm_acc_pct", "masked-token accuracy (%)", "Stage-1 masked-token accuracy")):
+        if pre[col].notna().sum() == 0:
+            _empty(ax, f"no {ylabel}")
+            continue
+        sns.stripplot(data=pre, x="precision", y=col, order=order, jitter=0.1, size=6, alpha=0.75, ax=ax)
+        for i, p in enumerate(order):
+            d = describe(pre.loc[pre["precision"] == p, col], alpha)
+            if d["n"] and math.isfinite(d["ci_low"]):
+                ax.errorbar(i + 0.25, d["mean"], yerr=[[d["mean"] - d["ci_low"]], [d["ci_high"] - d["mean"]]],
+                            fmt="D", color="black", capsize=5, ms=5)
+        ax.set_xlabel("stage-1 (pre-training) precision")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title + " (dots: seeds; ◆: mean, 95% CI)")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------------
+def _targets(out_dir, outputs: Iterable[str | os.PathLike] | None) -> dict[str, list[Path]]:
+    targets: dict[str, list[Path]] = {}
+    if outputs:
+        for o in outputs:
+            p = Path(o)
+            stem, ext = p.stem, p.suffix.lstrip(".").lower()
+            if stem not in PLOT_NAMES:
+                raise PrecswitchError(
+                    f"plot output '{p}': unknown plot name '{stem}'; allowed: {', '.join(PLOT_NAMES)}")
+            if ext not in FORMATS:
+                raise PrecswitchError(f"plot output '{p}': format '{ext}' not allowed; allowed: png, svg")
+            targets.setdefault(stem, []).append(p)
+    if out_dir is not None:
+        for name in PLOT_NAMES:
+            for ext in FORMATS:
+                p = Path(out_dir) / f"{name}.{ext}"
+                if p not in targets.get(name, []):
+                    targets.setdefault(name, []).append(p)
+    if not targets:
+        raise PrecswitchError("no plot outputs: give --out-dir DIR or --out FILE.png|svg ...")
+    return targets
+
+
+def _save(fig, path: Path) -> None:
+    from ..io import atomic_path
+
+    fmt = path.suffix.lstrip(".").lower()
+    meta = {"Date": None} if fmt == "svg" else {"Software": None}
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight", metadata=meta)
+
+
+def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
+               outputs: Iterable[str | os.PathLike] | None = None) -> list[Path]:
+    """Draw the requested plots; return the written paths."""
+    import pandas as pd
+
+    for p in (runs_path, schedules_path, stats_path):
+        if not Path(p).is_file():
+            raise PrecswitchError(f"plots input not found: {p}")
+    targets = _targets(out_dir, outputs)
+    from .stats import _read_table
+
+    runs = _read_table(runs_path)
+    schedules = _read_table(schedules_path)
+    with open(stats_path, encoding="utf-8") as f:
+        stats = json.load(f)
+    plt, sns = _setup()
+    steps = None
+    if {"loss_curves", "loss_scale"} & set(targets):
+        steps = load_steps(runs, Path(runs_path).resolve().parent)
+    written: list[Path] = []
+    for name in PLOT_NAMES:
+        if name not in targets:
+            continue
+        if name == "accuracy":
+            fig = plot_accuracy(schedules, stats, plt, sns)
+        elif name == "forest":
+            fig = plot_forest(stats, plt, sns)
+        elif name == "time_memory":
+            fig = plot_time_memory(runs, plt, sns)
+        elif name == "loss_curves":
+            fig = plot_loss_curves(runs, schedules, steps, stats, plt, sns)
+        elif name == "loss_scale":
+            fig = plot_loss_scale(steps, plt, sns)
+        else:
+            fig = plot_stage1(runs, stats, plt, sns)
+        for path in targets[name]:
+            _save(fig, path)
+            written.append(path)
+        plt.close(fig)
+    del pd
+    return written
