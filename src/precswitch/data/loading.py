@@ -1,0 +1,399 @@
+"""Load a data source (docs/contracts.md, "Data source spec") into ``datasets.Dataset`` splits.
+
+The result has uniform columns whatever the source:
+
+* objective ``mlm``: ``text``
+* objective ``classify``: ``text_a``, ``text_b`` (only for pairs) and ``label`` (int class index, the
+  position of the raw label value in ``label_values``).
+
+Every failure caused by the input raises :class:`precswitch.errors.PrecswitchError` naming the file,
+column or key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PrecswitchError
+
+KINDS = ("synthetic", "text", "tsv", "csv", "jsonl", "parquet", "hub")
+OBJECTIVES = ("mlm", "classify")
+SPEC_KEYS = {
+    "kind", "dir", "train", "eval", "columns", "name", "config", "train_split", "eval_split",
+    "text_column", "labels", "max_train_rows", "max_eval_rows", "eval_fraction",
+}
+#: WikiText heading lines: `` = Title = ``, `` = = Section = = `` ...
+HEADING_RE = re.compile(r"^\s*(=\s+)+\S.*?(\s+=)+\s*$")
+#: Share of lines held out for eval when an MLM source has no eval files (synthetic corpus, text without eval).
+DEFAULT_EVAL_FRACTION = 0.05
+MAX_AUTO_EVAL_LINES = 2000
+
+GLUE_MRPC_COLUMNS = {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}
+
+
+@dataclass
+class LoadedSource:
+    """Loaded splits in the uniform layout (see module docstring)."""
+
+    objective: str
+    train: Any  # datasets.Dataset
+    eval: Any  # datasets.Dataset
+    label_values: list | None = None
+    spec: dict = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- spec parsing
+
+
+def parse_source(value: str | dict | os.PathLike) -> dict:
+    """A source spec from a dict, a JSON string, ``@file.json``, or a path to a ``.json``/``.yaml`` file."""
+    if isinstance(value, dict):
+        spec = dict(value)
+    else:
+        text = str(value).strip()
+        if text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise PrecswitchError(f"--source: not valid JSON ({e.msg} at char {e.pos})") from None
+        else:
+            path = Path(text[1:] if text.startswith("@") else text)
+            if not path.is_file():
+                raise PrecswitchError(
+                    f"--source: {text!r} is neither a JSON object nor an existing file "
+                    "(allowed: '{...}', @file.json, file.yaml)"
+                )
+            raw = path.read_text(encoding="utf-8")
+            try:
+                if path.suffix.lower() in (".yaml", ".yml"):
+                    import yaml
+
+                    spec = yaml.safe_load(raw)
+                else:
+                    spec = json.loads(raw)
+            except Exception as e:  # noqa: BLE001 - any parse error is a user error
+                raise PrecswitchError(f"--source: cannot parse {path}: {e}") from None
+    if not isinstance(spec, dict):
+        raise PrecswitchError(f"--source: expected a mapping (JSON object), got {type(spec).__name__}")
+    return validate_spec(spec)
+
+
+def validate_spec(spec: dict) -> dict:
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise PrecswitchError(f"source: unknown kind {kind!r} (allowed: {', '.join(KINDS)})")
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise PrecswitchError(f"source: unknown key(s) {unknown} (allowed: {sorted(SPEC_KEYS)})")
+    need = {"synthetic": ["dir"], "text": ["train"], "hub": ["name"]}.get(kind, ["train", "eval"])
+    for k in need:
+        if spec.get(k) in (None, "", []):
+            raise PrecswitchError(f"source (kind {kind}): key {k!r} is required")
+    for k in ("max_train_rows", "max_eval_rows"):
+        v = spec.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise PrecswitchError(f"source: {k} must be a positive integer or null, got {v!r}")
+    if spec.get("labels") is not None and (not isinstance(spec["labels"], list) or not spec["labels"]):
+        raise PrecswitchError(f"source: labels must be a non-empty list, got {spec['labels']!r}")
+    frac = spec.get("eval_fraction")
+    if frac is not None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
+        raise PrecswitchError(f"source: eval_fraction must be in (0, 1), got {frac!r}")
+    return spec
+
+
+def source_files(spec: dict, objective: str | None = None) -> list[Path]:
+    """Local files a source reads (for hashing and existence checks)."""
+    kind = spec["kind"]
+    if kind == "synthetic":
+        d = Path(spec["dir"])
+        if objective == "mlm":
+            return [d / "corpus.txt"]
+        if objective == "classify":
+            return [d / "train.tsv", d / "dev.tsv"]
+        return [d / "corpus.txt", d / "train.tsv"]
+    if kind == "hub":
+        return []
+    files: list[Path] = []
+    for key in ("train", "eval"):
+        v = spec.get(key)
+        if v is None:
+            continue
+        files += [Path(f) for f in (v if isinstance(v, list) else [v])]
+    return files
+
+
+def source_hash(spec: dict, objective: str | None = None) -> str:
+    """sha256 over the canonical spec and the contents of its local files."""
+    h = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode())
+    for f in source_files(spec, objective):
+        h.update(str(f.name).encode())
+        if f.is_file():
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_files(files: list[Path], what: str) -> None:
+    for f in files:
+        if not f.is_file():
+            raise PrecswitchError(f"source: {what} file not found: {f}")
+
+
+# --------------------------------------------------------------------------- readers (datasets builders)
+
+
+def _quiet() -> None:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
+def _read_table(kind: str, files: list[Path]):
+    """Read one split of a tabular file with the ``datasets`` builders."""
+    import datasets
+
+    _check_files(files, kind)
+    data_files = [str(f) for f in files]
+    try:
+        if kind == "tsv":  # GLUE: no quoting, BOM in the header
+            ds = datasets.load_dataset("csv", data_files=data_files, split="train", delimiter="\t",
+                                       quoting=3, encoding="utf-8-sig", keep_in_memory=True)
+        elif kind == "csv":
+            ds = datasets.load_dataset("csv", data_files=data_files, split="train", encoding="utf-8-sig",
+                                       keep_in_memory=True)
+        elif kind == "jsonl":
+            ds = datasets.load_dataset("json", data_files=data_files, split="train", keep_in_memory=True)
+        elif kind == "parquet":
+            ds = datasets.load_dataset("parquet", data_files=data_files, split="train", keep_in_memory=True)
+        else:  # pragma: no cover - guarded by validate_spec
+            raise PrecswitchError(f"source: unknown kind {kind!r}")
+    except PrecswitchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a file datasets cannot parse is a user error
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PrecswitchError(f"source: cannot read {kind} file(s) {', '.join(data_files)}: {msg}") from None
+    return ds
+
+
+def _read_text_lines(files: list[Path]):
+    """Plain text, one example a line; blank lines and `` = Heading = `` lines dropped (WikiText)."""
+    import datasets
+
+    _check_files(files, "text")
+    ds = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train", keep_in_memory=True)
+    ds = ds.filter(lambda b: [bool(t.strip()) and not HEADING_RE.match(t) for t in b["text"]], batched=True,
+                   keep_in_memory=True)
+    return ds.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, keep_in_memory=True)
+
+
+def _hub(spec: dict, split: str):
+    import datasets
+
+    name, config = spec["name"], spec.get("config")
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # noqa: BLE001 - offline/missing/unknown split all become one clear line
+        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+                      for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+        hint = (" (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set and it is not in the local cache: download it "
+                "once online, or use a local file source: kind tsv/csv/jsonl/parquet/text)") if offline else ""
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PrecswitchError(
+            f"source: cannot load hub dataset {name!r} config {config!r} split {split!r}{hint}: {msg}"
+        ) from None
+
+
+def _split_tail(ds, fraction: float):
+    """Deterministic split: the last ``fraction`` of rows (at most MAX_AUTO_EVAL_LINES, at least 1) is eval."""
+    n = len(ds)
+    if n < 2:
+        raise PrecswitchError(f"source: only {n} text line(s); need at least 2 to hold out an eval split")
+    n_eval = min(MAX_AUTO_EVAL_LINES, max(1, int(round(n * fraction))))
+    return ds.select(range(n - n_eval)), ds.select(range(n - n_eval, n))
+
+
+# --------------------------------------------------------------------------- uniform layout
+
+
+def _columns(spec: dict) -> dict:
+    cols = spec.get("columns")
+    if cols is None:
+        if spec["kind"] in ("tsv", "synthetic"):
+            return dict(GLUE_MRPC_COLUMNS)
+        raise PrecswitchError(f"source (kind {spec['kind']}): key 'columns' is required "
+                              "({text_a: COL, text_b: COL|null, label: COL})")
+    if not isinstance(cols, dict):
+        raise PrecswitchError(f"source: columns must be a mapping, got {cols!r}")
+    unknown = sorted(set(cols) - {"text_a", "text_b", "label"})
+    if unknown:
+        raise PrecswitchError(f"source: unknown columns key(s) {unknown} (allowed: text_a, text_b, label)")
+    return cols
+
+
+def _require_columns(ds, wanted: dict[str, str], where: str) -> None:
+    missing = {k: c for k, c in wanted.items() if c is not None and c not in ds.column_names}
+    if missing:
+        desc = ", ".join(f"{k}={c!r}" for k, c in missing.items())
+        raise PrecswitchError(f"source: {where}: column(s) not found: {desc}; columns found: {ds.column_names}")
+
+
+def _to_mlm(ds, column: str, where: str):
+    _require_columns(ds, {"text_column": column}, where)
+    ds = ds.select_columns([column])
+    if column != "text":
+        ds = ds.rename_column(column, "text")
+    return ds.filter(lambda b: [t is not None and bool(str(t).strip()) for t in b["text"]], batched=True,
+                     keep_in_memory=True)
+
+
+def _to_classify(ds, cols: dict, where: str):
+    if not cols.get("text_a") or not cols.get("label"):
+        raise PrecswitchError("source: columns needs text_a and label for objective classify "
+                              f"(got {cols}); text_b may be null")
+    wanted = {k: cols.get(k) for k in ("text_a", "text_b", "label")}
+    _require_columns(ds, wanted, where)
+    keep = [c for c in (wanted["text_a"], wanted["text_b"], wanted["label"]) if c]
+    ds = ds.select_columns(keep)
+    rename = {wanted[k]: k for k in ("text_a", "text_b", "label") if wanted[k] and wanted[k] != k}
+    # rename via a temporary name to allow swaps such as {text_a: label, label: text_a}
+    ds = ds.rename_columns({c: f"__ps_{k}" for c, k in rename.items()})
+    ds = ds.rename_columns({f"__ps_{k}": k for k in rename.values()})
+
+    def ok(b):
+        n = len(b["label"])
+        good = []
+        for i in range(n):
+            a = b["text_a"][i]
+            t = b["text_b"][i] if "text_b" in b else ""
+            good.append(b["label"][i] is not None and a is not None and t is not None and bool(str(a).strip()))
+        return good
+
+    return ds.filter(ok, batched=True, keep_in_memory=True)
+
+
+def _label_key(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return str(v)
+
+
+def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_eval: str):
+    import datasets
+
+    if allowed is None:
+        found = sorted(set(train["label"]), key=lambda v: (not isinstance(v, (int, float)), v if
+                                                           isinstance(v, (int, float)) else str(v)))
+        allowed = [int(v) if isinstance(v, float) and v.is_integer() else v for v in found]
+    index = {_label_key(v): i for i, v in enumerate(allowed)}
+    if len(index) != len(allowed):
+        raise PrecswitchError(f"source: labels has duplicates: {allowed}")
+    if len(allowed) < 2:
+        raise PrecswitchError(f"source: need at least 2 label values, found {allowed} in {where_train}")
+
+    def enc(ds, where):
+        bad = sorted({_label_key(v) for v in ds.unique("label")} - set(index))
+        if bad:
+            raise PrecswitchError(f"source: {where}: label value(s) {bad[:10]} not in the allowed labels "
+                                  f"{allowed}")
+        ds = ds.map(lambda b: {"label": [index[_label_key(v)] for v in b["label"]]}, batched=True,
+                    keep_in_memory=True)
+        return ds.cast_column("label", datasets.Value("int64"))
+
+    return enc(train, where_train), enc(eval_, where_eval), allowed
+
+
+def load_source(spec: dict | str, objective: str) -> LoadedSource:
+    """Load train/eval splits of a source for ``objective`` (``mlm`` or ``classify``)."""
+    if objective not in OBJECTIVES:
+        raise PrecswitchError(f"objective {objective!r} not allowed (allowed: {', '.join(OBJECTIVES)})")
+    spec = parse_source(spec) if not isinstance(spec, dict) else validate_spec(dict(spec))
+    _quiet()
+    kind = spec["kind"]
+    files = [str(f) for f in source_files(spec, objective)]
+    frac = spec.get("eval_fraction", DEFAULT_EVAL_FRACTION)
+
+    if kind == "synthetic":
+        d = Path(spec["dir"])
+        if not d.is_dir():
+            raise PrecswitchError(f"source: synthetic dir not found: {d} (write it with `precswitch synth`)")
+        if objective == "mlm":
+            train, eval_ = _split_tail(_read_text_lines([d / "corpus.txt"]), frac)
+            where = (str(d / "corpus.txt"), str(d / "corpus.txt") + " (held-out tail)")
+        else:
+            train, eval_ = _read_table("tsv", [d / "train.tsv"]), _read_table("tsv", [d / "dev.tsv"])
+            where = (str(d / "train.tsv"), str(d / "dev.tsv"))
+    elif kind == "text":
+        if objective != "mlm":
+            raise PrecswitchError("source: kind text provides unlabelled lines: objective must be mlm")
+        tr_files = [Path(f) for f in (spec["train"] if isinstance(spec["train"], list) else [spec["train"]])]
+        train = _read_text_lines(tr_files)
+        if spec.get("eval"):
+            ev_files = [Path(f) for f in (spec["eval"] if isinstance(spec["eval"], list) else [spec["eval"]])]
+            eval_ = _read_text_lines(ev_files)
+            where = (", ".join(map(str, tr_files)), ", ".join(map(str, ev_files)))
+        else:
+            train, eval_ = _split_tail(train, frac)
+            where = (", ".join(map(str, tr_files)), "held-out tail of train")
+    elif kind == "hub":
+        train = _hub(spec, spec.get("train_split") or "train")
+        eval_ = _hub(spec, spec.get("eval_split") or "validation")
+        where = (f"hub {spec['name']}:{spec.get('train_split') or 'train'}",
+                 f"hub {spec['name']}:{spec.get('eval_split') or 'validation'}")
+    else:
+        train = _read_table(kind, [Path(spec["train"])])
+        eval_ = _read_table(kind, [Path(spec["eval"])])
+        where = (str(spec["train"]), str(spec["eval"]))
+
+    label_values = None
+    if objective == "mlm":
+        if kind in ("synthetic", "text"):
+            col = "text"
+        else:
+            col = spec.get("text_column") or (spec.get("columns") or {}).get("text_a")
+            if not col:
+                raise PrecswitchError(f"source (kind {kind}, objective mlm): set text_column (or columns.text_a)")
+        train, eval_ = _to_mlm(train, col, where[0]), _to_mlm(eval_, col, where[1])
+    else:
+        cols = _columns(spec)
+        train, eval_ = _to_classify(train, cols, where[0]), _to_classify(eval_, cols, where[1])
+
+    if spec.get("max_train_rows"):
+        train = train.select(range(min(len(train), spec["max_train_rows"])))
+    if spec.get("max_eval_rows"):
+        eval_ = eval_.select(range(min(len(eval_), spec["max_eval_rows"])))
+    for ds, w, split in ((train, where[0], "train"), (eval_, where[1], "eval")):
+        if len(ds) == 0:
+            raise PrecswitchError(f"source: {split} split is empty after filtering ({w})")
+    if objective == "classify":
+        train, eval_, label_values = _encode_labels(train, eval_, spec.get("labels"), where[0], where[1])
+    return LoadedSource(objective, train, eval_, label_values, spec, files)
+
+
+def source_texts(spec: dict | str) -> list[str]:
+    """All training text of a source, for tokenizer training.
+
+    synthetic: corpus lines and both sentences of train pairs; text: train lines; tables/hub: ``text_a``
+    (and ``text_b``) of train, or ``text_column`` when that is set.
+    """
+    spec = parse_source(spec) if not isinstance(spec, dict) else validate_spec(dict(spec))
+    kind = spec["kind"]
+    if kind == "synthetic":
+        mlm = load_source(spec, "mlm")
+        cls = load_source(spec, "classify")
+        return list(mlm.train["text"]) + list(cls.train["text_a"]) + list(cls.train["text_b"])
+    if kind == "text" or spec.get("text_column"):
+        return list(load_source(spec, "mlm").train["text"])
+    src = load_source(spec, "classify")
+    texts = list(src.train["text_a"])
+    if "text_b" in src.train.column_names:
+        texts += list(src.train["text_b"])
+    return texts

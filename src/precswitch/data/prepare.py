@@ -1,0 +1,129 @@
+"""Tokenize a data source into a ``datasets.DatasetDict`` (``train``/``eval``) plus ``meta.json``.
+
+* classify: one row per example, ``tokenizer(text_a[, text_b], truncation=True, max_length=L)``; no padding
+  (the training loop pads each batch dynamically); ``labels`` int64 class index.
+* mlm: texts are tokenized without special tokens, concatenated in order and cut into blocks of
+  ``L - 2`` tokens, each written as ``[CLS] block [SEP]`` (packing, as in BERT pre-training: no padding
+  is wasted). Packing runs per group of ``PACK_GROUP`` lines; the tail of a group shorter than a block is
+  dropped, unless a split would otherwise have no block at all (then its one short block is kept).
+  Masking happens in the training loop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from ..errors import PrecswitchError
+
+PACK_GROUP = 5000
+OBJECTIVES = ("mlm", "classify")
+
+
+def _pack(ds, tokenizer, max_length: int):
+    block = max_length - 2
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+
+    def tok(batch):
+        return {"ids": tokenizer(batch["text"], add_special_tokens=False)["input_ids"]}
+
+    ids = ds.map(tok, batched=True, remove_columns=ds.column_names, keep_in_memory=True)
+
+    def group(batch, keep_tail: bool):
+        flat = [t for seq in batch["ids"] for t in seq]
+        n = len(flat) // block * block
+        chunks = [flat[i : i + block] for i in range(0, n, block)]
+        if keep_tail and not chunks and flat:
+            chunks = [flat[:block]]
+        inp = [[cls_id] + c + [sep_id] for c in chunks]
+        return {
+            "input_ids": inp,
+            "attention_mask": [[1] * len(x) for x in inp],
+            "token_type_ids": [[0] * len(x) for x in inp],
+        }
+
+    out = ids.map(lambda b: group(b, False), batched=True, batch_size=PACK_GROUP, remove_columns=["ids"],
+                  keep_in_memory=True)
+    if len(out) == 0:
+        out = ids.map(lambda b: group(b, True), batched=True, batch_size=len(ids) or 1, remove_columns=["ids"],
+                      keep_in_memory=True)
+    return out
+
+
+def _encode_pairs(ds, tokenizer, max_length: int):
+    import datasets
+
+    pair = "text_b" in ds.column_names
+
+    def enc(batch):
+        a = [str(t) for t in batch["text_a"]]
+        b = [str(t) for t in batch["text_b"]] if pair else None
+        e = tokenizer(a, b, truncation=True, max_length=max_length, return_token_type_ids=True)
+        return {"input_ids": e["input_ids"], "attention_mask": e["attention_mask"],
+                "token_type_ids": e["token_type_ids"], "labels": batch["label"]}
+
+    out = ds.map(enc, batched=True, remove_columns=ds.column_names, keep_in_memory=True)
+    return out.cast_column("labels", datasets.Value("int64"))
+
+
+def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_length: int,
+            out: str | Path) -> dict:
+    """Load, tokenize, save ``out`` (DatasetDict + meta.json) atomically; return the meta dict."""
+    import datasets
+
+    from ..io import atomic_path, atomic_write_json
+    from .loading import load_source, parse_source, source_hash
+    from .tokenizer import load_tokenizer
+
+    if objective not in OBJECTIVES:
+        raise PrecswitchError(f"--objective {objective!r} not allowed (allowed: {', '.join(OBJECTIVES)})")
+    spec = parse_source(source)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if not isinstance(max_length, int) or max_length < 8:
+        raise PrecswitchError(f"--max-length must be an integer >= 8, got {max_length!r}")
+    mml = tokenizer.model_max_length
+    if mml and max_length > mml:
+        raise PrecswitchError(f"--max-length {max_length} exceeds the tokenizer's model_max_length {mml} "
+                              f"({tokenizer_dir}); allowed: <= {mml}")
+    src = load_source(spec, objective)
+    if objective == "mlm":
+        train, eval_ = _pack(src.train, tokenizer, max_length), _pack(src.eval, tokenizer, max_length)
+    else:
+        train, eval_ = (_encode_pairs(src.train, tokenizer, max_length),
+                        _encode_pairs(src.eval, tokenizer, max_length))
+    for name, ds in (("train", train), ("eval", eval_)):
+        if len(ds) == 0:
+            raise PrecswitchError(f"prepare: {name} split has no examples after tokenization")
+    meta: dict = {"objective": objective}
+    if objective == "classify":
+        counts = Counter(eval_["labels"])
+        meta.update(
+            num_labels=len(src.label_values),
+            label_values=src.label_values,
+            majority_accuracy=max(counts.values()) / len(eval_),
+            train_label_counts={str(src.label_values[k]): v for k, v in sorted(Counter(train["labels"]).items())},
+            eval_label_counts={str(src.label_values[k]): v for k, v in sorted(counts.items())},
+        )
+    else:
+        meta.update(num_labels=None, label_values=None, majority_accuracy=None)
+    lengths = [len(x) for x in train["input_ids"]]
+    meta.update(
+        n_train=len(train),
+        n_eval=len(eval_),
+        max_length=max_length,
+        train_tokens=sum(lengths),
+        mean_train_length=sum(lengths) / len(lengths),
+        truncated_train=sum(1 for n in lengths if n >= max_length) if objective == "classify" else None,
+        tokenizer=str(tokenizer_dir),
+        vocab_size=len(tokenizer),
+        source=spec,
+        source_hash=source_hash(spec, objective),
+        packing=("blocks of max_length: [CLS] tokens [SEP]" if objective == "mlm" else None),
+        datasets_version=datasets.__version__,
+    )
+    dd = datasets.DatasetDict({"train": train, "eval": eval_})
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        dd.save_to_disk(str(tmp))
+        atomic_write_json(tmp / "meta.json", meta)
+    return meta

@@ -1,0 +1,341 @@
+"""A small synthetic language, written here from scratch (no third-party text), and two data sets drawn from it.
+
+* an MLM corpus (``corpus.txt``, one sentence a line), and
+* an MRPC-shaped sentence-pair paraphrase task (``train.tsv``/``dev.tsv`` with GLUE MRPC's columns
+  ``Quality  #1 ID  #2 ID  #1 String  #2 String``; ``Quality`` 1 = paraphrase).
+
+Design (see docs/data.md):
+
+* Content words are pseudo-words built from syllables (``the vokari melu dasin the red ...``); function
+  words are English (``the``, ``was``, ``by``, ``in``, ...). Every noun, adjective and verb *concept* has
+  several synonyms (different words, same meaning).
+* A task pair is one proposition ``agent(adj, noun) verb patient(adj, noun) [in place]`` written twice.
+  Positives rewrite it without changing its meaning: active <-> passive, synonym substitution, moving the
+  place phrase to the front. Negatives apply the same random rewrites to a *changed* proposition:
+  agent and patient swapped, adjectives swapped between the two nouns (both: the same words, other roles)
+  or one concept replaced by another concept. Since the rewrites are drawn independently of the label,
+  the bag of words of a pair has the same distribution in both classes: a bag-of-words model is at
+  chance; word order and synonymy decide.
+* Synonymy is learnable from the corpus only: the corpus has "world knowledge" sentences in which each noun
+  concept has its own habitat, food and typical adjectives, and each verb concept its own instrument.
+  Synonyms share these contexts (distributional semantics), so masked-LM pre-training places them
+  together. The paraphrase train set is small against the number of synonym pairs, so the task alone
+  cannot teach most of them.
+
+Everything is a pure function of the seeds: ``lexicon_seed`` fixes the language (the same for every data
+seed by default), ``seed`` draws the corpus and pairs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+#: GLUE MRPC's TSV header.
+MRPC_COLUMNS = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
+
+FUNCTION_WORDS = frozenset(
+    "the a was by in , . lives near eat eats every is with likes to and of at on an it".split()
+)
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh", "tr", "pl", "gr"]
+_VOWELS = ["a", "e", "i", "o", "u"]
+_CODAS = ["", "", "", "n", "r", "s", "l", "m"]
+
+
+@dataclass(frozen=True)
+class LanguageConfig:
+    """Sizes of the lexicon and the generation probabilities. Defaults are the study's language."""
+
+    lexicon_seed: int = 0
+    n_noun_concepts: int = 96
+    n_adj_concepts: int = 40
+    n_verb_concepts: int = 24
+    synonyms: int = 3  # words per concept (nouns, adjectives, verbs)
+    n_places: int = 32
+    n_foods: int = 32
+    n_tools: int = 24
+    adj_prefs: int = 2  # typical adjectives of a noun concept (corpus knowledge sentences)
+    # task rewrites
+    p_synonym: float = 0.7  # a content word of #2 is another synonym of #1's word
+    p_place: float = 0.5  # the proposition has an "in the PLACE" phrase
+    p_front_place: float = 0.5  # the place phrase is moved to the front
+    p_passive: float = 0.5  # each sentence independently
+    # negative kinds (relative weights)
+    neg_swap_roles: float = 0.45
+    neg_swap_adjectives: float = 0.25
+    neg_replace: float = 0.30
+    # corpus
+    p_knowledge: float = 0.6  # share of corpus lines that are knowledge sentences
+    p_typical: float = 0.9  # a knowledge sentence uses the concept's own habitat/food/adjective/tool
+
+
+@dataclass
+class Lexicon:
+    nouns: list[list[str]]
+    adjectives: list[list[str]]
+    verbs: list[list[str]]
+    places: list[str]
+    foods: list[str]
+    tools: list[str]
+    noun_habitat: list[int] = field(default_factory=list)
+    noun_food: list[int] = field(default_factory=list)
+    noun_adjs: list[list[int]] = field(default_factory=list)
+    verb_tool: list[int] = field(default_factory=list)
+
+    def vocabulary(self) -> list[str]:
+        words = [w for group in (self.nouns, self.adjectives, self.verbs) for syn in group for w in syn]
+        return sorted(set(words) | set(self.places) | set(self.foods) | set(self.tools) | FUNCTION_WORDS)
+
+
+def _pseudo_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
+    out: list[str] = []
+    while len(out) < n:
+        k = rng.choice((2, 2, 3))
+        w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(k)) + rng.choice(_CODAS)
+        if w in taken or len(w) < 4:
+            continue
+        taken.add(w)
+        out.append(w)
+    return out
+
+
+def build_lexicon(cfg: LanguageConfig = LanguageConfig()) -> Lexicon:
+    rng = random.Random(f"precswitch-lexicon-{cfg.lexicon_seed}")
+    taken: set[str] = set(FUNCTION_WORDS)
+
+    def groups(n: int) -> list[list[str]]:
+        flat = _pseudo_words(rng, n * cfg.synonyms, taken)
+        return [flat[i * cfg.synonyms : (i + 1) * cfg.synonyms] for i in range(n)]
+
+    lex = Lexicon(
+        nouns=groups(cfg.n_noun_concepts),
+        adjectives=groups(cfg.n_adj_concepts),
+        verbs=groups(cfg.n_verb_concepts),
+        places=_pseudo_words(rng, cfg.n_places, taken),
+        foods=_pseudo_words(rng, cfg.n_foods, taken),
+        tools=_pseudo_words(rng, cfg.n_tools, taken),
+    )
+    lex.noun_habitat = [rng.randrange(cfg.n_places) for _ in lex.nouns]
+    lex.noun_food = [rng.randrange(cfg.n_foods) for _ in lex.nouns]
+    lex.noun_adjs = [rng.sample(range(cfg.n_adj_concepts), cfg.adj_prefs) for _ in lex.nouns]
+    lex.verb_tool = [rng.randrange(cfg.n_tools) for _ in lex.verbs]
+    return lex
+
+
+# --------------------------------------------------------------------------- propositions and sentences
+
+
+@dataclass(frozen=True)
+class Proposition:
+    """Concept indices: agent (adjective, noun), verb, patient (adjective, noun), place (or -1)."""
+
+    a_adj: int
+    a_noun: int
+    verb: int
+    p_adj: int
+    p_noun: int
+    place: int
+
+
+@dataclass(frozen=True)
+class Wording:
+    """Which synonym realises each concept slot, and the surface form."""
+
+    a_adj: int
+    a_noun: int
+    verb: int
+    p_adj: int
+    p_noun: int
+    passive: bool
+    front_place: bool
+
+
+def _random_prop(rng: random.Random, cfg: LanguageConfig) -> Proposition:
+    a_noun, p_noun = rng.sample(range(cfg.n_noun_concepts), 2)
+    a_adj, p_adj = rng.sample(range(cfg.n_adj_concepts), 2)
+    place = rng.randrange(cfg.n_places) if rng.random() < cfg.p_place else -1
+    return Proposition(a_adj, a_noun, rng.randrange(cfg.n_verb_concepts), p_adj, p_noun, place)
+
+
+def _random_wording(rng: random.Random, cfg: LanguageConfig) -> Wording:
+    s = cfg.synonyms
+    return Wording(
+        rng.randrange(s), rng.randrange(s), rng.randrange(s), rng.randrange(s), rng.randrange(s),
+        rng.random() < cfg.p_passive, rng.random() < cfg.p_front_place,
+    )
+
+
+def render(lex: Lexicon, p: Proposition, w: Wording) -> str:
+    agent = f"the {lex.adjectives[p.a_adj][w.a_adj]} {lex.nouns[p.a_noun][w.a_noun]}"
+    patient = f"the {lex.adjectives[p.p_adj][w.p_adj]} {lex.nouns[p.p_noun][w.p_noun]}"
+    verb = lex.verbs[p.verb][w.verb]
+    core = f"{patient} was {verb} by {agent}" if w.passive else f"{agent} {verb} {patient}"
+    if p.place < 0:
+        return f"{core} ."
+    place = f"in the {lex.places[p.place]}"
+    return f"{place} , {core} ." if w.front_place else f"{core} {place} ."
+
+
+def _reword(rng: random.Random, cfg: LanguageConfig, w: Wording) -> Wording:
+    """A second wording: each slot keeps its synonym or (p_synonym) takes another one; fresh surface form."""
+
+    def slot(i: int) -> int:
+        if cfg.synonyms > 1 and rng.random() < cfg.p_synonym:
+            return rng.choice([j for j in range(cfg.synonyms) if j != i])
+        return i
+
+    return Wording(
+        slot(w.a_adj), slot(w.a_noun), slot(w.verb), slot(w.p_adj), slot(w.p_noun),
+        rng.random() < cfg.p_passive, rng.random() < cfg.p_front_place,
+    )
+
+
+def _negative(rng: random.Random, cfg: LanguageConfig, p: Proposition, w: Wording) -> tuple[Proposition, Wording, str]:
+    kinds = ["swap_roles", "swap_adjectives", "replace"]
+    kind = rng.choices(kinds, weights=[cfg.neg_swap_roles, cfg.neg_swap_adjectives, cfg.neg_replace])[0]
+    if kind == "swap_roles":  # the same noun phrases, other roles
+        q = Proposition(p.p_adj, p.p_noun, p.verb, p.a_adj, p.a_noun, p.place)
+        w = Wording(w.p_adj, w.p_noun, w.verb, w.a_adj, w.a_noun, w.passive, w.front_place)
+        return q, w, kind
+    if kind == "swap_adjectives":  # the same words, adjectives on the other nouns
+        q = Proposition(p.p_adj, p.a_noun, p.verb, p.a_adj, p.p_noun, p.place)
+        w = Wording(w.p_adj, w.a_noun, w.verb, w.a_adj, w.p_noun, w.passive, w.front_place)
+        return q, w, kind
+    # replace one concept by a different concept of the same kind (not by a synonym)
+    slot = rng.choice(["a_noun", "p_noun", "verb", "a_adj", "p_adj"])
+    n = {"a_noun": cfg.n_noun_concepts, "p_noun": cfg.n_noun_concepts, "verb": cfg.n_verb_concepts}.get(
+        slot, cfg.n_adj_concepts
+    )
+    exclude = {getattr(p, slot)}
+    if slot in ("a_noun", "p_noun"):
+        exclude |= {p.a_noun, p.p_noun}
+    if slot in ("a_adj", "p_adj"):
+        exclude |= {p.a_adj, p.p_adj}
+    new = rng.choice([i for i in range(n) if i not in exclude])
+    q = Proposition(**{**asdict(p), slot: new})
+    return q, w, f"replace_{slot.split('_')[-1]}"
+
+
+def make_pair(rng: random.Random, cfg: LanguageConfig, lex: Lexicon, label: int) -> tuple[str, str, str]:
+    """One pair ``(sentence1, sentence2, kind)``; ``kind`` is ``paraphrase`` or the negative's kind."""
+    p = _random_prop(rng, cfg)
+    w1 = _random_wording(rng, cfg)
+    q, w, kind = (p, w1, "paraphrase") if label == 1 else _negative(rng, cfg, p, w1)
+    w2 = _reword(rng, cfg, w)
+    s1, s2 = render(lex, p, w1), render(lex, q, w2)
+    if rng.random() < 0.5:  # which side is the "original" carries no information
+        s1, s2 = s2, s1
+    return s1, s2, kind
+
+
+def make_pairs(n: int, seed: int, cfg: LanguageConfig = LanguageConfig(), *, split: str = "train",
+               lex: Lexicon | None = None) -> list[dict]:
+    """``n`` labelled pairs, labels balanced (half each, shuffled)."""
+    lex = lex or build_lexicon(cfg)
+    rng = random.Random(f"precswitch-pairs-{seed}-{split}")
+    labels = [1] * ((n + 1) // 2) + [0] * (n // 2)
+    rng.shuffle(labels)
+    base = {"train": 100000, "dev": 500000, "test": 800000}.get(split, 900000)
+    rows = []
+    for i, y in enumerate(labels):
+        s1, s2, kind = make_pair(rng, cfg, lex, y)
+        rows.append({"Quality": y, "#1 ID": base + 2 * i, "#2 ID": base + 2 * i + 1,
+                     "#1 String": s1, "#2 String": s2, "kind": kind})
+    return rows
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def _knowledge_sentence(rng: random.Random, cfg: LanguageConfig, lex: Lexicon) -> str:
+    """A sentence whose context words are typical of its noun (or verb) concept, not of the word."""
+    typical = rng.random() < cfg.p_typical
+    form = rng.randrange(6)
+    if form == 5:  # verb knowledge: each verb concept has its instrument
+        v = rng.randrange(cfg.n_verb_concepts)
+        tool = lex.verb_tool[v] if typical else rng.randrange(cfg.n_tools)
+        n1, n2 = rng.sample(range(cfg.n_noun_concepts), 2)
+        return (f"the {rng.choice(lex.nouns[n1])} {rng.choice(lex.verbs[v])} the "
+                f"{rng.choice(lex.nouns[n2])} with the {lex.tools[tool]} .")
+    c = rng.randrange(cfg.n_noun_concepts)
+    noun = rng.choice(lex.nouns[c])
+    adj_c = rng.choice(lex.noun_adjs[c]) if typical else rng.randrange(cfg.n_adj_concepts)
+    adj = rng.choice(lex.adjectives[adj_c])
+    place = lex.places[lex.noun_habitat[c] if typical else rng.randrange(cfg.n_places)]
+    food = lex.foods[lex.noun_food[c] if typical else rng.randrange(cfg.n_foods)]
+    if form == 0:
+        return f"the {adj} {noun} lives near the {place} ."
+    if form == 1:
+        return f"every {noun} eats the {food} ."
+    if form == 2:
+        return f"the {noun} is {adj} ."
+    if form == 3:
+        return f"the {adj} {noun} likes to eat the {food} in the {place} ."
+    return f"in the {place} , every {noun} is {adj} ."
+
+
+def make_corpus(n: int, seed: int, cfg: LanguageConfig = LanguageConfig(), lex: Lexicon | None = None) -> list[str]:
+    """``n`` corpus sentences: knowledge sentences and task-style event sentences (any wording)."""
+    lex = lex or build_lexicon(cfg)
+    rng = random.Random(f"precswitch-corpus-{seed}")
+    out = []
+    for _ in range(n):
+        if rng.random() < cfg.p_knowledge:
+            out.append(_knowledge_sentence(rng, cfg, lex))
+        else:
+            out.append(render(lex, _random_prop(rng, cfg), _random_wording(rng, cfg)))
+    return out
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _tsv(rows: Iterable[dict]) -> str:
+    lines = ["\t".join(MRPC_COLUMNS)]
+    for r in rows:
+        lines.append("\t".join(str(r[c]) for c in MRPC_COLUMNS))
+    return "\n".join(lines) + "\n"
+
+
+DEFAULT_SIZES = {"n_corpus": 40000, "n_train": 3000, "n_dev": 800}
+
+
+def write_synthetic(out: str | Path, seed: int, n_corpus: int = DEFAULT_SIZES["n_corpus"],
+                    n_train: int = DEFAULT_SIZES["n_train"], n_dev: int = DEFAULT_SIZES["n_dev"],
+                    cfg: LanguageConfig = LanguageConfig()) -> Path:
+    """Write ``corpus.txt``, ``train.tsv``, ``dev.tsv`` and ``synth.json`` into ``out`` atomically."""
+    import json
+
+    from ..errors import PrecswitchError
+    from ..io import atomic_path
+
+    for name, v in (("n_corpus", n_corpus), ("n_train", n_train), ("n_dev", n_dev)):
+        if int(v) < 1:
+            raise PrecswitchError(f"synth: {name} must be >= 1, got {v}")
+    lex = build_lexicon(cfg)
+    corpus = make_corpus(n_corpus, seed, cfg, lex)
+    train = make_pairs(n_train, seed, cfg, split="train", lex=lex)
+    dev = make_pairs(n_dev, seed, cfg, split="dev", lex=lex)
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / "corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+        (tmp / "train.tsv").write_text(_tsv(train), encoding="utf-8")
+        (tmp / "dev.tsv").write_text(_tsv(dev), encoding="utf-8")
+        kinds: dict[str, dict[str, int]] = {}
+        for split, rows in (("train", train), ("dev", dev)):
+            kinds[split] = {}
+            for r in rows:
+                kinds[split][r["kind"]] = kinds[split].get(r["kind"], 0) + 1
+        meta = {
+            "generator": "precswitch.data.synthetic",
+            "seed": seed,
+            "sizes": {"n_corpus": n_corpus, "n_train": n_train, "n_dev": n_dev},
+            "language": asdict(cfg),
+            "vocabulary_size": len(lex.vocabulary()),
+            "pair_kinds": kinds,
+        }
+        (tmp / "synth.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
