@@ -1,0 +1,34 @@
+# precswitch: pre-train BERT in one precision, fine-tune in another; what happens to accuracy,
+# time and memory? See README.md. Run: snakemake --cores all
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+# A schedules map given on the command line replaces the default one instead of merging into it.
+_cli_schedules = config.get("schedules")
+
+
+configfile: "config/config.yaml"
+
+
+if _cli_schedules is not None:
+    config["schedules"] = _cli_schedules
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/analyze.smk"
+
+
+report: "workflow/report/workflow.rst"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/runs.csv",
+        "results/schedules.csv",

@@ -1,0 +1,69 @@
+# Data: the synthetic language (once), the tokenizer (once, on the stage-1 source) and one prepared
+# dataset per stage.
+
+
+rule synth:
+    output:
+        SYNTH_FILES,
+    log:
+        f"{LOGS}/data/synth.log",
+    benchmark:
+        f"{BENCHMARKS}/data/synth.tsv"
+    conda:
+        "../../envs/precswitch.yaml"
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
+        seed=config["data"]["synthetic"]["seed"],
+        n_corpus=config["data"]["synthetic"]["n_corpus"],
+        n_train=config["data"]["synthetic"]["n_train"],
+        n_dev=config["data"]["synthetic"]["n_dev"],
+    shell:
+        "precswitch synth --out {params.out} --seed {params.seed}"
+        " --n-corpus {params.n_corpus} --n-train {params.n_train} --n-dev {params.n_dev}"
+        " > {log} 2>&1"
+
+
+rule tokenizer:
+    input:
+        source_inputs("pretrain"),
+    output:
+        directory(TOKENIZER_DIR),
+    log:
+        f"{LOGS}/data/tokenizer.log",
+    benchmark:
+        f"{BENCHMARKS}/data/tokenizer.tsv"
+    conda:
+        "../../envs/precswitch.yaml"
+    params:
+        source=source_json("pretrain"),
+        vocab_size=config["tokenizer"]["vocab_size"],
+        pretrained=(
+            f"--pretrained {shlex.quote(pretrained_init())}"
+            if pretrained_init()
+            else ""
+        ),
+    shell:
+        "precswitch tokenizer --source {params.source:q} --out {output}"
+        " --vocab-size {params.vocab_size} {params.pretrained} > {log} 2>&1"
+
+
+rule prepare:
+    input:
+        source=lambda w: source_inputs(w.stage),
+        tokenizer=TOKENIZER_DIR,
+    output:
+        directory(PREPARED_DIR),
+    log:
+        f"{LOGS}/data/prepare-{{stage}}.log",
+    benchmark:
+        f"{BENCHMARKS}/data/prepare-{{stage}}.tsv"
+    conda:
+        "../../envs/precswitch.yaml"
+    params:
+        source=lambda w: source_json(w.stage),
+        objective=lambda w: OBJECTIVE[w.stage],
+        max_length=lambda w: config["train"][w.stage]["max_length"],
+    shell:
+        "precswitch prepare --source {params.source:q} --tokenizer {input.tokenizer}"
+        " --objective {params.objective} --max-length {params.max_length} --out {output}"
+        " > {log} 2>&1"
