@@ -259,6 +259,30 @@ def write_table(df, csv_path: str | os.PathLike, parquet_path: str | os.PathLike
             _parquet_safe(df).to_parquet(tmp, index=False)
 
 
+#: Columns that are text even when every value looks like a number (commit ids, hashes, versions).
+STRING_COLUMNS = [
+    "run_id", "stage", "objective", "precision", "status", "status_reason", "schedule", "init", "init_run_id",
+    "init_precision", "param_dtype", "checkpoint_dtype_written", "checkpoint_dtype_read", "memory_kind",
+    "eval_precision", "eval_note", "device", "device_name", "cuda_version", "driver_version", "cudnn_version",
+    "torch_version", "transformers_version", "datasets_version", "python_version", "float32_matmul_precision",
+    "git_commit", "hostname", "config_hash", "started_at", "finished_at", "metrics_path",
+    "stage1_precision", "stage2_precision", "stage1_status", "stage2_status", "stage1_run_id", "stage2_run_id",
+    "stage1_status_reason", "stage2_status_reason", "stage1_metrics_path", "stage2_metrics_path",
+]
+
+
+def read_table(path: str | os.PathLike):
+    """Read runs/schedules written by :func:`write_table` (CSV or parquet) with text columns kept text."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    header = pd.read_csv(path, nrows=0).columns
+    return pd.read_csv(path, dtype={c: "string" for c in STRING_COLUMNS if c in header}).astype(
+        {c: object for c in STRING_COLUMNS if c in header}).replace({pd.NA: None})
+
+
 def aggregate(metrics_paths: Iterable[str | os.PathLike], out_dir: str | os.PathLike):
     """Build both tables and write ``runs.csv/.parquet`` and ``schedules.csv/.parquet`` in out_dir."""
     out_dir = Path(out_dir)

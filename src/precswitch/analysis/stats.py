@@ -789,12 +789,9 @@ def run_stats(runs_path, schedules_path, settings: dict, out_dir=None, *, summar
 
 
 def _read_table(path):
-    import pandas as pd
+    from .aggregate import read_table
 
-    path = Path(path)
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    return pd.read_csv(path)
+    return read_table(path)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,353 @@
+"""results/verdict.md: the answer to the question, one paragraph per schedule, caveats.
+
+Everything comes from stats.json (written by ``precswitch stats``), whose ``provenance`` block is taken
+from the runs table's provenance columns (device, versions, git commit, config hash).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import PrecswitchError
+
+TITLE = "Pre-train in low precision, fine-tune in fp32: does accuracy go up or down?"
+
+
+def _f(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _pt(v: Any, nd: int = 2, sign: bool = True) -> str:
+    if not _f(v):
+        return "n/a"
+    s = f"{v:+.{nd}f}" if sign else f"{v:.{nd}f}"
+    return s.replace("-", "−")
+
+
+def _p(v: Any) -> str:
+    if not _f(v):
+        return "n/a"
+    return "< 0.001" if v < 0.001 else f"{v:.3f}"
+
+
+def _ratio(r: dict | None) -> str:
+    """×0.87 [0.86, 0.88]"""
+    if not r or not _f(r.get("mean")):
+        return "n/a"
+    s = f"×{r['mean']:.2f}"
+    if _f(r.get("ci_low")) and _f(r.get("ci_high")):
+        s += f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+    return s
+
+
+def _saved(r: dict | None, what: str) -> str:
+    if not r or not _f(r.get("mean")):
+        return ""
+    m = r["mean"]
+    sig = r.get("classification") in ("better", "worse", "higher", "lower")
+    if not sig:
+        return f"no detectable {what} difference"
+    return f"{(1 - m) * 100:.0f}% {what} saved" if m < 1 else f"{(m - 1) * 100:.0f}% more {what}"
+
+
+class _Deltas:
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def get(self, family: str, a: str, b: str, metric: str) -> dict | None:
+        for r in self.rows:
+            if r.get("family") == family and r.get("a") == a and r.get("b") == b and r.get("metric") == metric:
+                return r
+        return None
+
+    def any(self, a: str, b: str, metric: str) -> dict | None:
+        return (self.get("named", a, b, metric) or self.get("vs_baseline", a, b, metric))
+
+
+def _acc_phrase(r: dict | None, margin: float, conf: int) -> str:
+    """'+0.17 points [95% CI −0.74, +1.09], 8 paired seeds'"""
+    if not r or not _f(r.get("mean")):
+        return "no paired seeds"
+    s = f"{_pt(r['mean'])} points"
+    if _f(r.get("ci_low")):
+        s += f" [{conf}% CI {_pt(r['ci_low'])}, {_pt(r['ci_high'])}]"
+    s += f", {r.get('n_pairs')} paired seeds"
+    return s
+
+
+def _class_phrase(r: dict | None, a: str, b: str, margin: float) -> str:
+    c = (r or {}).get("classification", "insufficient data")
+    if c == "better":
+        s = f"{a} is more accurate than {b}"
+    elif c == "worse":
+        s = f"{a} is less accurate than {b}"
+    elif c == "equivalent":
+        s = f"{a} is equivalent to {b} within ±{margin:g} points"
+    elif c == "inconclusive":
+        s = f"{a} vs {b} is inconclusive (neither a significant difference nor a CI inside ±{margin:g} points)"
+    else:
+        s = f"{a} vs {b} cannot be judged (fewer than 2 paired seeds that finished)"
+    if c in ("better", "worse") and r and r.get("within_margin"):
+        s += f", though by less than the ±{margin:g}-point margin"
+    return s
+
+
+def _question_phrase(a: str, b: str, info: dict) -> str:
+    """What a contrast asks, derived from the schedules' precisions."""
+    ia, ib = info.get(a, {}), info.get(b, {})
+    a1, a2, b1, b2 = ia.get("stage1_precision"), ia.get("stage2_precision"), ib.get("stage1_precision"), ib.get("stage2_precision")
+    if a1 and a1 == b1 and a2 != b2:
+        return f"After {a1} pre-training, fine-tuning in {a2} instead of {b2}"
+    if a2 and a2 == b2 and a1 != b1 and a1 and b1:
+        return f"Pre-training in {a1} instead of {b1} (fine-tuning in {a2} both times)"
+    return f"Schedule {a} ({a1 or 'no stage 1'} → {a2}) against {b} ({b1 or 'no stage 1'} → {b2})"
+
+
+def _effect_verb(r: dict | None, margin: float) -> str:
+    c = (r or {}).get("classification", "insufficient data")
+    return {
+        "better": "raises accuracy",
+        "worse": "lowers accuracy",
+        "equivalent": f"leaves accuracy unchanged within ±{margin:g} points",
+        "inconclusive": "has an inconclusive effect on accuracy",
+    }.get(c, "cannot be judged (too few finished seeds)")
+
+
+def _needs(r: dict | None, margin: float, power: float) -> str:
+    if not r:
+        return ""
+    bits = []
+    if _f(r.get("seeds_needed")):
+        bits.append(f"about {int(r['seeds_needed'])} paired seeds would detect a {margin:g}-point difference "
+                    f"with {power * 100:.0f}% power (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
+    if _f(r.get("seeds_needed_equivalence")):
+        bits.append(f"about {int(r['seeds_needed_equivalence'])} would put the CI inside ±{margin:g} points "
+                    "if the observed mean and SD held")
+    elif _f(r.get("mean")) and abs(r["mean"]) >= margin:
+        bits.append("the observed mean is outside the margin, so equivalence is not in reach")
+    return "; ".join(bits)
+
+
+def render(stats: dict) -> str:
+    s = stats.get("settings", {})
+    margin, alpha, power = s.get("margin", 1.0), s.get("alpha", 0.05), s.get("power", 0.8)
+    conf = int(round((1 - alpha) * 100))
+    baseline = stats.get("baseline")
+    info: dict = stats.get("schedules", {})
+    D = _Deltas(stats.get("deltas", []))
+    prov: dict = stats.get("provenance", {})
+    out: list[str] = [f"# {TITLE}", ""]
+    out.append(f"**Question.** {stats.get('question', '')}")
+    out.append("")
+
+    def pv(k: str) -> str:
+        v = prov.get(k) or []
+        return ", ".join(f"`{x}`" for x in v) if v else "unknown"
+
+    seeds = sorted({x for i in info.values() for x in i.get("seeds", [])}, key=lambda x: (str(type(x)), x))
+    n_per = sorted({i.get("n_runs") for i in info.values()})
+    out.append("**Holds for:** "
+               f"device {pv('device')} ({pv('device_name')}); torch {pv('torch_version')}, "
+               f"transformers {pv('transformers_version')}; git commit {pv('git_commit')}; "
+               f"config hash {pv('config_hash')}; threads {pv('threads')}; memory measured as {pv('memory_kind')}. "
+               f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
+               f"baseline `{baseline}`; equivalence margin ±{margin:g} accuracy points; alpha {alpha:g} "
+               f"(paired t-tests, Holm-adjusted over schedules); {conf}% CIs.")
+    out.append("")
+
+    # ---------------- answer
+    out.append("## Answer")
+    out.append("")
+    sentences = []
+    for a, b in stats.get("named_contrasts", []):
+        r = D.get("named", a, b, "accuracy")
+        t = D.get("named", a, b, "total_train_seconds")
+        sent = (f"{_question_phrase(a, b, info)} {_effect_verb(r, margin)} "
+                f"(`{a}` − `{b}`: {_acc_phrase(r, margin, conf)})")
+        mem = D.get("named", a, b, "peak_memory_bytes")
+        tail = []
+        if t and _f(t.get("mean")):
+            tail.append(f"takes {_ratio(t)} the total training time ({_saved(t, 'time')})")
+        if mem and _f(mem.get("mean")):
+            tail.append(f"{_ratio(mem)} the peak memory ({_saved(mem, 'memory')})")
+        if tail:
+            sent += "; it " + " and ".join(tail)
+        sentences.append(sent + ".")
+    if not sentences:
+        sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
+    for a, b in stats.get("missing_contrasts", []):
+        sentences.append(f"The contrast `{a}` vs `{b}` was not run (schedule missing).")
+    out.append(" ".join(sentences))
+    out.append("")
+    out.append(f"Accuracy is the fine-tuned model's accuracy on the eval split; differences are in percentage "
+               f"points, paired by seed. A schedule is *better/worse* when the Holm-adjusted paired t-test gives "
+               f"p < {alpha:g}; *equivalent* when it is not and the whole {conf}% CI lies inside ±{margin:g} "
+               f"points (TOST p < {alpha:g}); otherwise *inconclusive*.")
+    out.append("")
+
+    # ---------------- per schedule
+    out.append(f"## Per schedule (against `{baseline}`)")
+    out.append("")
+    order = [baseline] + sorted(k for k in info if k != baseline)
+    for name in order:
+        i = info.get(name)
+        if i is None:
+            continue
+        head = (f"**{name}** (stage 1 {i.get('stage1_precision') or 'none (fine-tune only)'} → stage 2 "
+                f"{i.get('stage2_precision')}; {i.get('n_used')} of {i.get('n_runs')} runs used)")
+        parts = []
+        acc = i.get("accuracy_points", {})
+        acc_s = f"accuracy {_pt(acc.get('mean'), 2, False)}%"
+        if _f(acc.get("ci_low")):
+            acc_s += f" [{conf}% CI {_pt(acc['ci_low'], 2, False)}, {_pt(acc['ci_high'], 2, False)}]"
+        if _f(acc.get("std")):
+            acc_s += f", seed SD {_pt(acc['std'], 2, False)} points"
+        if name == baseline:
+            parts.append(f"{head}: the baseline; {acc_s}.")
+        else:
+            r = D.get("vs_baseline", name, baseline, "accuracy")
+            c = (r or {}).get("classification", "insufficient data")
+            label = {"better": "BETTER", "worse": "WORSE", "equivalent": f"EQUIVALENT within ±{margin:g} points",
+                     "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED (too few finished seeds)")
+            txt = f"{head}: **{label}** — {_class_phrase(r, name, baseline, margin)}. {acc_s}; "
+            txt += f"paired difference {_acc_phrase(r, margin, conf)}"
+            if r and _f(r.get("boot_low")):
+                txt += f" (bootstrap CI {_pt(r['boot_low'])}, {_pt(r['boot_high'])})"
+            if r:
+                txt += (f"; paired t Holm p {_p(r.get('p_holm'))}, Wilcoxon p {_p(r.get('p_wilcoxon'))}, "
+                        f"TOST p {_p(r.get('tost_p'))}")
+                if _f(r.get("mde")):
+                    txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power"
+            txt += "."
+            if c == "inconclusive":
+                n = _needs(r, margin, power)
+                if n:
+                    txt += f" To resolve it: {n}."
+            parts.append(txt)
+            # time and memory
+            tm = []
+            for col, lab in (("stage1_train_seconds", "stage 1"), ("stage2_train_seconds", "stage 2"),
+                             ("total_train_seconds", "total")):
+                rr = D.get("vs_baseline", name, baseline, col)
+                if rr and _f(rr.get("mean")):
+                    tm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'time')})")
+            mm = []
+            for col, lab in (("stage1_peak_memory_bytes", "stage 1"), ("stage2_peak_memory_bytes", "stage 2")):
+                rr = D.get("vs_baseline", name, baseline, col)
+                if rr and _f(rr.get("mean")):
+                    mm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'memory')})")
+            th = D.get("vs_baseline", name, baseline, "stage2_samples_per_second")
+            line = []
+            if tm:
+                line.append("Training time vs baseline (geometric-mean ratio, paired log-ratios): " + "; ".join(tm))
+            if mm:
+                line.append("peak memory: " + "; ".join(mm))
+            if th and _f(th.get("mean")):
+                line.append(f"stage-2 throughput {_ratio(th)}")
+            if line:
+                parts.append(". ".join(line) + ".")
+        # health
+        h = []
+        if i.get("n_failed"):
+            fl = "; ".join(f"seed {f.get('seed')}: {f.get('outcome')}" + (f" ({f['reason']})" if f.get("reason") else "")
+                           for f in i.get("failed", []))
+            h.append(f"{i['n_failed']} failed run(s), excluded from the means and counted — {fl}")
+        if i.get("n_degenerate"):
+            h.append(f"{i['n_degenerate']} degenerate run(s) (accuracy ≤ majority class; kept in the statistics): "
+                     f"seeds {', '.join(map(str, i.get('degenerate_seeds', [])))}")
+        for k, lab in (("stage1_skipped_steps", "stage 1"), ("stage2_skipped_steps", "stage 2")):
+            if _f(i.get(k)) and i[k] > 0:
+                h.append(f"{int(i[k])} skipped optimizer steps in {lab} (loss-scale overflow), over all seeds")
+        if _f(i.get("nonfinite_losses")) and i["nonfinite_losses"] > 0:
+            h.append(f"{int(i['nonfinite_losses'])} non-finite losses over both stages")
+        for k, lab in (("stage1_loss_scale_min", "stage 1"), ("stage2_loss_scale_min", "stage 2")):
+            if _f(i.get(k)) and i[k] < 1:
+                h.append(f"the {lab} loss scale fell to {i[k]:g} (gradients underflow or overflow persistently)")
+        parts.append(("Numeric health: " + "; ".join(h) + ".") if h else "Numeric health: no failed runs, "
+                     "no skipped steps, no non-finite losses.")
+        out.append(" ".join(parts))
+        out.append("")
+
+    # ---------------- stage 1
+    b1 = stats.get("stage1_baseline_precision")
+    st1 = [r for r in stats.get("deltas", []) if r.get("family") == "stage1"]
+    if b1:
+        out.append(f"## Stage 1 on its own (pre-training, against {b1})")
+        out.append("")
+        out.append("Masked-LM eval metrics of the pre-trained models, paired by seed. At small scale a "
+                   "pre-training precision effect may show here without reaching fine-tuning accuracy.")
+        out.append("")
+        for p in sorted({r["a"] for r in st1}):
+            el = next((r for r in st1 if r["a"] == p and r["metric"] == "eval_loss"), None)
+            ma = next((r for r in st1 if r["a"] == p and r["metric"] == "mlm_accuracy"), None)
+            ts = next((r for r in st1 if r["a"] == p and r["metric"] == "train_seconds"), None)
+            pm = next((r for r in st1 if r["a"] == p and r["metric"] == "peak_memory_bytes"), None)
+            bits = []
+            if el and _f(el.get("mean")):
+                bits.append(f"eval loss {_pt(el['mean'], 3)} nats [{_pt(el.get('ci_low'), 3)}, "
+                            f"{_pt(el.get('ci_high'), 3)}] ({el.get('classification')}, Holm p {_p(el.get('p_holm'))})")
+            if ma and _f(ma.get("mean")):
+                bits.append(f"masked-token accuracy {_pt(ma['mean'])} points [{_pt(ma.get('ci_low'))}, "
+                            f"{_pt(ma.get('ci_high'))}] ({ma.get('classification')})")
+            if ts and _f(ts.get("mean")):
+                bits.append(f"train time {_ratio(ts)}")
+            if pm and _f(pm.get("mean")):
+                bits.append(f"peak memory {_ratio(pm)}")
+            n = (el or ma or {}).get("n_pairs", 0)
+            cnt = stats.get("stage1_precisions", {}).get(p, {})
+            fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
+            out.append(f"- **{p}** vs {b1} ({n} paired seeds{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
+        bf = stats.get("stage1_precisions", {}).get(b1, {})
+        if bf.get("n_failed"):
+            out.append(f"- baseline {b1}: {bf['n_failed']} failed run(s).")
+        out.append("")
+
+    # ---------------- rules and caveats
+    out.append("## How failures are counted")
+    out.append("")
+    out.append(stats.get("failure_rule", ""))
+    out.append("")
+    out.append("## Caveats")
+    out.append("")
+    cav = []
+    devices = prov.get("device", [])
+    if any(str(d).startswith("cpu") for d in devices):
+        cav.append("Timings and memory were measured on a CPU. They say nothing about GPUs: there fp16/bf16 run on "
+                   "tensor cores and memory is device memory. On a CPU the speed of fp16 and bf16 depends on the "
+                   "instruction set (e.g. AMX for bf16), and peak memory is the process's peak RSS, which includes "
+                   "the Python/torch runtime, not only tensors.")
+    for k in ("device", "device_name", "torch_version", "git_commit", "config_hash", "threads"):
+        if len(prov.get(k, [])) > 1:
+            cav.append(f"The runs do not share one {k} ({', '.join(prov[k])}): timings and results may not be comparable.")
+    cav.append("Small scale: a tiny BERT, short training and few seeds. Effects that need long training or large "
+               "models (e.g. fp16 overflow in activations of large bf16-pretrained models) will not show here, and "
+               "the numbers need not transfer to BERT-base/large.")
+    small = [k for k, i in info.items() if (i.get("n_used") or 0) < 6]
+    if small:
+        cav.append(f"With fewer than 6 paired seeds the Wilcoxon signed-rank test cannot reach p < 0.05 "
+                   f"({', '.join(small)}); the verdict uses the paired t-test.")
+    cav.append("Train time is the training loop only (no setup, evaluation or checkpoint writes); time ratios "
+               "are geometric means of per-seed ratios. Seed-to-seed noise in fine-tuning accuracy is often "
+               "larger than any precision effect: read the CIs, not the means.")
+    out.extend(f"- {c}" for c in cav)
+    out.append("")
+    return "\n".join(out)
+
+
+def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike) -> str:
+    from ..io import atomic_write_text
+
+    p = Path(stats_path)
+    if not p.is_file():
+        raise PrecswitchError(f"stats file not found: {p} (run `precswitch stats` first)")
+    try:
+        stats = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise PrecswitchError(f"stats file {p} is not valid JSON: {e}") from None
+    text = render(stats)
+    atomic_write_text(out_path, text)
+    return text
