@@ -1,6 +1,7 @@
 # precswitch: pre-train BERT in one precision, fine-tune in another; what happens to accuracy,
 # time and memory? See README.md. Run: snakemake --cores all
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -15,7 +16,18 @@ configfile: "config/config.yaml"
 if _cli_schedules is not None:
     config["schedules"] = _cli_schedules
 
-validate(config, "workflow/schemas/config.schema.yaml")
+try:
+    validate(config, "workflow/schemas/config.schema.yaml")
+except WorkflowError as e:
+    # one line naming the key and what is allowed, instead of a dump of the schema
+    error = e.__cause__ or e.__context__
+    if not hasattr(error, "absolute_path"):
+        raise
+    key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    allowed = ""
+    if error.validator == "additionalProperties":
+        allowed = f"; allowed keys: {', '.join(error.schema.get('properties', {}))}"
+    raise WorkflowError(f"config key {key}: {error.message}{allowed}") from None
 
 
 include: "workflow/rules/common.smk"

@@ -54,15 +54,48 @@ def _check_finite(value, key):
             _check_finite(v, f"{key}[{i}]")
 
 
+def _as_list(value):
+    return [value] if isinstance(value, str) else list(value or [])
+
+
 def _source_files(source):
     """The local files a data source reads (empty for synthetic and hub)."""
     if source["kind"] not in FILE_KINDS:
         return []
-    files = []
-    for split in ("train", "eval"):
-        value = source.get(split)
-        files += [value] if isinstance(value, str) else list(value or [])
-    return files
+    return _as_list(source.get("train")) + _as_list(source.get("eval"))
+
+
+def _check_source(stage, source):
+    key = f"data.{stage}"
+    kind = source["kind"]
+    if kind in FILE_KINDS:
+        if not source.get("train"):
+            raise config_error(f"{key}.train", f"required for kind {kind} (file path)")
+        if kind != "text":
+            if not source.get("eval"):
+                raise config_error(
+                    f"{key}.eval", f"required for kind {kind} (file path)"
+                )
+            for split in ("train", "eval"):
+                if not isinstance(source[split], str):
+                    raise config_error(
+                        f"{key}.{split}", f"kind {kind} takes one file path, not a list"
+                    )
+        for path in _source_files(source):
+            if not os.path.exists(path):
+                raise config_error(
+                    key,
+                    f"file {path!r} not found (relative paths are relative to "
+                    f"the working directory {os.getcwd()})",
+                )
+    if kind == "hub" and not source.get("name"):
+        raise config_error(f"{key}.name", "required for kind hub (e.g. nyu-mll/glue)")
+    if stage == "pretrain" and kind in ("tsv", "csv", "jsonl", "parquet"):
+        raise config_error(
+            f"{key}.kind",
+            f"{kind} is a classification table; stage 1 (masked LM) takes "
+            "synthetic, text or hub (with text_column)",
+        )
 
 
 def check_config(cfg):
@@ -127,13 +160,7 @@ def check_config(cfg):
             f"({model['hidden_size']})",
         )
     for stage in STAGES:
-        for path in _source_files(cfg["data"][stage]):
-            if not os.path.exists(path):
-                raise config_error(
-                    f"data.{stage}",
-                    f"file {path!r} not found (relative paths are relative to "
-                    f"the working directory {os.getcwd()})",
-                )
+        _check_source(stage, cfg["data"][stage])
 
 
 check_config(config)
@@ -170,10 +197,31 @@ os.environ.update(
 
 
 # --- data -----------------------------------------------------------------------------------------
+# keys of a source spec that mean something for each kind (the schema fills defaults for all)
+SOURCE_KEYS = {
+    "synthetic": {"labels", "max_train_rows", "max_eval_rows", "eval_fraction"},
+    "text": {"train", "eval", "max_train_rows", "max_eval_rows", "eval_fraction"},
+    "hub": {
+        "name",
+        "config",
+        "train_split",
+        "eval_split",
+        "columns",
+        "text_column",
+        "labels",
+    }
+    | {"max_train_rows", "max_eval_rows", "eval_fraction"},
+}
+TABLE_KEYS = {"train", "eval", "columns", "labels", "max_train_rows", "max_eval_rows"}
+
+
 def source_spec(stage):
     """The stage's data source as the JSON `precswitch tokenizer/prepare --source` take."""
-    spec = {k: v for k, v in config["data"][stage].items() if v is not None}
-    if spec["kind"] == "synthetic":
+    source = config["data"][stage]
+    keys = SOURCE_KEYS.get(source["kind"], TABLE_KEYS)
+    spec = {k: v for k, v in source.items() if k in keys and v is not None}
+    spec["kind"] = source["kind"]
+    if source["kind"] == "synthetic":
         spec["dir"] = SYNTH_DIR
     return spec
 
@@ -189,8 +237,14 @@ def source_inputs(stage):
     return _source_files(config["data"][stage])
 
 
-def pretrained_init():
-    return None if config["model"]["init"] == "scratch" else config["model"]["init"]
+def tokenizer_options():
+    """`precswitch tokenizer` options: train WordPiece, or copy model.init's tokenizer."""
+    model, tok = config["model"], config["tokenizer"]
+    if model["init"] != "scratch":
+        return f"--pretrained {shlex.quote(model['init'])}"
+    options = f"--vocab-size {tok['vocab_size']}"
+    options += f" --model-max-length {model['max_position_embeddings']}"
+    return options + (" --cased" if tok["cased"] else "")
 
 
 # --- training -------------------------------------------------------------------------------------

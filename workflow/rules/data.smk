@@ -36,15 +36,10 @@ rule tokenizer:
         "../../envs/precswitch.yaml"
     params:
         source=source_json("pretrain"),
-        vocab_size=config["tokenizer"]["vocab_size"],
-        pretrained=(
-            f"--pretrained {shlex.quote(pretrained_init())}"
-            if pretrained_init()
-            else ""
-        ),
+        options=tokenizer_options(),
     shell:
-        "precswitch tokenizer --source {params.source:q} --out {output}"
-        " --vocab-size {params.vocab_size} {params.pretrained} > {log} 2>&1"
+        "precswitch tokenizer --source {params.source:q} --out {output} {params.options}"
+        " > {log} 2>&1"
 
 
 rule prepare:
