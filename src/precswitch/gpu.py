@@ -1,0 +1,306 @@
+"""GPU helpers: one timed training job per GPU on a workstation, and GPU provenance.
+
+Snakemake never assigns GPU ids. With ``snakemake --cores all --resources gpu=k`` on a workstation
+with k GPUs, up to k training jobs start at once, and each must pick a *different* GPU. They do so
+here, with one lock file per GPU and ``fcntl.flock``:
+
+* :func:`acquire_gpu_slot` tries the visible GPUs in order with a non-blocking ``flock``; the first
+  free one is ours. If all are taken it polls until one is released (or ``timeout`` passes).
+* A lock dies with its process (the kernel drops ``flock`` locks when the file descriptor is
+  closed, also on a crash or ``kill -9``), so a crashed holder never leaves a stale slot.
+* The index returned is an index into the *visible* devices (``cuda:<index>``, CUDA_VISIBLE_DEVICES
+  semantics), but the lock file is named after the *physical* device (the CUDA_VISIBLE_DEVICES entry:
+  an ordinal or a ``GPU-<uuid>``/``MIG-<uuid>``), so processes with different CUDA_VISIBLE_DEVICES
+  still exclude each other correctly on the same physical GPU.
+* The default lock directory is machine-wide (``$PRECSWITCH_GPU_LOCK_DIR``, else
+  ``<tmp>/precswitch-gpu-locks-<uid>/<hostname>``): two studies in two checkouts on one workstation
+  also stay off each other's GPUs. The host name keeps nodes apart if the directory is on a shared
+  file system.
+
+Engines call :func:`claim_device` once per process (a stage is one process): it holds the slot
+until the process exits.
+
+flock on NFS: Linux emulates flock with POSIX byte-range locks on NFS, which work across clients
+with NFSv4 but not with every NFS setup; keep the lock directory on a local disk (the default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from .errors import PrecswitchError
+
+LOCK_DIR_ENV = "PRECSWITCH_GPU_LOCK_DIR"
+
+
+class GpuSlotTimeout(PrecswitchError):
+    """No GPU slot became free within the timeout."""
+
+
+def default_lock_dir() -> Path:
+    """``$PRECSWITCH_GPU_LOCK_DIR``, else ``<tmp>/precswitch-gpu-locks-<uid>/<hostname>``."""
+    env = os.environ.get(LOCK_DIR_ENV)
+    if env:
+        return Path(env)
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"precswitch-gpu-locks-{uid}" / socket.gethostname()
+
+
+def visible_device_ids(n_devices: int) -> list[str]:
+    """Physical ids of the ``n_devices`` visible devices, for naming lock files.
+
+    CUDA_VISIBLE_DEVICES="2,3" makes cuda:0 the physical GPU 2: its lock is ``gpu-2.lock``.
+    Unset (or shorter than n_devices, or with an invalid entry): the visible index itself.
+    """
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [str(i) for i in range(n_devices)]
+    if env is None or env.strip() == "":
+        return ids
+    entries = [e.strip() for e in env.split(",")]
+    for i in range(min(n_devices, len(entries))):
+        e = entries[i]
+        if e and all(c.isalnum() or c in "-_:" for c in e):
+            ids[i] = e
+    return ids
+
+
+def _device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _try_lock(path: Path) -> int | None:
+    """Open ``path`` and take an exclusive non-blocking flock; the fd, or None if held elsewhere."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    # who holds it (informational only; the lock is the flock, not this text)
+    try:
+        info = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+    except OSError:
+        pass
+    return fd
+
+
+def _release(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(
+    lock_dir: str | os.PathLike | None,
+    n_devices: int | None,
+    timeout: float | None,
+    poll: float,
+    indices: Sequence[int] | None,
+) -> tuple[int, int, float]:
+    """Block until a slot is ours: (index, fd, seconds waited)."""
+    n = _device_count() if n_devices is None else int(n_devices)
+    if n < 1:
+        raise PrecswitchError(
+            "no GPU slot to acquire: no CUDA device is visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
+    candidates = list(range(n)) if indices is None else [int(i) for i in indices]
+    bad = [i for i in candidates if not 0 <= i < n]
+    if bad or not candidates:
+        raise PrecswitchError(f"GPU index(es) {bad or candidates} out of range: {n} visible device(s) (0..{n - 1})")
+    d = Path(lock_dir) if lock_dir is not None else default_lock_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PrecswitchError(f"GPU lock dir {str(d)!r} cannot be created: {e.strerror}") from None
+    ids = visible_device_ids(n)
+    t0 = time.monotonic()
+    while True:
+        for i in candidates:
+            fd = _try_lock(d / f"gpu-{ids[i]}.lock")
+            if fd is not None:
+                return i, fd, time.monotonic() - t0
+        waited = time.monotonic() - t0
+        if timeout is not None and waited >= timeout:
+            raise GpuSlotTimeout(
+                f"no free GPU slot after {waited:.0f} s: all of GPU(s) {[ids[i] for i in candidates]} are held "
+                f"by other jobs (lock files in {str(d)!r}; holders are named in each file)"
+            )
+        time.sleep(poll if timeout is None else max(0.0, min(poll, timeout - waited)))
+
+
+@contextlib.contextmanager
+def acquire_gpu_slot(
+    lock_dir: str | os.PathLike | None = None,
+    n_devices: int | None = None,
+    timeout: float | None = None,
+    poll: float = 0.5,
+    indices: Sequence[int] | None = None,
+) -> Iterator[int]:
+    """Hold one GPU for the ``with`` block; yields its index into the visible devices (``cuda:<index>``).
+
+    ``n_devices`` defaults to ``torch.cuda.device_count()``; ``indices`` restricts the GPUs tried
+    (e.g. ``[2]`` to wait for ``cuda:2`` only). Waits (polling every ``poll`` s) while every candidate
+    is held; ``timeout`` seconds (None = forever) then raises :class:`GpuSlotTimeout`. Released when
+    the block exits, and by the kernel if the process dies.
+    """
+    index, fd, _ = _acquire(lock_dir, n_devices, timeout, poll, indices)
+    try:
+        yield index
+    finally:
+        _release(fd)
+
+
+# ------------------------------------------------------------------ one slot per process (engines)
+_HELD: dict[str, Any] = {}
+
+
+def claim_device(
+    device: Any,
+    lock_dir: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    poll: float = 1.0,
+    n_devices: int | None = None,
+):
+    """Claim a GPU slot for the rest of this process and return the ``torch.device`` to train on.
+
+    ``device``: a ``torch.device`` (or string). CPU: returned unchanged, nothing locked.
+    ``cuda`` (no index): the first free visible GPU. ``cuda:N``: waits for GPU N itself.
+    The slot is held until the process exits (or :func:`release_claim`); claiming again in the same
+    process returns the held device. Sets ``torch.cuda.set_device``. :func:`claim_info` tells how
+    long the claim waited (for metrics.json).
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev
+    if "fd" in _HELD:
+        return _HELD["device"]
+    index, fd, waited = _acquire(lock_dir, n_devices, timeout, poll, None if dev.index is None else [dev.index])
+    out = torch.device("cuda", index)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(out)
+    ids = visible_device_ids(_device_count() if n_devices is None else n_devices)
+    _HELD.update(fd=fd, device=out, index=index, physical_id=ids[index], wait_seconds=waited,
+                 lock_dir=str(Path(lock_dir) if lock_dir is not None else default_lock_dir()))
+    return out
+
+
+def claim_info() -> dict[str, Any]:
+    """``{gpu_slot_index, gpu_slot_physical_id, gpu_slot_wait_seconds, gpu_lock_dir}`` (None when no claim)."""
+    return {
+        "gpu_slot_index": _HELD.get("index"),
+        "gpu_slot_physical_id": _HELD.get("physical_id"),
+        "gpu_slot_wait_seconds": _HELD.get("wait_seconds"),
+        "gpu_lock_dir": _HELD.get("lock_dir"),
+    }
+
+
+def release_claim() -> None:
+    """Release the slot held by :func:`claim_device` (normally the process exit does it)."""
+    fd = _HELD.pop("fd", None)
+    _HELD.clear()
+    if fd is not None:
+        _release(fd)
+
+
+# ------------------------------------------------------------------ provenance
+def gpu_provenance(index: int | None = None) -> dict[str, Any] | None:
+    """What GPU this is: name, compute capability, memory, driver, CUDA, cuDNN (None without CUDA).
+
+    ``index``: visible device index (default: the current device). NVML fields (driver, UUID, power
+    limit, clocks) are None when nvidia-ml-py or the driver's NVML is missing.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    idx = torch.cuda.current_device() if index is None else int(index)
+    props = torch.cuda.get_device_properties(idx)
+    info: dict[str, Any] = {
+        "gpu_index": idx,
+        "gpu_physical_id": visible_device_ids(torch.cuda.device_count())[idx],
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "total_memory_bytes": int(props.total_memory),
+        "multiprocessor_count": int(props.multi_processor_count),
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "torch_version": torch.__version__,
+        "bf16_supported": bool(torch.cuda.is_bf16_supported()),
+        "driver_version": None,
+        "nvml_cuda_driver_version": None,
+        "uuid": None,
+        "power_limit_watts": None,
+        "max_sm_clock_mhz": None,
+        "max_mem_clock_mhz": None,
+    }
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        info["driver_version"] = _s(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            v = pynvml.nvmlSystemGetCudaDriverVersion()
+            info["nvml_cuda_driver_version"] = f"{v // 1000}.{(v % 1000) // 10}"
+        except Exception:  # noqa: BLE001
+            pass
+        h = _nvml_handle_for(pynvml, idx, torch)
+        if h is not None:
+            for key, fn in (
+                ("uuid", lambda: _s(pynvml.nvmlDeviceGetUUID(h))),
+                ("power_limit_watts", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000),
+                ("max_sm_clock_mhz", lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                ("max_mem_clock_mhz", lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+            ):
+                try:
+                    info[key] = fn()
+                except Exception:  # noqa: BLE001
+                    pass
+    except Exception:  # noqa: BLE001 - NVML is optional
+        pass
+    return info
+
+
+def _s(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _nvml_handle_for(pynvml, idx: int, torch):
+    """NVML handle of visible device ``idx``. NVML ignores CUDA_VISIBLE_DEVICES: match by UUID, then PCI."""
+    props = torch.cuda.get_device_properties(idx)
+    uuid = getattr(props, "uuid", None)
+    if uuid:
+        u = str(uuid)
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}")
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        return pynvml.nvmlDeviceGetHandleByPciBusId(bus.upper())
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        phys = visible_device_ids(torch.cuda.device_count())[idx]
+        if phys.startswith(("GPU-", "MIG-")):
+            return pynvml.nvmlDeviceGetHandleByUUID(phys)
+        return pynvml.nvmlDeviceGetHandleByIndex(int(phys))
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,80 @@
+"""The BERT FLOP counter against a hand count and against torch's FlopCounterMode (CPU)."""
+
+import pytest
+import torch
+
+from precswitch import flops
+
+TINY = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=32, num_labels=3)
+B, S = 4, 16
+
+
+def test_hand_count_tiny():
+    # h = 32, f = 64, s = 16, L = 2, V = 101, C = 3, batch 4 -> 64 tokens
+    # per token per layer (forward, 2 FLOPs per multiply-add):
+    qkv = 3 * 2 * 32 * 32            # 6144
+    scores = 2 * 16 * 32             # 1024   (Q K^T: s keys x h dims)
+    weighted = 2 * 16 * 32           # 1024   (P V)
+    out_proj = 2 * 32 * 32           # 2048
+    ffn = 2 * 32 * 64 + 2 * 64 * 32  # 8192
+    per_layer = qkv + scores + weighted + out_proj + ffn
+    assert per_layer == 18432
+    encoder = 64 * 2 * per_layer                   # 2,359,296
+    mlm_head = 64 * (2 * 32 * 32 + 2 * 32 * 101)   # every token: transform + decoder = 64 * 8512 = 544,768
+    cls_head = 4 * (2 * 32 * 32 + 2 * 32 * 3)      # [CLS] only: pooler + classifier = 4 * 2240 = 8,960
+    assert encoder == 2_359_296 and mlm_head == 544_768 and cls_head == 8_960
+
+    parts = flops.layer_forward_flops_per_token(TINY, S)
+    assert parts == {"qkv": 6144, "attention_scores": 1024, "attention_weighted_sum": 1024,
+                     "attention_output": 2048, "ffn": 8192}
+    fm = flops.forward_flops(TINY, B, S, "mlm")
+    assert fm == {"encoder": encoder, "head": mlm_head, "total": 2_904_064}
+    fc = flops.forward_flops(TINY, B, S, "classify")
+    assert fc == {"encoder": encoder, "head": cls_head, "total": 2_368_256}
+    # forward + backward = 3 x forward
+    assert flops.train_step_flops(TINY, B, S, "mlm") == 3 * 2_904_064 == 8_712_192
+    assert flops.train_step_flops(TINY, B, S, "classify") == 3 * 2_368_256 == 7_104_768
+
+
+def test_bert_base_order_of_magnitude():
+    # the 6 * N * tokens rule of thumb (N without embeddings) lands close for seq 128
+    step = flops.train_step_flops(flops.BERT_BASE, 32, 128, "classify")
+    n_encoder = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
+    rule = 6 * n_encoder * 32 * 128
+    assert 1.0 < step / rule < 1.1  # the rest is attention's 4sh per token per layer
+    assert flops.mfu(step, 0.01, 790e12) == pytest.approx(step / 0.01 / 790e12)
+    # parameter count matches transformers' BERT-base (108.3M for bert-base-cased with a 2-way head)
+    assert flops.parameter_count(flops.BERT_BASE, "classify") == 108_311_810
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="objective"):
+        flops.forward_flops(TINY, 1, 8, "seq2seq")
+    with pytest.raises(ValueError, match="lacks"):
+        flops.train_step_flops({"hidden_size": 8}, 1, 8, "mlm")
+    with pytest.raises(ValueError):
+        flops.mfu(1.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "classify"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_against_flop_counter_mode(objective, attn):
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(**TINY, attn_implementation=attn)
+    model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
+    model.eval()  # dropout off (it has no matmuls anyway)
+    ids = torch.randint(0, TINY["vocab_size"], (B, S))
+    kw = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long),
+          "labels": ids if objective == "mlm" else torch.randint(0, 3, (B,))}
+    with FlopCounterMode(display=False) as fwd:
+        model(**kw)
+    with FlopCounterMode(display=False) as step:
+        model(**kw).loss.backward()
+    ours_fwd = flops.forward_flops(cfg, B, S, objective)["total"]
+    ours_step = flops.train_step_flops(cfg, B, S, objective)
+    assert fwd.get_total_flops() == pytest.approx(ours_fwd, rel=0.03)
+    assert step.get_total_flops() == pytest.approx(ours_step, rel=0.03)
