@@ -37,7 +37,7 @@ from typing import Iterable
 MRPC_COLUMNS = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
 
 FUNCTION_WORDS = frozenset(
-    "the a was by in , . lives near eat eats every is with likes to and of at on an it".split()
+    "the a was by in , . ; other words lives near eat eats every is with likes to and of at on an it".split()
 )
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh", "tr", "pl", "gr"]
 _VOWELS = ["a", "e", "i", "o", "u"]
@@ -69,6 +69,7 @@ class LanguageConfig:
     # corpus
     p_knowledge: float = 0.6  # share of corpus lines that are knowledge sentences
     p_typical: float = 0.9  # a knowledge sentence uses the concept's own habitat/food/adjective/tool
+    p_restate: float = 0.3  # share of corpus lines that state an event and restate it "in other words"
 
 
 @dataclass
@@ -282,7 +283,12 @@ def make_corpus(n: int, seed: int, cfg: LanguageConfig = LanguageConfig(), lex: 
     rng = random.Random(f"precswitch-corpus-{seed}")
     out = []
     for _ in range(n):
-        if rng.random() < cfg.p_knowledge:
+        r = rng.random()
+        if r < cfg.p_restate:  # discourse: a statement and a meaning-preserving rewrite of it (never a negative)
+            p, w = _random_prop(rng, cfg), _random_wording(rng, cfg)
+            first, second = render(lex, p, w), render(lex, p, _reword(rng, cfg, w))
+            out.append(f"{first[:-2]} ; in other words , {second}")
+        elif r < cfg.p_restate + (1 - cfg.p_restate) * cfg.p_knowledge:
             out.append(_knowledge_sentence(rng, cfg, lex))
         else:
             out.append(render(lex, _random_prop(rng, cfg), _random_wording(rng, cfg)))

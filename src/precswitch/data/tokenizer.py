@@ -14,24 +14,65 @@ DEFAULT_MODEL_MAX_LENGTH = 512
 _HUGE = int(1e29)
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, lowercase: bool = True,
-                    min_frequency: int = 1):
-    """Train a BERT-style WordPiece ``tokenizers.Tokenizer`` (deterministic for the same texts)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def _learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
+    """A deterministic WordPiece vocabulary: every character (as ``c`` and ``##c``), then frequent whole words,
+    then frequent word-initial pieces and ``##`` continuation pieces of the words left out.
+
+    ``tokenizers``' own WordPieceTrainer breaks ties between equally frequent merges in hash-map order, which
+    differs from process to process (the same texts gave different vocabularies), so the vocabulary is chosen
+    here, with every tie broken by the string. Tokenization itself is ``tokenizers``' WordPiece model
+    (greedy longest match first), the normalizer and pre-tokenizer are BERT's.
+    """
+    chars = sorted({c for w in word_counts for c in w})
+    vocab: list[str] = list(SPECIAL_TOKENS) + chars + [f"##{c}" for c in chars]
+    seen = set(vocab)
+    budget = vocab_size - len(vocab)
+    if budget <= 0:
+        return vocab[:max(vocab_size, len(SPECIAL_TOKENS) + 1)]
+    ranked = sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    words = [w for w, c in ranked if len(w) > 1 and (c >= 2 or len(ranked) <= budget)]
+    n_words = min(len(words), budget if len(words) <= budget else int(budget * 0.8))
+    for w in words[:n_words]:
+        if w not in seen:
+            vocab.append(w)
+            seen.add(w)
+    budget = vocab_size - len(vocab)
+    if budget > 0:  # pieces of the words not in the vocabulary, scored by the words' counts
+        pieces: dict[str, int] = {}
+        for w, c in word_counts.items():
+            if w in seen or len(w) < 3:
+                continue
+            for k in range(2, len(w)):
+                pieces[w[:k]] = pieces.get(w[:k], 0) + c
+                pieces["##" + w[-k:]] = pieces.get("##" + w[-k:], 0) + c
+        for piece, _ in sorted(pieces.items(), key=lambda kv: (-kv[1], kv[0]))[:budget]:
+            if piece not in seen:
+                vocab.append(piece)
+                seen.add(piece)
+    return vocab
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, lowercase: bool = True):
+    """Train a BERT-style WordPiece ``tokenizers.Tokenizer``; the same texts give the same tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise PrecswitchError(f"--vocab-size must be > {len(SPECIAL_TOKENS)}, got {vocab_size}")
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                strip_accents=None, lowercase=lowercase)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                        special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                        continuing_subword_prefix="##")
-    texts = list(texts)
-    if not any(t.strip() for t in texts):
+    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                            lowercase=lowercase)
+    pre = pre_tokenizers.BertPreTokenizer()
+    counts: dict[str, int] = {}
+    for t in texts:
+        for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(t)):
+            counts[w] = counts.get(w, 0) + 1
+    if not counts:
         raise PrecswitchError("tokenizer: the source has no text to train on")
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    vocab = _learn_vocab(counts, vocab_size)
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]",
+                                     max_input_chars_per_word=100, continuing_subword_prefix="##"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.add_special_tokens(SPECIAL_TOKENS)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

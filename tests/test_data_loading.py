@@ -1,0 +1,158 @@
+"""Data sources: real GLUE/WikiText files from ../shared/data, and CSV/JSONL/parquet written here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from precswitch.data.loading import HEADING_RE, load_source, parse_source, source_hash, source_texts
+from precswitch.errors import PrecswitchError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+MRPC = SHARED / "glue" / "MRPC"
+WIKI = SHARED / "wikitext-2-raw"
+needs_shared = pytest.mark.skipif(not MRPC.is_dir(), reason="../shared/data (real GLUE/WikiText files) not present")
+MRPC_COLS = {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}
+
+
+@needs_shared
+def test_glue_mrpc_tsv_rows_and_labels():
+    src = load_source({"kind": "tsv", "train": str(MRPC / "train.tsv"), "eval": str(MRPC / "dev.tsv"),
+                       "columns": MRPC_COLS}, "classify")
+    assert len(src.train) == 3668 and len(src.eval) == 408
+    assert src.label_values == [0, 1]
+    assert src.train["label"].count(1) == 2474 and src.train["label"].count(0) == 1194
+    assert src.eval["label"].count(1) == 279 and src.eval["label"].count(0) == 129
+    assert src.train.column_names == ["text_a", "text_b", "label"]
+    # QUOTE_NONE: quotes stay in the text, rows are not merged
+    assert any('"' in t for t in src.train["text_a"])
+    assert src.train[0]["text_a"].startswith("Amrozi accused his brother")
+
+
+@needs_shared
+def test_glue_labels_order_and_not_allowed_labels():
+    spec = {"kind": "tsv", "train": str(MRPC / "train.tsv"), "eval": str(MRPC / "dev.tsv"), "columns": MRPC_COLS}
+    src = load_source({**spec, "labels": [1, 0], "max_train_rows": 50, "max_eval_rows": 10}, "classify")
+    assert src.label_values == [1, 0] and len(src.train) == 50 and len(src.eval) == 10
+    assert src.train[0]["label"] == 0  # raw label 1 is class index 0 now
+    with pytest.raises(PrecswitchError, match=r"label value\(s\) \[.0.\] not in the allowed labels \[1, 2\]"):
+        load_source({**spec, "labels": [1, 2]}, "classify")
+
+
+@needs_shared
+def test_wikitext_lines_headings_dropped():
+    f = WIKI / "wiki.valid.raw"
+    src = load_source({"kind": "text", "train": [str(f)], "eval": [str(WIKI / "wiki.test.raw")]}, "mlm")
+    raw = f.read_text(encoding="utf-8").splitlines()
+    expect = [ln.strip() for ln in raw if ln.strip() and not HEADING_RE.match(ln)]
+    assert len(raw) > len(expect) > 1000
+    assert src.train["text"] == expect
+    assert not any(t.startswith("= ") for t in src.train["text"])
+    headings = [ln for ln in raw if ln.strip().startswith("= ")]
+    assert headings and all(HEADING_RE.match(h) for h in headings)
+    assert len(src.eval) > 1000
+    # without eval files the tail of train is held out
+    auto = load_source({"kind": "text", "train": str(f)}, "mlm")
+    assert len(auto.train) + len(auto.eval) == len(expect) and auto.eval["text"][-1] == expect[-1]
+
+
+def _tables(tmp_path):
+    import pandas as pd
+
+    tr = pd.DataFrame({"s1": ["a cat sat", "a dog ran", "it rains", "  "], "s2": ["x", "y", "z", "w"],
+                       "y": ["pos", "neg", "pos", "neg"]})
+    ev = pd.DataFrame({"s1": ["the sun", "the moon"], "s2": ["u", "v"], "y": ["neg", "pos"]})
+    files = {}
+    for kind, ext in (("csv", "csv"), ("jsonl", "jsonl"), ("parquet", "parquet")):
+        for split, df in (("train", tr), ("eval", ev)):
+            p = tmp_path / f"{split}.{ext}"
+            if kind == "csv":
+                df.to_csv(p, index=False)
+            elif kind == "jsonl":
+                df.to_json(p, orient="records", lines=True)
+            else:
+                df.to_parquet(p, index=False)
+            files[(kind, split)] = p
+    return files
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "parquet"])
+def test_tables_with_column_mapping(tmp_path, kind):
+    files = _tables(tmp_path)
+    spec = {"kind": kind, "train": str(files[(kind, "train")]), "eval": str(files[(kind, "eval")]),
+            "columns": {"text_a": "s1", "text_b": "s2", "label": "y"}}
+    src = load_source(spec, "classify")
+    assert len(src.train) == 3  # the blank text_a row is dropped
+    assert src.label_values == ["neg", "pos"]
+    assert src.train["label"] == [1, 0, 1] and src.eval["label"] == [0, 1]
+    single = load_source({**spec, "columns": {"text_a": "s1", "text_b": None, "label": "y"},
+                          "labels": ["pos", "neg"]}, "classify")
+    assert single.train.column_names == ["text_a", "label"] and single.train["label"] == [0, 1, 0]
+    mlm = load_source({**spec, "text_column": "s1"}, "mlm")
+    assert mlm.train["text"] == ["a cat sat", "a dog ran", "it rains"]
+    with pytest.raises(PrecswitchError, match=r"column\(s\) not found: label='quality'; columns found: \['s1', 's2', 'y'\]"):
+        load_source({**spec, "columns": {"text_a": "s1", "label": "quality"}}, "classify")
+
+
+def test_errors_name_what_is_wrong(tmp_path):
+    with pytest.raises(PrecswitchError, match=r"unknown kind 'xml' \(allowed: synthetic, text, tsv"):
+        load_source({"kind": "xml", "train": "a"}, "classify")
+    with pytest.raises(PrecswitchError, match="file not found: .*nope.csv"):
+        load_source({"kind": "csv", "train": str(tmp_path / "nope.csv"), "eval": str(tmp_path / "nope.csv"),
+                     "columns": {"text_a": "a", "label": "b"}}, "classify")
+    with pytest.raises(PrecswitchError, match="key 'eval' is required"):
+        load_source({"kind": "csv", "train": "x.csv"}, "classify")
+    with pytest.raises(PrecswitchError, match=r"unknown key\(s\) \['colums'\]"):
+        load_source({"kind": "csv", "train": "x", "eval": "y", "colums": {}}, "classify")
+    with pytest.raises(PrecswitchError, match="synthetic dir not found"):
+        load_source({"kind": "synthetic", "dir": str(tmp_path / "none")}, "mlm")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n = Title = \n\n = = Section = = \n", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match="train split is empty after filtering"):
+        load_source({"kind": "text", "train": [str(blank)], "eval": [str(blank)]}, "mlm")
+    with pytest.raises(PrecswitchError, match="objective must be mlm"):
+        load_source({"kind": "text", "train": [str(blank)]}, "classify")
+
+
+def test_parse_source_json_file_and_yaml(tmp_path):
+    spec = {"kind": "synthetic", "dir": "results/data/synth", "labels": None}
+    j = tmp_path / "s.json"
+    j.write_text(json.dumps(spec))
+    y = tmp_path / "s.yaml"
+    y.write_text("kind: synthetic\ndir: results/data/synth\nlabels: null\n")
+    assert parse_source(json.dumps(spec)) == parse_source(f"@{j}") == parse_source(str(y)) == spec
+    with pytest.raises(PrecswitchError, match="not valid JSON"):
+        parse_source("{kind: 1")
+    with pytest.raises(PrecswitchError, match="neither a JSON object nor an existing file"):
+        parse_source(str(tmp_path / "missing.yaml"))
+
+
+def test_synthetic_source_and_hash(tmp_path):
+    from precswitch.data.synthetic import write_synthetic
+
+    d = write_synthetic(tmp_path / "syn", seed=1, n_corpus=400, n_train=40, n_dev=20)
+    spec = {"kind": "synthetic", "dir": str(d)}
+    cls = load_source(spec, "classify")
+    assert (len(cls.train), len(cls.eval), cls.label_values) == (40, 20, [0, 1])
+    mlm = load_source(spec, "mlm")
+    assert len(mlm.train) + len(mlm.eval) == 400 and len(mlm.eval) == 20
+    assert len(source_texts(spec)) == 380 + 80  # corpus minus the held-out tail, both sentences
+    h = source_hash(spec, "mlm")
+    (d / "corpus.txt").write_text("changed .\n", encoding="utf-8")
+    assert source_hash(spec, "mlm") != h
+
+
+def test_hub_offline_error_names_the_dataset(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
+    code = ("import sys\nfrom precswitch.data.loading import load_source\nfrom precswitch.errors import PrecswitchError\n"
+            "try:\n    load_source({'kind': 'hub', 'name': 'nyu-mll/glue', 'config': 'mrpc'}, 'classify')\n"
+            "except PrecswitchError as e:\n    print(e); sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert "nyu-mll/glue" in r.stdout and "HF_HUB_OFFLINE" in r.stdout

@@ -1,0 +1,104 @@
+"""The synthetic language: deterministic, MRPC-shaped, balanced, and not solvable by a bag of words."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+
+import pytest
+
+from precswitch.data import synthetic as S
+
+
+def _read_tsv(path):
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def test_deterministic_for_a_seed_and_different_across_seeds(tmp_path):
+    a = S.write_synthetic(tmp_path / "a", seed=3, n_corpus=300, n_train=60, n_dev=20)
+    b = S.write_synthetic(tmp_path / "b", seed=3, n_corpus=300, n_train=60, n_dev=20)
+    c = S.write_synthetic(tmp_path / "c", seed=4, n_corpus=300, n_train=60, n_dev=20)
+    for name in ("corpus.txt", "train.tsv", "dev.tsv"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+        assert (a / name).read_bytes() != (c / name).read_bytes(), name
+    # the language (lexicon) is the same for every data seed
+    assert S.build_lexicon().vocabulary() == S.build_lexicon().vocabulary()
+    # no temporary directories left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]
+
+
+def test_files_have_glue_mrpc_layout(tmp_path):
+    out = S.write_synthetic(tmp_path / "s", seed=1, n_corpus=200, n_train=101, n_dev=40)
+    header = (out / "train.tsv").read_text(encoding="utf-8").splitlines()[0]
+    assert header.split("\t") == ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+    train, dev = _read_tsv(out / "train.tsv"), _read_tsv(out / "dev.tsv")
+    assert len(train) == 101 and len(dev) == 40
+    assert Counter(r["Quality"] for r in train) == {"1": 51, "0": 50}
+    assert Counter(r["Quality"] for r in dev) == {"1": 20, "0": 20}
+    ids = [r["#1 ID"] for r in train + dev] + [r["#2 ID"] for r in train + dev]
+    assert len(set(ids)) == len(ids)
+    for r in train + dev:
+        assert r["#1 String"] and r["#2 String"] and '"' not in r["#1 String"] + r["#2 String"]
+    corpus = (out / "corpus.txt").read_text(encoding="utf-8").splitlines()
+    assert len(corpus) == 200 and all(line.strip() for line in corpus)
+    vocab = set(S.build_lexicon().vocabulary())
+    for line in corpus + [r["#1 String"] for r in train] + [r["#2 String"] for r in train]:
+        assert set(line.split()) <= vocab, line
+
+
+def test_negatives_reuse_the_words_or_change_a_concept():
+    cfg = S.LanguageConfig(p_synonym=0.0)  # no synonym rewrites: words comparable directly
+    rows = S.make_pairs(400, seed=2, cfg=cfg)
+    kinds = Counter(r["kind"] for r in rows)
+    assert {"paraphrase", "swap_roles", "swap_adjectives"} <= set(kinds)
+    assert any(k.startswith("replace_") for k in kinds)
+    for r in rows:
+        a, b = r["#1 String"].split(), r["#2 String"].split()
+        content = lambda ws: Counter(w for w in ws if w not in S.FUNCTION_WORDS)  # noqa: E731
+        if r["kind"] in ("paraphrase", "swap_roles", "swap_adjectives"):
+            assert content(a) == content(b), r  # same content words: only order/roles differ
+        else:
+            assert content(a) != content(b), r
+
+
+def test_paraphrases_are_rewrites_not_copies():
+    rows = [r for r in S.make_pairs(600, seed=5) if r["Quality"] == 1]
+    identical = sum(r["#1 String"] == r["#2 String"] for r in rows)
+    passive_mix = sum((" was " in r["#1 String"]) != (" was " in r["#2 String"]) for r in rows)
+    assert identical < 0.1 * len(rows)
+    assert passive_mix > 0.3 * len(rows)
+
+
+def test_bag_of_words_baseline_is_near_chance():
+    """Order and synonymy decide: a bag-of-words logistic regression must not solve the task."""
+    from scipy.sparse import hstack
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    train = S.make_pairs(S.DEFAULT_SIZES["n_train"], seed=0, split="train")
+    dev = S.make_pairs(S.DEFAULT_SIZES["n_dev"], seed=0, split="dev")
+    y_tr, y_dev = [r["Quality"] for r in train], [r["Quality"] for r in dev]
+    vec = CountVectorizer(token_pattern=r"\S+").fit(
+        [r["#1 String"] for r in train] + [r["#2 String"] for r in train]
+    )
+
+    def separate(rows):  # words of sentence 1 and of sentence 2 as separate features
+        return hstack([vec.transform([r["#1 String"] for r in rows]), vec.transform([r["#2 String"] for r in rows])])
+
+    def joint(rows):  # one bag for the pair
+        return vec.transform([r["#1 String"] + " " + r["#2 String"] for r in rows])
+
+    for feats in (separate, joint):
+        clf = LogisticRegression(C=1.0, max_iter=3000).fit(feats(train), y_tr)
+        acc = clf.score(feats(dev), y_dev)
+        assert acc <= 0.62, (feats.__name__, acc)
+
+
+@pytest.mark.parametrize("bad", [0, -5])
+def test_sizes_must_be_positive(tmp_path, bad):
+    from precswitch.errors import PrecswitchError
+
+    with pytest.raises(PrecswitchError, match="n_train"):
+        S.write_synthetic(tmp_path / "s", seed=1, n_train=bad)
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,120 @@
+"""WordPiece tokenizer, copying a pretrained tokenizer, and `prepare` (DatasetDict + meta.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from precswitch.data.loading import source_texts
+from precswitch.data.prepare import prepare
+from precswitch.data.synthetic import write_synthetic
+from precswitch.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, copy_pretrained, load_tokenizer
+from precswitch.errors import PrecswitchError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+MRPC = SHARED / "glue" / "MRPC"
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    d = write_synthetic(root / "synth", seed=1, n_corpus=1500, n_train=120, n_dev=50)
+    spec = {"kind": "synthetic", "dir": str(d)}
+    tok = build_tokenizer(source_texts(spec), root / "tok", vocab_size=3000, model_max_length=128, source=spec)
+    return root, spec, tok
+
+
+def test_tokenizer_is_a_saved_fast_bert_tokenizer(synth):
+    root, spec, tokdir = synth
+    assert sorted(p.name for p in tokdir.iterdir()) == ["precswitch_tokenizer.json", "tokenizer.json",
+                                                         "tokenizer_config.json"]
+    tok = load_tokenizer(tokdir)
+    assert tok.is_fast and tok.model_max_length == 128
+    assert json.loads((tokdir / "tokenizer_config.json").read_text())["model_max_length"] == 128
+    assert [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert (tok.pad_token, tok.mask_token, tok.cls_token, tok.sep_token) == ("[PAD]", "[MASK]", "[CLS]", "[SEP]")
+    enc = tok("The cat sat .", "a dog ran")
+    toks = tok.convert_ids_to_tokens(enc["input_ids"])
+    assert toks[0] == "[CLS]" and toks.count("[SEP]") == 2 and toks[-1] == "[SEP]"
+    assert enc["token_type_ids"][-1] == 1 and enc["token_type_ids"][0] == 0
+    assert "the" in toks  # lowercased
+    # the synthetic words are whole tokens (no [UNK], no splits)
+    line = (Path(spec["dir"]) / "corpus.txt").read_text().splitlines()[0]
+    assert tok.tokenize(line) == line.split()
+
+
+def test_tokenizer_is_deterministic(synth, tmp_path):
+    root, spec, tokdir = synth
+    again = build_tokenizer(source_texts(spec), tmp_path / "tok2", vocab_size=3000, model_max_length=128, source=spec)
+    assert (again / "tokenizer.json").read_bytes() == (tokdir / "tokenizer.json").read_bytes()
+
+
+def test_copy_pretrained_from_a_local_dir(synth, tmp_path):
+    root, spec, tokdir = synth
+    out = copy_pretrained(str(tokdir), tmp_path / "copy")
+    a, b = load_tokenizer(tokdir), load_tokenizer(out)
+    assert a.get_vocab() == b.get_vocab() and b.model_max_length == 128
+    out2 = copy_pretrained(str(tokdir), tmp_path / "copy2", model_max_length=64)
+    assert load_tokenizer(out2).model_max_length == 64
+    with pytest.raises(PrecswitchError, match="cannot load tokenizer"):
+        copy_pretrained(str(tmp_path / "nowhere"), tmp_path / "copy3")
+    assert not (tmp_path / "copy3").exists()
+
+
+CONTRACT_META = {"objective", "num_labels", "label_values", "majority_accuracy", "n_train", "n_eval", "max_length",
+                 "tokenizer", "source", "source_hash"}
+
+
+def test_prepare_classify(synth, tmp_path):
+    import datasets
+
+    root, spec, tokdir = synth
+    meta = prepare(json.dumps(spec), tokdir, "classify", 64, tmp_path / "cls")
+    assert CONTRACT_META <= set(meta)
+    assert json.loads((tmp_path / "cls" / "meta.json").read_text()) == json.loads(json.dumps(meta))
+    dd = datasets.load_from_disk(str(tmp_path / "cls"))
+    assert set(dd) == {"train", "eval"}
+    assert dd["train"].column_names == ["input_ids", "attention_mask", "token_type_ids", "labels"]
+    assert dd["train"].features["labels"].dtype == "int64"
+    assert (meta["n_train"], meta["n_eval"], meta["num_labels"], meta["label_values"]) == (120, 50, 2, [0, 1])
+    assert meta["majority_accuracy"] == max(dd["eval"]["labels"].count(0), dd["eval"]["labels"].count(1)) / 50
+    row = dd["train"][0]
+    assert row["input_ids"][0] == 2 and row["input_ids"][-1] == 3 and len(row["input_ids"]) <= 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cls"]  # atomic: no temp dir left
+
+
+def test_prepare_mlm_packs_blocks(synth, tmp_path):
+    import datasets
+
+    root, spec, tokdir = synth
+    meta = prepare(spec, tokdir, "mlm", 32, tmp_path / "mlm")
+    assert meta["objective"] == "mlm" and meta["num_labels"] is None and meta["majority_accuracy"] is None
+    dd = datasets.load_from_disk(str(tmp_path / "mlm"))
+    assert dd["train"].column_names == ["input_ids", "attention_mask", "token_type_ids"]
+    lengths = {len(x) for x in dd["train"]["input_ids"]}
+    assert lengths == {32}
+    assert all(x[0] == 2 and x[-1] == 3 and 0 not in x for x in dd["train"]["input_ids"])
+    assert meta["n_eval"] >= 1
+
+
+def test_prepare_errors_leave_no_output(synth, tmp_path):
+    root, spec, tokdir = synth
+    with pytest.raises(PrecswitchError, match="--max-length 200 exceeds the tokenizer's model_max_length 128"):
+        prepare(spec, tokdir, "classify", 200, tmp_path / "out")
+    with pytest.raises(PrecswitchError, match="--tokenizer: directory not found"):
+        prepare(spec, tmp_path / "notok", "classify", 64, tmp_path / "out")
+    with pytest.raises(PrecswitchError, match="--objective 'ner' not allowed"):
+        prepare(spec, tokdir, "ner", 64, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not MRPC.is_dir(), reason="../shared/data not present")
+def test_prepare_real_mrpc(tmp_path):
+    spec = {"kind": "tsv", "train": str(MRPC / "train.tsv"), "eval": str(MRPC / "dev.tsv"),
+            "columns": {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}, "max_train_rows": 500}
+    tok = build_tokenizer(source_texts(spec), tmp_path / "tok", vocab_size=2000, model_max_length=128)
+    meta = prepare(spec, tok, "classify", 128, tmp_path / "p")
+    assert meta["n_train"] == 500 and meta["n_eval"] == 408
+    assert meta["majority_accuracy"] == pytest.approx(279 / 408)
