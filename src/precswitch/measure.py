@@ -20,22 +20,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class StepClock:
-    """Wall time of one training step, GPU-synchronized at both ends."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.t0 = 0.0
-
-    def start(self) -> None:
-        sync(self.device)
-        self.t0 = time.perf_counter()
-
-    def stop(self) -> float:
-        sync(self.device)
-        return time.perf_counter() - self.t0
-
-
 # ---------------------------------------------------------------- memory
 def _read_vm(field: str) -> int | None:
     try:

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "adam_eps": 1e-8,  # AdamW's default, kept faithful: in fp16 it rounds to 0 (see pure_fp16)
     "adam_beta1": 0.9,
     "adam_beta2": 0.999,
+    "optimizer_impl": "fused",  # fused | foreach: torch AdamW kernel (HF Trainer's default is fused)
     "max_grad_norm": 1.0,  # 0 or null: no clipping (the norm is still recorded)
     "mlm_probability": 0.15,
     "eval_precision": "same",  # same | fp32 | any precision name
@@ -107,6 +108,8 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         raise PrecswitchError(f"eval_precision {hp['eval_precision']!r}: allowed 'same' or one of {', '.join(P.NAMES)}")
     if hp["objective"] not in OBJECTIVES:
         raise PrecswitchError(f"objective {hp['objective']!r}: allowed {', '.join(OBJECTIVES)}")
+    if hp["optimizer_impl"] not in ("fused", "foreach"):
+        raise PrecswitchError(f"optimizer_impl {hp['optimizer_impl']!r}: allowed 'fused' or 'foreach'")
     if hp["on_unsupported"] not in ("error", "skip"):
         raise PrecswitchError(f"on_unsupported {hp['on_unsupported']!r}: allowed 'error' or 'skip'")
     if not hp["data"]:

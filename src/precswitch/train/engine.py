@@ -366,6 +366,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         lr=hp["lr"],
         betas=(hp["adam_beta1"], hp["adam_beta2"]),
         eps=hp["adam_eps"],
+        **({"fused": True} if hp["optimizer_impl"] == "fused" else {"foreach": True}),
     )
     collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"])
     train_rows = _rows(train_ds, hp["objective"])
@@ -428,7 +429,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
     energy0 = measure.nvml_energy_mj(device)
-    clock = measure.StepClock(device)
+    # Time per step = wall from the end of the previous step to the end of this one (GPU-synchronized):
+    # batch collation, transfer, forward, backward, step and bookkeeping; resumable-state saves excluded.
+    t_prev = time.perf_counter()
     last_state_t = time.perf_counter()
     from tqdm.auto import tqdm
 
@@ -439,7 +442,6 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         while st["step"] < total_steps:
             step = st["step"]
             batch = batches.get(step)
-            clock.start()
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with prec.autocast(device.type):
                 loss = model(**batch).loss
@@ -462,7 +464,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             loss_val = float(loss.detach().float())
-            dt = clock.stop()
+            measure.sync(device)
+            now = time.perf_counter()
+            dt, t_prev = now - t_prev, now
 
             st["train_seconds"] += dt
             st["step_times"].append(dt)
@@ -495,7 +499,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             if stop["sigterm"] or (due and st["step"] < total_steps):
                 st["state_saves"] += 1
                 st["state_seconds"] += _save_state(state_path, snapshot())
-                last_state_t = time.perf_counter()
+                last_state_t = t_prev = time.perf_counter()
                 if stop["sigterm"]:
                     raise Preempted(f"SIGTERM at step {st['step']}: state saved to {state_path}")
     finally:
@@ -517,6 +521,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     measure.sync(device)
     eval_seconds = time.perf_counter() - t_eval
     del eval_model
+    if st["status"] == "ok" and ev.get("eval_note"):
+        st["status"] = "diverged"
+        st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
 
     # ------------------------------------------------------------ checkpoint
     t_ckpt = time.perf_counter()
