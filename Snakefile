@@ -44,3 +44,6 @@ rule all:
     input:
         "results/runs.csv",
         "results/schedules.csv",
+        "results/summary.csv",
+        "results/verdict.md",
+        expand("results/plots/{name}.{ext}", name=PLOTS, ext=["png", "svg"]),

@@ -323,3 +323,32 @@ def finetune_hparams(wildcards):
 # --- analysis -------------------------------------------------------------------------------------
 def analysis_json():
     return json.dumps(config["analysis"], sort_keys=True)
+
+
+# plot name (precswitch.analysis.plots.PLOT_NAMES) -> where it goes in the HTML report
+PLOTS = {
+    "accuracy": {
+        "category": "Accuracy",
+        "labels": {"figure": "fine-tuned accuracy per schedule", "stage": "finetune"},
+    },
+    "forest": {
+        "category": "Accuracy",
+        "labels": {"figure": "paired differences vs baseline", "stage": "finetune"},
+    },
+    "stage1": {
+        "category": "Accuracy",
+        "labels": {"figure": "stage-1 masked-LM metrics", "stage": "pretrain"},
+    },
+    "time_memory": {
+        "category": "Cost",
+        "labels": {"figure": "training time and peak memory", "stage": "both"},
+    },
+    "loss_curves": {
+        "category": "Numerics",
+        "labels": {"figure": "training loss curves", "stage": "both"},
+    },
+    "loss_scale": {
+        "category": "Numerics",
+        "labels": {"figure": "fp16 loss scale and skipped steps", "stage": "both"},
+    },
+}
