@@ -66,7 +66,7 @@ def test_against_flop_counter_mode(objective, attn):
     torch.manual_seed(0)
     cfg = BertConfig(**TINY, attn_implementation=attn)
     model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
-    model.eval()  # dropout off (it has no matmuls anyway)
+    model.train()  # as in a training step (dropout has no matmuls)
     ids = torch.randint(0, TINY["vocab_size"], (B, S))
     kw = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long),
           "labels": ids if objective == "mlm" else torch.randint(0, 3, (B,))}
@@ -76,5 +76,11 @@ def test_against_flop_counter_mode(objective, attn):
         model(**kw).loss.backward()
     ours_fwd = flops.forward_flops(cfg, B, S, objective)["total"]
     ours_step = flops.train_step_flops(cfg, B, S, objective)
-    assert fwd.get_total_flops() == pytest.approx(ours_fwd, rel=0.03)
+    # torch's counter has no formula for some fused CPU attention kernels (sdpa may dispatch to one):
+    # then it misses exactly the attention core (Q K^T and P V), 4*s*h per token per layer
+    core = B * S * TINY["num_hidden_layers"] * 4 * S * TINY["hidden_size"]
+    counted_fwd = fwd.get_total_flops()
+    if attn == "sdpa" and counted_fwd == pytest.approx(ours_fwd - core, rel=0.03):
+        ours_fwd, ours_step = ours_fwd - core, ours_step - 3 * core
+    assert counted_fwd == pytest.approx(ours_fwd, rel=0.03)
     assert step.get_total_flops() == pytest.approx(ours_step, rel=0.03)

@@ -1,0 +1,404 @@
+"""GPU check: training-step throughput, model FLOP/s, MFU, memory and energy of BERT-base under
+every precision of the catalog, with the same precision code as the study (precswitch.precision).
+
+Nothing is downloaded: the model is a BertConfig with random weights, the data synthetic tokens.
+Default: BERT-base (12 layers, 768 hidden, vocab 28996 = bert-base-cased), sequence classification,
+batch 32, sequence length 128, 10 warm-up steps (excluded; they include torch.compile) and 50
+timed steps per precision, CUDA-synchronized at both ends of the timed window.
+
+  benchmarks/gpu_check --out gpu_check.json                 # on a GPU: eager AND compiled variants
+  benchmarks/gpu_check --mlm --out gpu_check-mlm.json       # masked-LM steps instead
+  benchmarks/gpu_check --device cpu --steps 3 --quick       # tiny smoke run on CPU (tests do this)
+
+Targets (on CUDA): steps/s of amp_bf16 over fp32 >= 2.5 (same variant: compiled when both were
+compiled, else eager), and MFU of amp_bf16 >= 35% (best variant). Exit 0 when every target passes
+(or does not apply: CPU, no peak figure for this GPU), 1 when one fails. The JSON is written either way.
+
+pure_fp16 runs with AdamW eps 1e-4 (--pure-fp16-eps): 1e-8 rounds to 0 in fp16 and Adam then divides
+0 by 0. Every other precision uses eps 1e-8. The engine of the study does not compile the model: the
+eager rows are the study's speed; the compiled rows show what the hardware gives (MFU target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import precswitch  # noqa: F401
+except ModuleNotFoundError:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+from precswitch import flops, gpu, measure  # noqa: E402
+from precswitch import precision as P  # noqa: E402
+from precswitch.errors import PrecisionUnsupported  # noqa: E402
+
+# ------------------------------------------------------------------ peak FLOP/s, dense, TFLOP/s
+#: One table: the peak each precision's MFU is measured against, per GPU (matched by name).
+#: H200 SXM: bf16/fp16 = 790, the dense bf16 matmul rate measured on an H200 (FACTS.md: 769-798;
+#: the data sheet says 989); tf32 = 395 (half of it, as on the data sheet: 494.5 = 989/2);
+#: fp32 = 67 (CUDA cores, no tensor cores; data sheet). H100 SXM: the same silicon and clocks.
+PEAKS_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0},
+    "H100": {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0},
+}
+PEAK_LABELS = {
+    "fp32": "fp32 CUDA-core peak (no tensor cores)",
+    "tf32": "TF32 tensor-core dense peak",
+    "fp16": "fp16 tensor-core dense peak (= measured bf16 matmul)",
+    "bf16": "bf16 tensor-core dense matmul, measured",
+}
+TARGET_SPEEDUP = 2.5
+TARGET_MFU = 0.35
+ORDER = ["fp32", "amp_bf16", "tf32", "amp_fp16", "pure_bf16", "pure_fp16"]  # targets' precisions first
+
+BASE = dict(vocab_size=28996, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+            intermediate_size=3072, max_position_embeddings=512)
+QUICK = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+             intermediate_size=256, max_position_embeddings=64)
+
+
+def peak_key(prec: P.Precision) -> str:
+    if prec.tf32:
+        return "tf32"
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[prec.compute_dtype]
+
+
+def find_peaks(device_name: str, overrides: dict[str, float]) -> tuple[str | None, dict[str, float]]:
+    for key, table in PEAKS_TFLOPS.items():
+        if key.lower() in device_name.lower():
+            return key, {**table, **overrides}
+    return None, dict(overrides)
+
+
+# ------------------------------------------------------------------ one measurement
+def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4) -> list[dict]:
+    g = torch.Generator().manual_seed(1234)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(1000 if cfg["vocab_size"] > 2000 else 5, cfg["vocab_size"], (batch, seq), generator=g)
+        b = {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+             "token_type_ids": torch.zeros(batch, seq, dtype=torch.long)}
+        if mlm:
+            masked = torch.rand(batch, seq, generator=g) < 0.15
+            masked[:, 1] = True  # at least one masked token per sequence
+            b["labels"] = torch.where(masked, ids, torch.full_like(ids, -100))
+            b["input_ids"] = torch.where(masked, torch.full_like(ids, 4), ids)  # a [MASK]-like id
+        else:
+            b["labels"] = torch.randint(0, 2, (batch,), generator=g)
+        out.append({k: v.to(device) for k, v in b.items()})
+    return out
+
+
+def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[dict], peaks: dict) -> dict:
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    prec = P.get(name)
+    objective = "mlm" if args.mlm else "classify"
+    eps = args.pure_fp16_eps if name == "pure_fp16" else args.adam_eps
+    fused = args.fused == "on" or (args.fused == "auto" and device.type == "cuda")
+    row = {
+        "precision": name, "variant": variant, "status": "ok", "reason": None, "description": prec.description,
+        "param_dtype": P.dtype_name(prec.param_dtype),
+        "autocast_dtype": P.dtype_name(prec.autocast_dtype) if prec.autocast_dtype else None,
+        "loss_scaling": prec.loss_scaling, "adam_eps": eps, "fused_adamw": fused, "compiled": variant == "compiled",
+    }
+    try:
+        P.check_supported(prec, device)
+    except PrecisionUnsupported as e:
+        return {**row, "status": "skipped", "reason": str(e)}
+    flags = prec.apply_backend_flags()
+    row.update(flags)
+    model = opt = step_model = None
+    try:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        measure.reset_peak_memory(device)
+        torch.manual_seed(0)
+        bcfg = BertConfig(**cfg, num_labels=2, attn_implementation=args.attn)
+        model = (BertForMaskedLM if args.mlm else BertForSequenceClassification)(bcfg)
+        model = prec.prepare_model(model).to(device)
+        model.train()
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.ndim < 2]
+        opt_kw = {"fused": True} if fused else {}
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                lr=args.lr, eps=eps, **opt_kw)
+        scaler = prec.make_scaler(device.type)
+        step_model = torch.compile(model, mode=args.compile_mode) if variant == "compiled" else model
+
+        def step(b):
+            with prec.autocast(device.type):
+                loss = step_model(**b).loss
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+            else:
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        t_w = time.perf_counter()
+        for i in range(args.warmup):
+            step(batches[i % len(batches)])
+        measure.sync(device)
+        row["warmup_steps"] = args.warmup
+        row["warmup_seconds"] = time.perf_counter() - t_w  # includes compilation
+        e0 = measure.nvml_energy_mj(device)
+        measure.sync(device)
+        t0 = time.perf_counter()
+        losses = []
+        for i in range(args.steps):
+            losses.append(step(batches[i % len(batches)]).detach())
+        measure.sync(device)
+        seconds = time.perf_counter() - t0
+        e1 = measure.nvml_energy_mj(device)
+        final = float(losses[-1].float())
+        mem = measure.peak_memory(device)
+        step_flops = flops.train_step_flops(bcfg, args.batch, args.seq, objective)
+        key = peak_key(prec)
+        peak = peaks.get(key)
+        achieved = step_flops * args.steps / seconds
+        row.update(
+            steps_measured=args.steps,
+            seconds=seconds,
+            step_seconds=seconds / args.steps,
+            steps_per_second=args.steps / seconds,
+            samples_per_second=args.steps * args.batch / seconds,
+            tokens_per_second=args.steps * args.batch * args.seq / seconds,
+            model_flops_per_step=step_flops,
+            achieved_tflops=achieved / 1e12,
+            peak_key=key,
+            peak_tflops=peak,
+            mfu=achieved / (peak * 1e12) if peak else None,
+            peak_memory_bytes=mem["peak_memory_bytes"],
+            memory_kind=mem["memory_kind"],
+            peak_reserved_bytes=mem.get("cuda_max_reserved_bytes"),
+            energy_joules_per_step=(e1 - e0) / 1000 / args.steps if e0 is not None and e1 is not None else None,
+            final_loss=final if math.isfinite(final) else None,
+            loss_finite=math.isfinite(final),
+            loss_scale_end=float(scaler.get_scale()) if scaler is not None else None,
+        )
+    except Exception as e:  # noqa: BLE001 - one failing variant (OOM, compile error) must not end the check
+        row.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500])
+    finally:
+        del model, opt, step_model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if variant == "compiled":
+            torch._dynamo.reset()
+    return row
+
+
+# ------------------------------------------------------------------ summary
+def checks_from(rows: list[dict], device) -> tuple[dict, list[dict]]:
+    ok = {(r["precision"], r["variant"]): r for r in rows if r["status"] == "ok"}
+    ratios = {}
+    for variant in ("eager", "compiled"):
+        base = ok.get(("fp32", variant))
+        for r in rows:
+            if r["status"] == "ok" and r["variant"] == variant and base is not None and r["precision"] != "fp32":
+                ratios[f"{r['precision']}/fp32 ({variant})"] = r["steps_per_second"] / base["steps_per_second"]
+    variant = "compiled" if ("fp32", "compiled") in ok and ("amp_bf16", "compiled") in ok else "eager"
+    fp32, bf16 = ok.get(("fp32", variant)), ok.get(("amp_bf16", variant))
+    speed = bf16["steps_per_second"] / fp32["steps_per_second"] if fp32 and bf16 else None
+    mfus = [r["mfu"] for r in rows if r["status"] == "ok" and r["precision"] == "amp_bf16" and r["mfu"] is not None]
+    best_mfu = max(mfus) if mfus else None
+    on_gpu = device.type == "cuda"
+
+    def verdict(value, target):
+        if value is None or not on_gpu:
+            return "n/a"
+        return "PASS" if value >= target else "FAIL"
+
+    checks = [
+        {"name": "speedup_amp_bf16_over_fp32", "variant": variant, "value": speed, "target": TARGET_SPEEDUP,
+         "result": verdict(speed, TARGET_SPEEDUP),
+         "note": None if on_gpu else "targets apply to a GPU; on CPU the value is informational"},
+        {"name": "mfu_amp_bf16", "variant": "best", "value": best_mfu, "target": TARGET_MFU,
+         "result": verdict(best_mfu, TARGET_MFU),
+         "note": None if best_mfu is not None else "no peak FLOP/s known for this device (see PEAKS_TFLOPS, --peak)"},
+    ]
+    return ratios, checks
+
+
+def fmt(v, spec=".2f", scale=1.0):
+    return "-" if v is None else format(v * scale, spec)
+
+
+def print_table(res: dict) -> None:
+    print(f"\nprecswitch gpu_check: {res['device_name']} ({res['device']}), {res['objective']}, "
+          f"batch {res['batch']} x seq {res['seq_len']}, {res['steps']} timed steps after {res['warmup']} warm-up")
+    head = f"{'precision':<10} {'variant':<9} {'status':<8} {'step/s':>8} {'tok/s':>10} {'TFLOP/s':>8} " \
+           f"{'peak':>6} {'MFU%':>6} {'alloc GiB':>9} {'resv GiB':>9} {'J/step':>7}  note"
+    print(head)
+    print("-" * len(head))
+    for r in res["results"]:
+        note = r.get("reason") or ("" if r.get("loss_finite", True) else "NON-FINITE LOSS")
+        if r["precision"] == "pure_fp16" and r["status"] == "ok":
+            note = f"adam_eps {r['adam_eps']:g} " + note
+        print(f"{r['precision']:<10} {r['variant']:<9} {r['status']:<8} {fmt(r.get('steps_per_second')):>8} "
+              f"{fmt(r.get('tokens_per_second'), '.0f'):>10} {fmt(r.get('achieved_tflops'), '.1f'):>8} "
+              f"{fmt(r.get('peak_tflops'), '.0f'):>6} {fmt(r.get('mfu'), '.1f', 100):>6} "
+              f"{fmt(r.get('peak_memory_bytes'), '.2f', 2**-30):>9} {fmt(r.get('peak_reserved_bytes'), '.2f', 2**-30):>9} "
+              f"{fmt(r.get('energy_joules_per_step'), '.2f'):>7}  {note[:90]}")
+    print("\nratios (steps/s over fp32):")
+    for k, v in res["ratios"].items():
+        print(f"  {k:<28} {v:.2f}x")
+    print("\nchecks:")
+    for c in res["checks"]:
+        val = "-" if c["value"] is None else (f"{c['value']:.2f}x" if "speedup" in c["name"] else f"{100 * c['value']:.1f}%")
+        tgt = f"{c['target']:.2f}x" if "speedup" in c["name"] else f"{100 * c['target']:.0f}%"
+        print(f"  {c['name']:<28} {val:>8}  target >= {tgt:<6} {c['result']}" + (f"  ({c['note']})" if c["note"] else ""))
+    print(f"\npeaks ({res['peaks_key'] or 'unknown device: MFU not computed'}): "
+          + ", ".join(f"{k} {v:g} TFLOP/s" for k, v in res["peaks_used"].items()))
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu (default auto)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per precision (default 50; quick 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps (default 10; quick 1)")
+    p.add_argument("--quick", action="store_true", help="tiny BERT (2 layers, 64 hidden), batch 8, seq 32")
+    p.add_argument("--mlm", action="store_true", help="masked-LM steps (BertForMaskedLM) instead of classification")
+    p.add_argument("--precisions", default=",".join(ORDER), help="comma-separated subset of the catalog")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 32; quick 8)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 128; quick 32)")
+    p.add_argument("--attn", choices=["sdpa", "eager"], default=None, help="attention kernel (default sdpa on CUDA, eager on CPU)")
+    p.add_argument("--compile", choices=["auto", "on", "off", "only"], default="auto",
+                   help="torch.compile: auto = on for CUDA (eager AND compiled rows), off = eager only, "
+                        "only = compiled rows only")
+    p.add_argument("--compile-mode", default="default", help="torch.compile mode (default 'default')")
+    p.add_argument("--fused", choices=["auto", "on", "off"], default="auto", help="fused AdamW (auto = on for CUDA)")
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--adam-eps", type=float, default=1e-8, help="AdamW eps of every precision but pure_fp16")
+    p.add_argument("--pure-fp16-eps", type=float, default=1e-4, help="AdamW eps of pure_fp16 (1e-8 is 0 in fp16)")
+    p.add_argument("--peak", action="append", default=[], metavar="KEY=TFLOPS",
+                   help="override/add a peak (keys fp32, tf32, fp16, bf16), e.g. --peak bf16=989")
+    p.add_argument("--budget-seconds", type=float, default=450.0,
+                   help="skip compiled variants that would start after this many seconds (default 450)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--no-slot", action="store_true", help="do not take a GPU slot lock (precswitch.gpu)")
+    p.add_argument("--out", default="gpu_check.json", help="JSON results path (default gpu_check.json)")
+    a = p.parse_args(argv)
+    a.steps = a.steps or (3 if a.quick else 50)
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.quick else 10)
+    a.batch = a.batch or (8 if a.quick else 32)
+    a.seq = a.seq or (32 if a.quick else 128)
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(f"gpu_check: error: --device {args.device} but no CUDA GPU is visible", file=sys.stderr)
+            return 2
+    if device.type == "cuda" and not args.no_slot:
+        device = gpu.claim_device(device)  # one timed job per GPU, also against a running study
+    args.attn = args.attn or ("sdpa" if device.type == "cuda" else "eager")
+    names = [n.strip() for n in args.precisions.split(",") if n.strip()]
+    for n in names:
+        P.get(n)
+    overrides = {}
+    for item in args.peak:
+        k, _, v = item.partition("=")
+        overrides[k.strip()] = float(v)
+    if device.type == "cuda":
+        dev_name = torch.cuda.get_device_name(device)
+        prov = gpu.gpu_provenance(device.index)
+    else:
+        dev_name = measure.provenance(device)["device_name"]
+        prov = {"name": dev_name, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+    key, peaks = find_peaks(dev_name, overrides) if device.type == "cuda" else (None, dict(overrides))
+    compile_on = args.compile in ("on", "only") or (args.compile == "auto" and device.type == "cuda")
+    variants = (["eager"] if args.compile != "only" else []) + (["compiled"] if compile_on else [])
+    cfg = QUICK if args.quick else BASE
+    batches = make_batches(cfg, args.batch, args.seq, args.mlm, device)
+
+    rows = []
+    compile_cost = None
+    for variant in variants:
+        for name in names:
+            elapsed = time.perf_counter() - t_start
+            if variant == "compiled" and elapsed + (compile_cost or 60.0) > args.budget_seconds:
+                rows.append({"precision": name, "variant": variant, "status": "skipped",
+                             "reason": f"time budget: {elapsed:.0f} s used of --budget-seconds {args.budget_seconds:g}"})
+                continue
+            print(f"gpu_check: {name} ({variant}) ...", file=sys.stderr, flush=True)
+            row = measure_one(name, variant, args, cfg, device, batches, peaks)
+            rows.append(row)
+            if variant == "compiled" and row.get("warmup_seconds"):
+                compile_cost = max(compile_cost or 0.0, row["warmup_seconds"] + row.get("seconds", 0.0))
+    ratios, checks = checks_from(rows, device)
+    res = {
+        "schema": "precswitch-gpu-check/1",
+        "started_at": started,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_seconds": time.perf_counter() - t_start,
+        "device": device.type,
+        "device_name": dev_name,
+        "provenance": prov,
+        "gpu_slot": gpu.claim_info(),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "git_commit": measure.git_commit(),
+        "objective": "mlm" if args.mlm else "classify",
+        "model": cfg,
+        "quick": args.quick,
+        "batch": args.batch,
+        "seq_len": args.seq,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "attn_implementation": args.attn,
+        "compile_mode": args.compile_mode if compile_on else None,
+        "adam_eps": args.adam_eps,
+        "pure_fp16_adam_eps": args.pure_fp16_eps,
+        "peaks_table": PEAKS_TFLOPS,
+        "peak_labels": PEAK_LABELS,
+        "peaks_key": key,
+        "peaks_used": peaks,
+        "results": rows,
+        "ratios": ratios,
+        "checks": checks,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from precswitch.io import atomic_write_json
+
+    atomic_write_json(out, res)
+    print_table(res)
+    print(f"\nresults: {out}  ({res['wall_seconds']:.0f} s)")
+    return 1 if any(c["result"] == "FAIL" for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

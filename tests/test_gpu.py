@@ -1,0 +1,218 @@
+"""GPU slot logic (faked device counts, real processes and real flocks), provenance, and the
+gpu_check benchmark smoke-tested on CPU. Nothing here needs a GPU."""
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from precswitch import gpu
+from precswitch.errors import PrecswitchError
+
+ROOT = Path(__file__).resolve().parents[1]
+CTX = mp.get_context("fork")
+
+
+def _hold(lock_dir, n, got, release, env=None, timeout=20.0):
+    """Child: take a slot, report (index, time), hold it until `release` is set."""
+    if env:
+        os.environ.update(env)
+    with gpu.acquire_gpu_slot(lock_dir, n_devices=n, timeout=timeout, poll=0.05) as i:
+        got.put((i, time.monotonic()))
+        release.wait(30)
+        got.put(("released", time.monotonic()))
+
+
+def _hold_forever(lock_dir, n, got):
+    with gpu.acquire_gpu_slot(lock_dir, n_devices=n, timeout=20, poll=0.05) as i:
+        got.put(i)
+        time.sleep(300)
+
+
+@pytest.fixture
+def no_cvd(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_two_gpus_two_processes_get_different_indices(tmp_path, no_cvd):
+    got, release = CTX.Queue(), CTX.Event()
+    procs = [CTX.Process(target=_hold, args=(tmp_path, 2, got, release)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        first = [got.get(timeout=30) for _ in range(2)]  # both hold at the same time
+        assert sorted(i for i, _ in first) == [0, 1]
+    finally:
+        release.set()
+        for p in procs:
+            p.join(30)
+    assert all(p.exitcode == 0 for p in procs)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["gpu-0.lock", "gpu-1.lock"]
+
+
+def test_one_gpu_second_waits_until_first_releases(tmp_path, no_cvd):
+    q1, q2, r1, r2 = CTX.Queue(), CTX.Queue(), CTX.Event(), CTX.Event()
+    a = CTX.Process(target=_hold, args=(tmp_path, 1, q1, r1))
+    a.start()
+    try:
+        idx_a, _ = q1.get(timeout=30)
+        b = CTX.Process(target=_hold, args=(tmp_path, 1, q2, r2))
+        b.start()
+        time.sleep(1.0)
+        assert q2.empty(), "second process got the only GPU while the first still held it"
+        r1.set()
+        _, released_at = q1.get(timeout=30)
+        idx_b, got_at = q2.get(timeout=30)
+        assert idx_a == idx_b == 0
+        assert got_at >= released_at
+        r2.set()
+        b.join(30)
+        assert b.exitcode == 0
+    finally:
+        r1.set()
+        r2.set()
+        a.join(30)
+
+
+def test_killed_holder_frees_its_slot(tmp_path, no_cvd):
+    q = CTX.Queue()
+    a = CTX.Process(target=_hold_forever, args=(tmp_path, 1, q))
+    a.start()
+    assert q.get(timeout=30) == 0
+    with pytest.raises(gpu.GpuSlotTimeout, match="no free GPU slot"):
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.3, poll=0.05):
+            pass
+    os.kill(a.pid, signal.SIGKILL)  # crash: no cleanup code runs
+    a.join(30)
+    t0 = time.monotonic()
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=10, poll=0.05) as i:
+        assert i == 0
+    assert time.monotonic() - t0 < 5
+
+
+def test_in_process_nesting_and_release(tmp_path, no_cvd):
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1) as a:
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1) as b:
+            assert (a, b) == (0, 1)
+            with pytest.raises(gpu.GpuSlotTimeout):
+                with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=0.2, poll=0.05):
+                    pass
+        # released: index 1 is free again; indices= restricts the candidates
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1, indices=[1]) as c:
+            assert c == 1
+    assert "pid=" in (tmp_path / "gpu-0.lock").read_text()
+
+
+def test_cuda_visible_devices_names_physical_gpus(tmp_path, monkeypatch):
+    # this process sees physical GPUs 3 and 1 as cuda:0 and cuda:1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert gpu.visible_device_ids(2) == ["3", "1"]
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1) as i:
+        assert i == 0 and (tmp_path / "gpu-3.lock").exists()
+        # another job that sees only physical GPU 3 (as its cuda:0) must wait ...
+        q, r = CTX.Queue(), CTX.Event()
+        p = CTX.Process(target=_hold, args=(tmp_path, 1, q, r, {"CUDA_VISIBLE_DEVICES": "3"}, 0.5))
+        p.start()
+        p.join(30)
+        assert p.exitcode != 0 and q.empty()  # timed out
+        # ... one that sees only physical GPU 1 gets it, as its index 0
+        q, r = CTX.Queue(), CTX.Event()
+        p = CTX.Process(target=_hold, args=(tmp_path, 1, q, r, {"CUDA_VISIBLE_DEVICES": "1"}, 5))
+        p.start()
+        assert q.get(timeout=30)[0] == 0
+        r.set()
+        p.join(30)
+        assert p.exitcode == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f1c2d3e-aaaa-bbbb-cccc-0123456789ab")
+    assert gpu.visible_device_ids(1) == ["GPU-8f1c2d3e-aaaa-bbbb-cccc-0123456789ab"]
+
+
+def test_errors_and_defaults(tmp_path, monkeypatch):
+    with pytest.raises(PrecswitchError, match="no CUDA device is visible"):
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=0):
+            pass
+    with pytest.raises(PrecswitchError, match="out of range"):
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=2, indices=[2]):
+            pass
+    # n_devices defaults to torch.cuda.device_count(): 0 on this CPU-only machine
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(PrecswitchError, match="no CUDA device"):
+            with gpu.acquire_gpu_slot(tmp_path):
+                pass
+    monkeypatch.setenv(gpu.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    assert gpu.default_lock_dir() == tmp_path / "locks"
+    monkeypatch.delenv(gpu.LOCK_DIR_ENV)
+    assert gpu.default_lock_dir().name == __import__("socket").gethostname()
+
+
+def test_claim_device(tmp_path, no_cvd):
+    import torch
+
+    assert gpu.claim_device(torch.device("cpu"), lock_dir=tmp_path) == torch.device("cpu")
+    assert gpu.claim_info()["gpu_slot_index"] is None
+    try:
+        dev = gpu.claim_device("cuda", lock_dir=tmp_path, n_devices=2, timeout=1)
+        assert dev == torch.device("cuda", 0)
+        assert gpu.claim_device("cuda", lock_dir=tmp_path, n_devices=2) == dev  # idempotent
+        info = gpu.claim_info()
+        assert info["gpu_slot_index"] == 0 and info["gpu_slot_physical_id"] == "0"
+        assert info["gpu_slot_wait_seconds"] >= 0 and info["gpu_lock_dir"] == str(tmp_path)
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1) as other:
+            assert other == 1  # the claim holds GPU 0
+    finally:
+        gpu.release_claim()
+    assert gpu.claim_info()["gpu_slot_index"] is None
+    # an explicit cuda:N waits for that GPU only
+    try:
+        assert gpu.claim_device("cuda:1", lock_dir=tmp_path, n_devices=2, timeout=1) == torch.device("cuda", 1)
+    finally:
+        gpu.release_claim()
+
+
+def test_gpu_provenance_none_on_cpu():
+    import torch
+
+    if torch.cuda.is_available():
+        info = gpu.gpu_provenance()
+        assert info["name"] and info["compute_capability"]
+    else:
+        assert gpu.gpu_provenance() is None
+
+
+# ------------------------------------------------------------------ benchmarks/gpu_check on CPU
+@pytest.mark.parametrize("mlm", [False, True])
+def test_gpu_check_cpu_smoke(tmp_path, mlm):
+    out = tmp_path / "gpu_check.json"
+    cmd = [str(ROOT / "benchmarks" / "gpu_check"), "--device", "cpu", "--steps", "3", "--quick", "--out", str(out)]
+    if mlm:
+        cmd.append("--mlm")
+    env = {**os.environ, "PYTHON": sys.executable}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["objective"] == ("mlm" if mlm else "classify")
+    by = {row["precision"]: row for row in res["results"]}
+    assert set(by) == {"fp32", "tf32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"}
+    assert by["tf32"]["status"] == "skipped" and "tf32" in by["tf32"]["reason"]
+    assert by["pure_fp16"]["adam_eps"] == 1e-4
+    for name in ("fp32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"):
+        row = by[name]
+        assert row["status"] == "ok", row
+        assert row["steps_measured"] == 3
+        assert row["steps_per_second"] > 0 and row["tokens_per_second"] > 0
+        assert row["model_flops_per_step"] > 0 and row["achieved_tflops"] > 0
+        assert row["mfu"] is None  # no peak for a CPU
+        assert row["peak_memory_bytes"] > 0
+    checks = {c["name"]: c for c in res["checks"]}
+    assert checks["speedup_amp_bf16_over_fp32"]["value"] > 0
+    assert checks["mfu_amp_bf16"]["result"] == "n/a"
+    assert "amp_bf16" in r.stdout and "PASS" in r.stdout or "n/a" in r.stdout
+    assert res["peaks_table"]["H200"]["bf16"] == 790
