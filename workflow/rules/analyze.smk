@@ -8,14 +8,14 @@ rule aggregate:
     output:
         runs=report(
             "results/runs.csv",
-            caption="../report/runs.rst",
+            caption=caption("runs"),
             category="Tables",
             labels={"table": "runs (one row per stage run)"},
         ),
         runs_parquet="results/runs.parquet",
         schedules=report(
             "results/schedules.csv",
-            caption="../report/schedules.rst",
+            caption=caption("schedules"),
             category="Tables",
             labels={"table": "schedules (one row per schedule and seed)"},
         ),
@@ -38,14 +38,14 @@ rule stats:
         settings="results/analysis.json",
         summary_csv=report(
             "results/summary.csv",
-            caption="../report/summary.rst",
+            caption=caption("summary"),
             category="Tables",
             labels={"table": "summary (per schedule, mean and CI)"},
         ),
         summary_md="results/summary.md",
         deltas_csv=report(
             "results/deltas.csv",
-            caption="../report/deltas.rst",
+            caption=caption("deltas"),
             category="Tables",
             labels={"table": "deltas (paired contrasts)"},
         ),
@@ -75,7 +75,7 @@ rule plots:
         [
             report(
                 f"results/plots/{name}.svg",
-                caption=f"../report/{name}.rst",
+                caption=caption(name),
                 category=PLOTS[name]["category"],
                 labels=PLOTS[name]["labels"],
             )
@@ -99,7 +99,7 @@ rule verdict:
     output:
         report(
             "results/verdict.md",
-            caption="../report/verdict.rst",
+            caption=caption("verdict"),
             category="Verdict",
             labels={"document": "verdict"},
         ),

@@ -325,6 +325,12 @@ def analysis_json():
     return json.dumps(config["analysis"], sort_keys=True)
 
 
+def caption(name):
+    """workflow/report/<name>.rst (path relative to the rule files), or None while it is not written."""
+    path = os.path.join(workflow.basedir, "workflow", "report", f"{name}.rst")
+    return f"../report/{name}.rst" if os.path.exists(path) else None
+
+
 # plot name (precswitch.analysis.plots.PLOT_NAMES) -> where it goes in the HTML report
 PLOTS = {
     "accuracy": {
