@@ -277,9 +277,10 @@ def _bootstrap_ci(d, alpha: float, n_boot: int, seed: int) -> tuple[float, float
     return math.nan, math.nan
 
 
-def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float, n_max: int = 100000) -> float:
+def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float) -> float:
     """Smallest n with t_{1-alpha/2,n-1} · sd/√n < margin − |mean| (the CI would fit inside ±margin if the
-    observed mean and SD held); NaN when |mean| ≥ margin."""
+    observed mean and SD held); NaN when |mean| ≥ margin, inf beyond 10^6 seeds."""
+    import numpy as np
     from scipy import stats
 
     room = margin - abs(mean)
@@ -287,12 +288,10 @@ def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float, n_
         return math.nan
     if sd == 0:
         return 2.0
-    n = 2
-    while n <= n_max:
-        if stats.t.ppf(1 - alpha / 2, n - 1) * sd / math.sqrt(n) < room:
-            return float(n)
-        n = n + 1 if n < 200 else int(n * 1.05) + 1
-    return math.inf
+    ns = np.unique(np.concatenate([np.arange(2, 1001), np.geomspace(1001, 1e6, 400).astype(int)]))
+    half = stats.t.ppf(1 - alpha / 2, ns - 1) * sd / np.sqrt(ns)
+    hit = np.nonzero(half < room)[0]
+    return float(ns[hit[0]]) if hit.size else math.inf
 
 
 def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "difference",
@@ -364,9 +363,10 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res["tost_p"] = float(ttost_paired(a * scale, b * scale, -margin, margin)[0])
-        res["seeds_needed_equivalence"] = _seeds_for_ci_inside(mean, sd, margin, alpha)
     if with_power and kind == "difference":
         res.update(power_analysis(sd, n, alpha, power, margin))
+        if margin is not None and math.isfinite(margin):
+            res["seeds_needed_equivalence"] = _seeds_for_ci_inside(mean, sd, margin, alpha)
     if kind == "ratio":
         res = _ratio_back(res)
     return res
@@ -419,21 +419,20 @@ def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
     import numpy as np
     from statsmodels.stats.multitest import multipletests
 
-    import statsmodels.stats.multitest as _mt
+    import gc
 
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, np.nan)
     m = np.isfinite(p)
     if m.any():
-        # statsmodels' Holm branch calls gc.collect() on every call (~0.1 s with pandas/matplotlib loaded);
-        # skip that collection only, the arithmetic is statsmodels' own.
-        saved_gc = getattr(_mt, "gc", None)
-        _mt.gc = _NoCollect
+        # statsmodels' Holm branch calls gc.collect() on every call (~0.1 s once pandas/matplotlib are
+        # loaded); skip that collection only, the arithmetic is statsmodels' own.
+        collect = gc.collect
+        gc.collect = _NoCollect.collect
         try:
             out[m] = multipletests(p[m], alpha=alpha, method="holm")[1]
         finally:
-            if saved_gc is not None:
-                _mt.gc = saved_gc
+            gc.collect = collect
     return [float(v) for v in out]
 
 

@@ -1,0 +1,123 @@
+"""Aggregation: metrics.json files → runs and schedules tables (docs/contracts.md)."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from precswitch.analysis.aggregate import SCHEDULE_COLUMNS, aggregate, read_table
+from precswitch.analysis.fakes import write_fake_study, write_stage
+from precswitch.errors import PrecswitchError
+
+
+def test_row_counts_and_join(tmp_path):
+    paths = write_fake_study(tmp_path / "study", seeds=[1, 2, 3])
+    runs, sched = aggregate(paths, tmp_path / "out")
+    # 3 stage-1 precisions (fp32, amp_fp16, amp_bf16) x 3 seeds + 4 schedules x 3 seeds
+    assert len(runs) == 9 + 12
+    assert runs["run_id"].is_unique
+    assert len(sched) == 12
+    assert list(sched.columns[: len(SCHEDULE_COLUMNS)]) == SCHEDULE_COLUMNS
+    assert not sched.duplicated(["schedule", "seed"]).any()
+    for name in ("runs.csv", "runs.parquet", "schedules.csv", "schedules.parquet"):
+        assert (tmp_path / "out" / name).is_file()
+    row = sched[(sched["schedule"] == "fp16-fp32") & (sched["seed"] == 2)].iloc[0]
+    assert row["stage1_precision"] == "amp_fp16" and row["stage2_precision"] == "fp32"
+    pre = runs[runs["run_id"] == "pretrain-amp_fp16-seed2"].iloc[0]
+    fin = runs[runs["run_id"] == "finetune-fp16-fp32-seed2"].iloc[0]
+    assert row["stage1_run_id"] == pre["run_id"]
+    assert row["stage1_train_seconds"] == pytest.approx(pre["train_seconds"])
+    assert row["stage2_train_seconds"] == pytest.approx(fin["train_seconds"])
+    assert row["total_train_seconds"] == pytest.approx(pre["train_seconds"] + fin["train_seconds"])
+    assert row["stage1_mlm_accuracy"] == pytest.approx(pre["mlm_accuracy"])
+    assert row["accuracy"] == pytest.approx(fin["accuracy"])
+    # the same stage-1 run feeds both fp16 schedules
+    shared = sched[(sched["stage1_run_id"] == "pretrain-amp_fp16-seed2")]
+    assert set(shared["schedule"]) == {"fp16-fp32", "fp16-fp16"}
+    # tables read back identically from CSV and parquet, text stays text
+    for t in ("runs", "schedules"):
+        a = read_table(tmp_path / "out" / f"{t}.csv")
+        b = read_table(tmp_path / "out" / f"{t}.parquet")
+        assert len(a) == len(b) and list(a.columns) == list(b.columns)
+    r = read_table(tmp_path / "out" / "runs.csv")
+    assert r["git_commit"].iloc[0] == "0000000"  # not the number 0
+    assert "grad_norm_max" in r.columns and "metrics_path" in r.columns
+
+
+def test_finetune_only_schedule_has_empty_stage1(tmp_path):
+    paths = write_fake_study(tmp_path / "s", schedules={"fp32-fp32": ("fp32", "fp32"), "ft-only": (None, "fp32")},
+                             seeds=[1, 2])
+    _, sched = aggregate(paths, tmp_path / "out")
+    ft = sched[sched["schedule"] == "ft-only"]
+    assert len(ft) == 2
+    assert ft["stage1_train_seconds"].isna().all()
+    assert ft["stage1_status"].isna().all()
+    assert ft["stage1_precision"].isna().all()
+    assert (ft["total_train_seconds"] == ft["stage2_train_seconds"]).all()
+    assert ft["status"].eq("ok").all()
+
+
+def test_duplicate_paths_and_identical_copies_are_collapsed(tmp_path):
+    paths = write_fake_study(tmp_path / "s", seeds=[1])
+    copy = tmp_path / "copy" / "metrics.json"
+    copy.parent.mkdir()
+    copy.write_text(paths[0].read_text())
+    runs, _ = aggregate(paths + paths[:2] + [copy], tmp_path / "out")
+    assert len(runs) == len(paths)
+
+
+def test_conflicting_run_id_is_an_error(tmp_path):
+    paths = write_fake_study(tmp_path / "s", seeds=[1])
+    other = json.loads(paths[0].read_text())
+    other["train_seconds"] = 1.0
+    p = tmp_path / "other" / "metrics.json"
+    p.parent.mkdir()
+    p.write_text(json.dumps(other))
+    with pytest.raises(PrecswitchError, match="run_id"):
+        aggregate(paths + [p], tmp_path / "out")
+    assert not (tmp_path / "out" / "runs.csv").exists()
+
+
+def test_diverged_stage1_propagates_status(tmp_path):
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2], diverged={("amp_fp16", 2)})
+    _, sched = aggregate(paths, tmp_path / "out")
+    row = sched[(sched["schedule"] == "fp16-fp32") & (sched["seed"] == 2)].iloc[0]
+    assert row["stage1_status"] == "diverged"
+    assert row["status"] == "diverged"  # worst of the two stages
+    ok = sched[(sched["schedule"] == "fp16-fp32") & (sched["seed"] == 1)].iloc[0]
+    assert ok["status"] == "ok"
+
+
+def test_missing_init_run_leaves_stage1_empty(tmp_path, capsys):
+    p = write_stage(tmp_path / "ft", run_id="ft-1", stage="finetune", precision="fp32", seed=1, schedule="x-fp32",
+                    init_run_id="pretrain-gone", init_precision="amp_bf16",
+                    metrics={"accuracy": 0.8, "f1": 0.8, "mcc": 0.5, "majority_accuracy": 0.5})
+    _, sched = aggregate([p], tmp_path / "out")
+    assert sched.iloc[0]["stage1_precision"] == "amp_bf16"
+    assert math.isnan(sched.iloc[0]["stage1_train_seconds"])
+    assert "pretrain-gone" in capsys.readouterr().err
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(PrecswitchError, match="not found"):
+        aggregate([tmp_path / "nope.json"], tmp_path / "out")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(PrecswitchError, match="not valid JSON"):
+        aggregate([bad], tmp_path / "out")
+    p = write_stage(tmp_path / "ft", run_id="ft-1", stage="finetune", precision="fp32", seed=1, schedule=None)
+    with pytest.raises(PrecswitchError, match="no schedule"):
+        aggregate([p], tmp_path / "out")
+
+
+def test_cli_aggregate(tmp_path, capsys):
+    from precswitch.cli import main
+
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2])
+    rc = main(["aggregate", "--metrics", *map(str, paths), "--out-dir", str(tmp_path / "out")])
+    assert rc == 0
+    assert len(pd.read_csv(tmp_path / "out" / "schedules.csv")) == 8
+    rc = main(["aggregate", "--metrics", str(tmp_path / "missing.json"), "--out-dir", str(tmp_path / "o2")])
+    assert rc == 2
+    assert "precswitch: error:" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""Statistics: validity self-checks (planted effect, null false-positive rate, equivalence, failures)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from precswitch.analysis.aggregate import aggregate
+from precswitch.analysis.fakes import write_fake_study
+from precswitch.analysis.stats import (
+    classify, compute, holm, load_settings, paired_contrast, run_stats, simulate_false_positive_rate,
+)
+from precswitch.errors import PrecswitchError
+
+FAST = {"bootstrap_resamples": 200}
+
+
+def _study(tmp_path, **kw):
+    paths = write_fake_study(tmp_path / "study", **kw)
+    return aggregate(paths, tmp_path / "tables")
+
+
+def _acc(deltas, a, b="fp32-fp32", family="vs_baseline", metric="accuracy"):
+    r = deltas[(deltas["family"] == family) & (deltas["a"] == a) & (deltas["b"] == b) & (deltas["metric"] == metric)]
+    assert len(r) == 1
+    return r.iloc[0]
+
+
+def test_planted_effect_is_worse(tmp_path):
+    # fp16-fp16 is 2 points worse; per-run noise SD 0.7 point (paired-difference SD ~1 point); 10 seeds
+    runs, sched = _study(tmp_path, seeds=range(1, 11), effects={"fp16-fp16": -2.0}, sd=0.7, rng_seed=1)
+    _, deltas, stats = compute(runs, sched, load_settings(**FAST))
+    r = _acc(deltas, "fp16-fp16")
+    assert r["classification"] == "worse"
+    assert r["mean"] == pytest.approx(-2.0, abs=1.0)
+    assert r["ci_high"] < 0 and r["p_holm"] < 0.05 and r["n_pairs"] == 10
+    assert math.isfinite(r["boot_low"]) and r["boot_low"] < r["mean"] < r["boot_high"]
+    assert math.isfinite(r["mde"]) and r["mde"] > 0
+    # the named contrast "does switching to fp32 for fine-tuning help after fp16 pre-training?" sees it too
+    n = _acc(deltas, "fp16-fp32", "fp16-fp16", family="named")
+    assert n["classification"] == "better"
+    # schedules without a planted effect are not called different
+    for s in ("fp16-fp32", "bf16-fp32"):
+        assert _acc(deltas, s)["classification"] in ("equivalent", "inconclusive")
+
+
+def test_null_false_positive_rate_is_alpha():
+    r = simulate_false_positive_rate(n_sims=1000, n_seeds=10, sd=1.0, alpha=0.05, seed=1)
+    assert r["false_positive_rate"] <= 0.07
+    assert r["false_positive_rate"] >= 0.02  # the test is not absurdly conservative either
+
+
+def test_equivalence_only_when_whole_ci_inside_margin():
+    rng = np.random.default_rng(0)
+    base = rng.normal(80, 2, 10)
+    # tight and centred: equivalent
+    r = paired_contrast(base + rng.normal(0, 0.2, 10), base, margin=1.0, n_boot=0)
+    r["p_holm"] = r["p_t"]
+    assert classify(r, 0.05) == "equivalent"
+    assert -1 < r["ci_low"] and r["ci_high"] < 1
+    # mean inside the margin but CI crossing it: not equivalent
+    r = paired_contrast(base + 0.6 + rng.normal(0, 1.0, 10), base, margin=1.0, n_boot=0)
+    r["p_holm"] = r["p_t"]
+    assert abs(r["mean"]) < 1 and (r["ci_high"] >= 1 or r["ci_low"] <= -1)
+    assert classify(r, 0.05) != "equivalent"
+    # many draws: every "equivalent" call has its whole CI inside, and TOST alone (90% CI) would have
+    # claimed equivalence in some cases we refuse
+    refused = 0
+    for _ in range(400):
+        a = base + rng.normal(rng.uniform(-0.8, 0.8), rng.uniform(0.2, 1.2), 10)
+        r = paired_contrast(a, base, margin=1.0, n_boot=0, with_power=False)
+        r["p_holm"] = r["p_t"]
+        c = classify(r, 0.05)
+        if c == "equivalent":
+            assert -1 < r["ci_low"] and r["ci_high"] < 1
+        elif c == "inconclusive" and r["tost_p"] < 0.05:
+            assert not (-1 < r["ci_low"] and r["ci_high"] < 1)
+            refused += 1
+    assert refused > 0
+
+
+def test_diverged_run_counted_and_excluded(tmp_path):
+    seeds = range(1, 7)
+    runs0, sched0 = _study(tmp_path / "a", seeds=seeds, rng_seed=5)
+    runs1, sched1 = _study(tmp_path / "b", seeds=seeds, rng_seed=5, diverged={("fp16-fp32", 3)})
+    s = load_settings(**FAST)
+    sum0, del0, st0 = compute(runs0, sched0, s)
+    sum1, del1, st1 = compute(runs1, sched1, s)
+    i0, i1 = st0["schedules"]["fp16-fp32"], st1["schedules"]["fp16-fp32"]
+    assert (i0["n_failed"], i1["n_failed"]) == (0, 1)
+    assert (i0["n_diverged"], i1["n_diverged"]) == (0, 1)
+    assert i1["n_used"] == i0["n_used"] - 1 == 5
+    assert i1["failed"][0]["seed"] == 3 and i1["failed"][0]["outcome"] == "diverged"
+    # the mean is over the other seeds only (same fake numbers for those seeds)
+    row = sum1[(sum1["level"] == "schedule") & (sum1["group"] == "fp16-fp32") & (sum1["metric"] == "accuracy")].iloc[0]
+    ok = sched1[(sched1["schedule"] == "fp16-fp32") & (sched1["seed"] != 3)]["accuracy"]
+    assert row["n"] == 5 and row["mean"] == pytest.approx(ok.mean())
+    assert row["n_failed"] == 1
+    # pairing drops seed 3 on both sides
+    r = _acc(del1, "fp16-fp32")
+    assert r["n_pairs"] == 5 and "3" not in r["seeds"].split()
+    assert _acc(del0, "fp16-fp32")["n_pairs"] == 6
+
+
+def test_degenerate_run_flagged_and_kept(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 6), degenerate={("bf16-fp32", 2)})
+    summary, deltas, stats = compute(runs, sched, load_settings(**FAST))
+    i = stats["schedules"]["bf16-fp32"]
+    assert i["n_degenerate"] == 1 and i["n_failed"] == 0 and i["n_used"] == 5
+    assert i["degenerate_seeds"] == [2]
+    assert _acc(deltas, "bf16-fp32")["n_pairs"] == 5
+
+
+def test_missing_baseline_names_baseline_and_available(tmp_path):
+    runs, sched = _study(tmp_path, seeds=[1, 2])
+    with pytest.raises(PrecswitchError) as e:
+        compute(runs, sched, load_settings(baseline="fp64-fp64"))
+    msg = str(e.value)
+    assert "fp64-fp64" in msg and "fp16-fp32" in msg and "fp32-fp32" in msg
+
+
+def test_ratios_and_stage1(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 6), stage1_effects={"amp_bf16": -3.0})
+    _, deltas, stats = compute(runs, sched, load_settings(**FAST))
+    t = _acc(deltas, "bf16-fp32", metric="stage1_train_seconds")
+    assert t["kind"] == "ratio"
+    assert t["mean"] == pytest.approx(1 / 1.35, rel=0.05)  # fakes: amp_bf16 runs 1.35x faster
+    assert t["ci_low"] < t["mean"] < t["ci_high"] and t["classification"] == "better"
+    assert stats["stage1_baseline_precision"] == "fp32"
+    m = _acc(deltas, "amp_bf16", "fp32", family="stage1", metric="mlm_accuracy")
+    assert m["classification"] == "worse" and m["mean"] == pytest.approx(-3.0, abs=0.8)
+
+
+def test_holm_matches_definition():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert math.isnan(holm([float("nan"), 0.02])[0]) and holm([float("nan"), 0.02])[1] == pytest.approx(0.02)
+
+
+def test_settings(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text("other: 1\nanalysis:\n  baseline: a-b\n  margin: 0.5\n  contrasts: ['x vs y', [p, q]]\n")
+    s = load_settings(p, alpha=0.1)
+    assert s["baseline"] == "a-b" and s["margin"] == 0.5 and s["alpha"] == 0.1
+    assert s["contrasts"] == [["x", "y"], ["p", "q"]]
+    p.write_text('{"baselin": "x"}')
+    with pytest.raises(PrecswitchError, match="baselin"):
+        load_settings(p)
+    with pytest.raises(PrecswitchError, match="margin"):
+        load_settings(margin=-1)
+
+
+def test_run_stats_writes_outputs_and_lists_missing_contrasts(tmp_path):
+    _study(tmp_path, seeds=range(1, 4), schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")})
+    out = tmp_path / "res"
+    stats = run_stats(tmp_path / "tables" / "runs.csv", tmp_path / "tables" / "schedules.parquet",
+                      load_settings(**FAST), out)
+    for n in ("summary.csv", "summary.md", "deltas.csv", "stats.json"):
+        assert (out / n).is_file()
+    assert ["fp16-fp32", "fp16-fp16"] in stats["missing_contrasts"]
+    assert stats["named_contrasts"] == [["fp16-fp32", "fp32-fp32"]]
+    summary = pd.read_csv(out / "summary.csv")
+    assert {"schedule", "stage1", "stage2"} <= set(summary["level"])
+    md = (out / "summary.md").read_text()
+    assert "fp16-fp32" in md and "Stage 1" in md
