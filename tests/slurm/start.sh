@@ -17,14 +17,18 @@
 #   SLURM_PARTITION (local)  name of the single, default partition
 #   SLURM_WAIT_S    (60)     seconds to wait for the node to become idle
 #   MIN_JOB_AGE     (300)    seconds a finished job stays visible to squeue (MinJobAge)
+#   FAKE_GPUS       (1)      GPUs the node advertises (see below)
 #
-# The node advertises one fake GPU (gres gpu:1 backed by /dev/null) so that jobs asking for
-# `--gpus=1` are accepted on a machine without a GPU; they run one at a time, on the CPU.
+# The node advertises FAKE_GPUS fake GPUs (gres "gpu", no device files) so that jobs asking for
+# `--gpus=1` are accepted on a machine without a GPU; at most FAKE_GPUS of them run at once, on the CPU.
 # Exit status: 0 = cluster idle and accepting jobs; 1 = usage/environment error; 2 = daemon failed
 # (its log is printed); 3 = a real SLURM configuration (or another running cluster) is present.
 set -euo pipefail
 
 die() { echo "slurm-start: $*" >&2; exit "${2:-1}"; }
+# On any failure after daemons were started, stop exactly those again.
+on_exit() { rc=$?; if [ "$rc" != 0 ] && [ -n "${STATE:-}" ] && [ -d "$STATE/pids" ]; then
+  "$(dirname "$0")/stop.sh" "$STATE" >&2 || true; fi; }
 
 [ $# -eq 1 ] || die "usage: $0 STATE_DIR"
 [ "$(id -u)" = 0 ] || die "must run as root (munged, slurmctld and slurmd are started here)"
@@ -48,6 +52,7 @@ SLURMD_PORT=${SLURMD_PORT:-6818}
 PARTITION=${SLURM_PARTITION:-local}
 WAIT_S=${SLURM_WAIT_S:-60}
 MIN_JOB_AGE=${MIN_JOB_AGE:-300}
+FAKE_GPUS=${FAKE_GPUS:-1}
 NODE=$(hostname -s)
 CPUS=$(nproc)
 # Advertise 80% of total memory (slurmd refuses a node that claims more than it has).
@@ -55,6 +60,7 @@ MEM_MB=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.8}' /proc/meminfo)
 
 mkdir -p "$STATE"/{state,spool,log,pids}
 touch "$STATE/pids/.started-by-precswitch"
+trap on_exit EXIT
 chmod 755 "$STATE"
 
 # ---- munge: reuse a running munged (e.g. the system's), else start one as user munge -------------
@@ -111,12 +117,14 @@ MinJobAge=${MIN_JOB_AGE}
 ReturnToService=2
 SlurmdParameters=config_overrides
 GresTypes=gpu
-NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${MEM_MB} Gres=gpu:1 State=UNKNOWN
+NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${MEM_MB} Gres=gpu:${FAKE_GPUS} State=UNKNOWN
 PartitionName=${PARTITION} Nodes=${NODE} Default=YES MaxTime=INFINITE State=UP
 CONF
+# Fake GPUs: empty regular files stand in for /dev/nvidia*, so --gpus=N is schedulable here.
+mkdir -p "$STATE/dev"
+for i in $(seq 0 $((FAKE_GPUS - 1))); do : >"$STATE/dev/fakegpu$i"; done
 cat >"$STATE/gres.conf" <<CONF
-# A fake GPU so that --gpus=1 is schedulable on a machine without one.
-NodeName=${NODE} Name=gpu File=/dev/null
+NodeName=${NODE} Name=gpu File=${STATE}/dev/fakegpu[0-$((FAKE_GPUS - 1))]
 CONF
 printf 'export SLURM_CONF=%s\n' "$STATE/slurm.conf" >"$STATE/env.sh"
 mkdir -p /etc/slurm
