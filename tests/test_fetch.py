@@ -1,0 +1,174 @@
+"""precswitch.fetch: local dirs/files resolve to themselves, offline caches are checked, and a missing
+model/dataset is named. Nothing here touches the network: every hub call runs with HF_HUB_OFFLINE=1
+in a subprocess with its own HF_HOME."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from precswitch import fetch
+from precswitch.errors import PrecswitchError
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the a red blue old young fox dog cat bird chased saw liked met quickly slowly".split()
+
+
+def make_tiny_model(out: Path, objective: str = "mlm") -> Path:
+    """A tiny BERT (+ its tokenizer) written with save_pretrained: a stand-in for bert-base-cased."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {t: i for i, t in enumerate(specials + WORDS + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"])}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=64)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=64, pad_token_id=0)
+    model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+def make_hub_cache(hf_home: Path, repo_id: str, sha: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """Lay out a model in the Hugging Face hub cache format, as snapshot_download would have."""
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    make_tiny_model(repo / "snapshots" / sha)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(sha)
+    return repo / "snapshots" / sha
+
+
+def run_fetch(args: list[str], env_extra: dict, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(PYTHONPATH=str(ROOT / "src"), **env_extra)
+    return subprocess.run([sys.executable, "-m", "precswitch.fetch", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=cwd)
+
+
+def test_requirements_of_the_gpu_configs():
+    cfg, _ = fetch.load_config(str(ROOT / "config" / "bert-base-mrpc.yaml"))
+    need = fetch.requirements(cfg)
+    assert need[0] == {"role": "model.init", "kind": "model", "name": "bert-base-cased"}
+    assert need[1]["kind"] == "hub_dataset" and need[1]["name"] == "Salesforce/wikitext"
+    assert need[1]["config"] == "wikitext-103-raw-v1" and need[1]["splits"] == ["train", "validation"]
+    assert need[2]["name"] == "nyu-mll/glue" and need[2]["config"] == "mrpc"
+    cfg, _ = fetch.load_config(str(ROOT / "config" / "bert-small-scratch.yaml"))
+    roles = [(n["role"], n.get("name")) for n in fetch.requirements(cfg)]
+    assert roles == [("data.pretrain", "Salesforce/wikitext"), ("data.finetune", "nyu-mll/glue")]  # scratch model
+    # the default study needs nothing from outside
+    cfg, _ = fetch.load_config(str(ROOT / "config" / "config.yaml"))
+    assert {n["kind"] for n in fetch.requirements(cfg)} == {"synthetic"}
+
+
+def test_local_dirs_and_files_resolve_to_themselves(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_tiny_model(tmp_path / "models" / "tiny")
+    (tmp_path / "corpus.txt").write_text("the red fox\nthe old dog\n")
+    (tmp_path / "train.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta\tb\n")
+    (tmp_path / "dev.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\ta\tc\n")
+    cfg = {"model": {"init": "./models/tiny"},
+           "data": {"pretrain": {"kind": "text", "train": ["corpus.txt"]},
+                    "finetune": {"kind": "tsv", "train": "train.tsv", "eval": "dev.tsv"}}}
+    res = fetch.fetch(cfg, tmp_path / "out" / "manifest.json")
+    on_disk = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert on_disk["items"] == res["items"]
+    model, pre, fin = res["items"]
+    assert model["kind"] == "local_dir" and model["path"] == str((tmp_path / "models" / "tiny").resolve())
+    assert model["weights"] == ["model.safetensors"] and "tokenizer.json" in model["files"]
+    assert pre == {"role": "data.pretrain", "kind": "local_files",
+                   "files": [{"path": "corpus.txt", "resolved": str(tmp_path / "corpus.txt"), "bytes": 24}]}
+    assert [f["path"] for f in fin["files"]] == ["train.tsv", "dev.tsv"]
+    assert res["schema_version"] == 1 and "hub_cache" in res
+
+
+def test_missing_local_things_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PrecswitchError, match=r"model.init: local model directory './nope' does not exist"):
+        fetch.fetch({"model": {"init": "./nope"}})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PrecswitchError, match="has no config.json"):
+        fetch.fetch({"model": {"init": "./empty"}})
+    with pytest.raises(PrecswitchError, match=r"data.finetune: file 'dev.tsv' does not exist"):
+        (tmp_path / "train.tsv").write_text("x\n")
+        fetch.fetch({"data": {"finetune": {"kind": "tsv", "train": "train.tsv", "eval": "dev.tsv"}}},
+                    tmp_path / "m.json")
+    assert not (tmp_path / "m.json").exists()  # nothing written on failure
+    with pytest.raises(PrecswitchError, match="required for kind hub"):
+        fetch.fetch({"data": {"pretrain": {"kind": "hub"}}})
+    with pytest.raises(PrecswitchError, match="does not exist"):
+        fetch.load_config(str(tmp_path / "no.yaml"))
+
+
+def test_offline_empty_cache_names_what_is_missing(tmp_path):
+    hf_home = tmp_path / "hf"
+    cfg = {"model": {"init": "bert-base-cased"},
+           "data": {"pretrain": {"kind": "hub", "name": "Salesforce/wikitext", "config": "wikitext-103-raw-v1",
+                                 "text_column": "text"},
+                    "finetune": {"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc"}}}
+    r = run_fetch(["--config", json.dumps(cfg), "--manifest", str(tmp_path / "m.json")],
+                  {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}, tmp_path)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip()
+    assert err.startswith("precswitch: error: 3 requirements unavailable")
+    assert "hub model 'bert-base-cased' is not available offline" in err
+    assert "hub dataset 'Salesforce/wikitext' config 'wikitext-103-raw-v1' split 'train'" in err
+    assert "hub dataset 'nyu-mll/glue' config 'mrpc'" in err
+    assert str(hf_home / "hub") in err and "Traceback" not in r.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_offline_cached_model_resolves_and_loads(tmp_path):
+    hf_home = tmp_path / "hf"
+    snap = make_hub_cache(hf_home, "acme/tiny-bert")
+    r = run_fetch(["--config", json.dumps({"model": {"init": "acme/tiny-bert"}}), "--manifest",
+                   str(tmp_path / "m.json")], {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "m.json").read_text())
+    item = m["items"][0]
+    assert item["kind"] == "hub_model" and item["name"] == "acme/tiny-bert"
+    assert item["path"] == str(snap) and item["revision"] == snap.name
+    assert item["verified"] and item["offline"] is True and m["hub_offline"] is True
+    assert m["hub_cache"] == str(hf_home / "hub")
+    # a snapshot without weights is reported, not silently accepted
+    (snap / "model.safetensors").unlink()
+    r = run_fetch(["--config", json.dumps({"model": {"init": "acme/tiny-bert"}}), "--manifest",
+                   str(tmp_path / "m2.json")], {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}, tmp_path)
+    assert r.returncode == 2 and "the cached snapshot lacks weights" in r.stderr
+
+
+def test_dataset_resolution_records_splits(tmp_path, monkeypatch):
+    # a local dataset folder through the same load_dataset call a hub name takes (no network)
+    d = tmp_path / "glue_like"
+    d.mkdir()
+    (d / "train.csv").write_text("sentence1,sentence2,label\na,b,1\nc,d,0\ne,f,1\n")
+    (d / "validation.csv").write_text("sentence1,sentence2,label\na,b,1\n")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "dcache"))
+    entry = fetch.resolve_hub_dataset(str(d), None, ["train", "validation"], "data.finetune")
+    assert entry["splits"]["train"]["rows"] == 3 and entry["splits"]["validation"]["rows"] == 1
+    assert entry["splits"]["train"]["columns"] == ["sentence1", "sentence2", "label"]
+    with pytest.raises(PrecswitchError, match=r"data.finetune: hub dataset .* split 'test'"):
+        fetch.resolve_hub_dataset(str(d), None, ["test"], "data.finetune")
+
+
+def test_cli_register():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="precswitch")
+    fetch.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["fetch", "--config", "c.yaml", "--manifest", "m.json"])
+    assert args.func is fetch._run and args.config == "c.yaml" and not args.no_verify
