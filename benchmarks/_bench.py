@@ -1,0 +1,42 @@
+"""Shared helpers of the benchmark scripts: tiny prepared data and one engine run per fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PY = sys.executable
+MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512,
+         "max_position_embeddings": 128, "attn_implementation": "eager"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "precswitch.cli", *args], check=True, capture_output=True, text=True)
+
+
+def prepare(root: Path, n_corpus: int = 6000, n_train: int = 2000, max_length: int = 64) -> dict[str, Path]:
+    """Synthetic language -> WordPiece tokenizer -> prepared mlm and classify datasets under root."""
+    synth, tok = root / "synth", root / "tokenizer"
+    src = json.dumps({"kind": "synthetic", "dir": str(synth)})
+    cli("synth", "--out", str(synth), "--seed", "0", "--n-corpus", str(n_corpus), "--n-train", str(n_train),
+        "--n-dev", "200")
+    cli("tokenizer", "--source", src, "--out", str(tok), "--vocab-size", "4000")
+    out = {}
+    for obj in ("mlm", "classify"):
+        out[obj] = root / f"prepared-{obj}"
+        cli("prepare", "--source", src, "--tokenizer", str(tok), "--objective", obj, "--max-length",
+            str(max_length), "--out", str(out[obj]))
+    return out
+
+
+def engine_run(data: Path, objective: str, precision: str, **hp) -> dict:
+    """One `precswitch train` in a fresh process; returns its metrics.json."""
+    full = {"data": str(data), "objective": objective, "precision": precision, "seed": 1, "model": MODEL,
+            "batch_size": 32, "lr": 5e-4, "warmup_ratio": 0.1, "save_checkpoint": False, "eval_batch_size": 256,
+            **hp}
+    with tempfile.TemporaryDirectory() as t:
+        cli("train", "--hparams", json.dumps(full), "--out", t)
+        return json.loads(Path(t, "metrics.json").read_text())

@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Steps/s, tokens/s and peak memory of every precision, both objectives, on this machine.
+
+Tiny BERT (hidden 128, 2 layers, vocab 4k), batch 32, seq 64, AdamW; each figure is the median of
+``--repeats`` fresh processes (one stage each), steady state after ``--warmup`` steps. Ratios are vs fp32
+measured in the same run (timings on shared machines are noisy: compare ratios, not seconds).
+pure_fp16 runs with adam_eps 1e-4 here (with the default 1e-8 it diverges: see the study's findings).
+
+Usage: python benchmarks/precision_throughput.py [--steps 60] [--repeats 3] [--threads 2] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _bench import engine_run, prepare  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precisions", default="fp32,amp_fp16,amp_bf16,pure_fp16,pure_bf16")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        data = prepare(Path(root))
+        print(f"# precision throughput: {a.steps} steps ({a.warmup} warm-up excluded), batch 32, seq 64, "
+              f"threads {a.threads}, device {a.device}, median of {a.repeats} processes")
+        print(f"{'objective':<9} {'precision':<10} {'steps/s':>8} {'tokens/s':>9} {'vs fp32':>8} {'peak RSS MB':>12} "
+              f"{'status':>8}")
+        for obj in ("mlm", "classify"):
+            base = None
+            for prec in a.precisions.split(","):
+                runs = []
+                for _ in range(a.repeats):
+                    runs.append(engine_run(data[obj], obj, prec, steps=a.steps, threads=a.threads,
+                                           timing_warmup_steps=a.warmup, device=a.device,
+                                           adam_eps=1e-4 if prec == "pure_fp16" else 1e-8))
+                sps = statistics.median(r["steps_per_second"] for r in runs)
+                tps = statistics.median(r["tokens_per_second"] for r in runs)
+                mem = statistics.median(r["peak_memory_bytes"] for r in runs) / 2**20
+                base = base or sps
+                print(f"{obj:<9} {prec:<10} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>12.0f} "
+                      f"{runs[0]['status']:>8}", flush=True)
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"# took {time.time() - t0:.0f} s")
