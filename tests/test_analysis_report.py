@@ -89,6 +89,17 @@ def test_verdict_text(study, tmp_path):
     assert "How failures are counted" in text
 
 
+def test_verdict_reports_missing_seeds(tmp_path):
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3])
+    paths = [p for p in paths if "finetune/fp16-fp32/seed2" not in str(p)]
+    aggregate(paths, tmp_path / "t")
+    run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv", load_settings(bootstrap_resamples=0),
+              tmp_path / "t")
+    text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
+    para = [p for p in text.split("\n\n") if p.startswith("**fp16-fp32**")][0]
+    assert "no result at all for seed(s) 2" in para
+
+
 def test_cli_end_to_end(tmp_path, capsys):
     paths = write_fake_study(tmp_path / "results", seeds=range(1, 5))
     r = tmp_path / "results"

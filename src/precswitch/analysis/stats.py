@@ -656,8 +656,10 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
 
     # ---- per-schedule facts for the verdict
     sched_info = {}
+    all_seeds = set(sched["seed"])
     for s in available:
         sub = sched[sched["schedule"] == s]
+        missing_seeds = sorted(all_seeds - set(sub["seed"]), key=str)
         acc = describe(sub.loc[sub["used"], "accuracy"].astype(float) * 100, alpha)
         sched_info[s] = {
             "stage1_precision": _first(sub, "stage1_precision"),
@@ -680,6 +682,8 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             "stage2_loss_scale_min": float(sub.get("stage2_loss_scale_min", pd.Series(dtype=float))
                                            .astype(float).min()),
             "seeds": [_jsonable(v) for v in sorted(sub["seed"].unique())],
+            # seeds other schedules have but this one lacks (no finetune metrics.json was given)
+            "missing_seeds": [_jsonable(v) for v in missing_seeds],
         }
     stats = {
         "question": QUESTION,

@@ -256,6 +256,10 @@ def render(stats: dict) -> str:
             fl = "; ".join(f"seed {f.get('seed')}: {f.get('outcome')}" + (f" ({f['reason']})" if f.get("reason") else "")
                            for f in i.get("failed", []))
             h.append(f"{i['n_failed']} failed run(s), excluded from the means and counted — {fl}")
+        if i.get("missing_seeds"):
+            h.append(f"no result at all for seed(s) {', '.join(map(str, i['missing_seeds']))}, which other "
+                     "schedules have (no fine-tuning metrics were aggregated: not run, not finished, or its "
+                     "stage 1 failed); these seeds are missing from its pairs")
         if i.get("n_degenerate"):
             h.append(f"{i['n_degenerate']} degenerate run(s) (accuracy ≤ majority class; kept in the statistics): "
                      f"seeds {', '.join(map(str, i.get('degenerate_seeds', [])))}")
