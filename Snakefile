@@ -1,13 +1,15 @@
 # precswitch: pre-train BERT in one precision, fine-tune in another; what happens to accuracy,
 # time and memory? See README.md. Run: snakemake --cores all
 
+import copy
+
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 # A schedules map given on the command line replaces the default one instead of merging into it.
-_cli_schedules = config.get("schedules")
+_cli_schedules = copy.deepcopy(config.get("schedules"))  # merging mutates it
 
 
 configfile: "config/config.yaml"
