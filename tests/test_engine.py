@@ -194,3 +194,20 @@ def test_bitwise_determinism_across_processes(data, tmp_path):
     r = _run_cli({**hp, "seed": 8}, tmp_path / "c")
     assert r.returncode == 0
     assert json.loads((tmp_path / "c" / "metrics.json").read_text())["final_train_loss"] != ma["final_train_loss"]
+
+
+def test_unwritable_output_dir_is_named(data, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    with pytest.raises(PrecswitchError, match="not writable"):
+        run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, blocker / "out")
+    assert blocker.read_text() == "not a dir"
+
+
+def test_failed_rerun_keeps_existing_results(data, tmp_path):
+    out = tmp_path / "r"
+    run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY}, out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(PrecswitchError):
+        run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY, "batch_size": 10**6}, out)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

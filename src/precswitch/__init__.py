@@ -2,5 +2,5 @@
 
 __version__ = "0.1.0"
 
-#: Version of the per-stage ``metrics.json`` layout (see docs/metrics.md).
+#: Version of the per-stage ``metrics.json`` layout (see docs/contracts.md, "metrics.json").
 METRICS_SCHEMA_VERSION = 1

@@ -141,6 +141,15 @@ def source_hash(spec: dict, objective: str | None = None) -> str:
     return h.hexdigest()
 
 
+def check_source_files(spec: dict, objective: str | None = None) -> None:
+    """Raise if a local file the source names is missing."""
+    if spec["kind"] == "synthetic":
+        d = Path(spec["dir"])
+        if not d.is_dir():
+            raise PrecswitchError(f"source: synthetic dir not found: {d} (write it with `precswitch synth`)")
+    _check_files(source_files(spec, objective), spec["kind"])
+
+
 def _check_files(files: list[Path], what: str) -> None:
     for f in files:
         if not f.is_file():

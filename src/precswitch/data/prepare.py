@@ -72,12 +72,13 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
     import datasets
 
     from ..io import atomic_path, atomic_write_json
-    from .loading import load_source, parse_source, source_hash
+    from .loading import check_source_files, load_source, parse_source, source_hash
     from .tokenizer import load_tokenizer
 
     if objective not in OBJECTIVES:
         raise PrecswitchError(f"--objective {objective!r} not allowed (allowed: {', '.join(OBJECTIVES)})")
     spec = parse_source(source)
+    check_source_files(spec, objective)  # fail fast, before loading the tokenizer
     tokenizer = load_tokenizer(tokenizer_dir)
     if not isinstance(max_length, int) or max_length < 8:
         raise PrecswitchError(f"--max-length must be an integer >= 8, got {max_length!r}")

@@ -3,7 +3,7 @@
 The loop is deliberately plain (nanoGPT style): the only place precision enters is
 ``prec.autocast(...)`` around the forward pass, ``scaler`` around backward/step, and
 ``prec.prepare_model`` for the storage dtype. Everything measured goes to ``metrics.json``
-(see docs/metrics.md) and the per-step log ``steps.csv``.
+(see docs/contracts.md, "metrics.json") and the per-step log ``steps.csv``.
 """
 
 from __future__ import annotations
