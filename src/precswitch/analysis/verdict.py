@@ -50,8 +50,18 @@ def _saved(r: dict | None, what: str) -> str:
     m = r["mean"]
     sig = r.get("classification") in ("better", "worse", "higher", "lower")
     if not sig:
-        return f"no detectable {what} difference"
-    return f"{(1 - m) * 100:.0f}% {what} saved" if m < 1 else f"{(m - 1) * 100:.0f}% more {what}"
+        return f"{what} difference not significant after Holm"
+    pct = abs(1 - m) * 100
+    pct_s = f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%"
+    return f"{pct_s} {what} saved" if m < 1 else f"{pct_s} more {what}"
+
+
+def _pm(margin: float) -> str:
+    return f"±{margin:g} point" + ("" if margin == 1 else "s")
+
+
+def _all_degenerate(i: dict) -> bool:
+    return bool(i.get("n_used")) and i.get("n_degenerate") == i.get("n_used")
 
 
 class _Deltas:
@@ -86,13 +96,13 @@ def _class_phrase(r: dict | None, a: str, b: str, margin: float) -> str:
     elif c == "worse":
         s = f"{a} is less accurate than {b}"
     elif c == "equivalent":
-        s = f"{a} is equivalent to {b} within ±{margin:g} points"
+        s = f"{a} is equivalent to {b} within {_pm(margin)}"
     elif c == "inconclusive":
-        s = f"{a} vs {b} is inconclusive (neither a significant difference nor a CI inside ±{margin:g} points)"
+        s = f"{a} vs {b} is inconclusive (neither a significant difference nor a CI inside {_pm(margin)})"
     else:
         s = f"{a} vs {b} cannot be judged (fewer than 2 paired seeds that finished)"
     if c in ("better", "worse") and r and r.get("within_margin"):
-        s += f", though by less than the ±{margin:g}-point margin"
+        s += f", though by less than the {_pm(margin)} margin"
     return s
 
 
@@ -112,7 +122,7 @@ def _effect_verb(r: dict | None, margin: float) -> str:
     return {
         "better": "raises accuracy",
         "worse": "lowers accuracy",
-        "equivalent": f"leaves accuracy unchanged within ±{margin:g} points",
+        "equivalent": f"leaves accuracy unchanged within {_pm(margin)}",
         "inconclusive": "has an inconclusive effect on accuracy",
     }.get(c, "cannot be judged (too few finished seeds)")
 
@@ -125,7 +135,7 @@ def _needs(r: dict | None, margin: float, power: float) -> str:
         bits.append(f"about {int(r['seeds_needed'])} paired seeds would detect a {margin:g}-point difference "
                     f"with {power * 100:.0f}% power (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
     if _f(r.get("seeds_needed_equivalence")):
-        bits.append(f"about {int(r['seeds_needed_equivalence'])} would put the CI inside ±{margin:g} points "
+        bits.append(f"about {int(r['seeds_needed_equivalence'])} would put the CI inside {_pm(margin)} "
                     "if the observed mean and SD held")
     elif _f(r.get("mean")) and abs(r["mean"]) >= margin:
         bits.append("the observed mean is outside the margin, so equivalence is not in reach")
@@ -146,6 +156,8 @@ def render(stats: dict) -> str:
 
     def pv(k: str) -> str:
         v = prov.get(k) or []
+        if len(v) > 3:
+            return f"{len(v)} distinct values (per run; see runs.csv)"
         return ", ".join(f"`{x}`" for x in v) if v else "unknown"
 
     seeds = sorted({x for i in info.values() for x in i.get("seeds", [])}, key=lambda x: (str(type(x)), x))
@@ -155,7 +167,7 @@ def render(stats: dict) -> str:
                f"transformers {pv('transformers_version')}; git commit {pv('git_commit')}; "
                f"config hash {pv('config_hash')}; threads {pv('threads')}; memory measured as {pv('memory_kind')}. "
                f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
-               f"baseline `{baseline}`; equivalence margin ±{margin:g} accuracy points; alpha {alpha:g} "
+               f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
                f"(paired t-tests, Holm-adjusted over schedules); {conf}% CIs.")
     out.append("")
 
@@ -176,6 +188,10 @@ def render(stats: dict) -> str:
             tail.append(f"{_ratio(mem)} the peak memory ({_saved(mem, 'memory')})")
         if tail:
             sent += "; it " + " and ".join(tail)
+        dead = [x for x in (a, b) if _all_degenerate(info.get(x, {}))]
+        if dead:
+            sent += (f" — but every finished run of {' and '.join(f'`{x}`' for x in dead)} predicts only the "
+                     "majority class: the task was not learnt, so this says nothing about precision")
         sentences.append(sent + ".")
     if not sentences:
         sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
@@ -185,8 +201,8 @@ def render(stats: dict) -> str:
     out.append("")
     out.append(f"Accuracy is the fine-tuned model's accuracy on the eval split; differences are in percentage "
                f"points, paired by seed. A schedule is *better/worse* when the Holm-adjusted paired t-test gives "
-               f"p < {alpha:g}; *equivalent* when it is not and the whole {conf}% CI lies inside ±{margin:g} "
-               f"points (TOST p < {alpha:g}); otherwise *inconclusive*.")
+               f"p < {alpha:g}; *equivalent* when it is not and the whole {conf}% CI lies inside {_pm(margin)} "
+               f"(TOST p < {alpha:g}); otherwise *inconclusive*.")
     out.append("")
 
     # ---------------- per schedule
@@ -211,7 +227,7 @@ def render(stats: dict) -> str:
         else:
             r = D.get("vs_baseline", name, baseline, "accuracy")
             c = (r or {}).get("classification", "insufficient data")
-            label = {"better": "BETTER", "worse": "WORSE", "equivalent": f"EQUIVALENT within ±{margin:g} points",
+            label = {"better": "BETTER", "worse": "WORSE", "equivalent": f"EQUIVALENT within {_pm(margin)}",
                      "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED (too few finished seeds)")
             txt = f"{head}: **{label}** — {_class_phrase(r, name, baseline, margin)}. {acc_s}; "
             txt += f"paired difference {_acc_phrase(r, margin, conf)}"
@@ -220,7 +236,7 @@ def render(stats: dict) -> str:
             if r:
                 txt += (f"; paired t Holm p {_p(r.get('p_holm'))}, Wilcoxon p {_p(r.get('p_wilcoxon'))}, "
                         f"TOST p {_p(r.get('tost_p'))}")
-                if _f(r.get("mde")):
+                if _f(r.get("mde")) and r["mde"] > 0:
                     txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power"
             txt += "."
             if c == "inconclusive":
@@ -260,7 +276,10 @@ def render(stats: dict) -> str:
             h.append(f"no result at all for seed(s) {', '.join(map(str, i['missing_seeds']))}, which other "
                      "schedules have (no fine-tuning metrics were aggregated: not run, not finished, or its "
                      "stage 1 failed); these seeds are missing from its pairs")
-        if i.get("n_degenerate"):
+        if _all_degenerate(i):
+            h.append("EVERY finished run is degenerate (accuracy ≤ majority class): the task was not learnt, "
+                     "so accuracy comparisons with this schedule say nothing about precision")
+        elif i.get("n_degenerate"):
             h.append(f"{i['n_degenerate']} degenerate run(s) (accuracy ≤ majority class; kept in the statistics): "
                      f"seeds {', '.join(map(str, i.get('degenerate_seeds', [])))}")
         for k, lab in (("stage1_skipped_steps", "stage 1"), ("stage2_skipped_steps", "stage 2")):
@@ -324,7 +343,7 @@ def render(stats: dict) -> str:
                    "tensor cores and memory is device memory. On a CPU the speed of fp16 and bf16 depends on the "
                    "instruction set (e.g. AMX for bf16), and peak memory is the process's peak RSS, which includes "
                    "the Python/torch runtime, not only tensors.")
-    for k in ("device", "device_name", "torch_version", "git_commit", "config_hash", "threads"):
+    for k in ("device", "device_name", "torch_version", "transformers_version", "git_commit", "threads"):
         if len(prov.get(k, [])) > 1:
             cav.append(f"The runs do not share one {k} ({', '.join(prov[k])}): timings and results may not be comparable.")
     cav.append("Small scale: a tiny BERT, short training and few seeds. Effects that need long training or large "
