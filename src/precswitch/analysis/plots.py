@@ -321,7 +321,9 @@ def plot_stage1(runs, stats: dict, plt, sns):
                             fmt="D", color="black", capsize=5, ms=5)
         ax.set_xlabel("stage-1 (pre-training) precision")
         ax.set_ylabel(ylabel)
-        ax.set_title(title + " (dots: seeds; ◆: mean, 95% CI)")
+        ax.set_title(title)
+    fig.suptitle(f"Stage 1 on its own, per precision (dots: seeds; ◆: mean and {int(round((1 - alpha) * 100))}% t CI)",
+                 fontsize=11)
     fig.tight_layout()
     return fig
 
