@@ -325,6 +325,47 @@ def analysis_json():
     return json.dumps(config["analysis"], sort_keys=True)
 
 
+# --- hub downloads (rule fetch, workflow/rules/download.smk) --------------------------------------
+FETCH_MANIFEST = "results/data/fetch-manifest.json"
+
+
+def _hub_model_init():
+    """model.init when it names a hub model (not scratch, not an existing local directory)."""
+    init = str(config["model"]["init"])
+    if init == "scratch" or os.path.exists(os.path.expanduser(init)):
+        return None
+    return init
+
+
+def fetch_needed():
+    """True when the config reads anything from the hub (a model or a data source)."""
+    return _hub_model_init() is not None or any(
+        config["data"][stage]["kind"] == "hub" for stage in STAGES
+    )
+
+
+def fetch_inputs(wildcards=None):
+    """Input function: the fetch manifest when the config needs the hub, else nothing."""
+    return [FETCH_MANIFEST] if fetch_needed() else []
+
+
+def fetch_config_json():
+    """The part of the config `precswitch fetch` reads (changing it reruns the fetch)."""
+    spec = {
+        "model": {"init": config["model"]["init"]},
+        "data": {stage: config["data"][stage] for stage in STAGES},
+    }
+    return json.dumps(spec, sort_keys=True)
+
+
+# Environment prefix for jobs that must not download (compute nodes): everything is in the cache.
+OFFLINE_ENV = (
+    "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
+    if fetch_needed()
+    else ""
+)
+
+
 def caption(name):
     """workflow/report/<name>.rst (path relative to the rule files), or None while it is not written."""
     path = os.path.join(workflow.basedir, "workflow", "report", f"{name}.rst")

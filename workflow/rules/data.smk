@@ -25,6 +25,7 @@ rule synth:
 
 rule tokenizer:
     input:
+        fetch_inputs(),
         source_inputs("pretrain"),
     output:
         directory(TOKENIZER_DIR),
@@ -35,15 +36,17 @@ rule tokenizer:
     conda:
         "../../envs/precswitch.yaml"
     params:
+        offline=OFFLINE_ENV,
         source=source_json("pretrain"),
         options=tokenizer_options(),
     shell:
-        "precswitch tokenizer --source {params.source:q} --out {output} {params.options}"
+        "{params.offline}precswitch tokenizer --source {params.source:q} --out {output} {params.options}"
         " > {log} 2>&1"
 
 
 rule prepare:
     input:
+        fetch_inputs(),
         source=lambda w: source_inputs(w.stage),
         tokenizer=TOKENIZER_DIR,
     output:
@@ -55,10 +58,11 @@ rule prepare:
     conda:
         "../../envs/precswitch.yaml"
     params:
+        offline=OFFLINE_ENV,
         source=lambda w: source_json(w.stage),
         objective=lambda w: OBJECTIVE[w.stage],
         max_length=lambda w: config["train"][w.stage]["max_length"],
     shell:
-        "precswitch prepare --source {params.source:q} --tokenizer {input.tokenizer}"
+        "{params.offline}precswitch prepare --source {params.source:q} --tokenizer {input.tokenizer}"
         " --objective {params.objective} --max-length {params.max_length} --out {output}"
         " > {log} 2>&1"

@@ -7,57 +7,21 @@
 # and writes a manifest of what was resolved where. Local model dirs and data files are validated
 # (they must exist). Run with HF_HUB_OFFLINE=1 it downloads nothing and names what the cache lacks.
 #
-# Included from the top-level Snakefile after common.smk (it uses config, STAGES, LOGS). Rules that
-# read hub models/datasets (tokenizer, prepare, and training from a hub model.init) take
-# `fetch_inputs()` as an input, so they run after the download; their shell commands may then be
-# prefixed with `{OFFLINE_ENV}` so that they never touch the network.
-
-FETCH_MANIFEST = "results/data/fetch-manifest.json"
-
-
-def _hub_model_init():
-    """model.init when it names a hub model (not scratch, not an existing local directory)."""
-    init = str(config["model"]["init"])
-    if init == "scratch" or os.path.exists(os.path.expanduser(init)):
-        return None
-    return init
-
-
-def fetch_needed():
-    """True when the config reads anything from the hub (a model or a data source)."""
-    return _hub_model_init() is not None or any(
-        config["data"][stage]["kind"] == "hub" for stage in STAGES
-    )
-
-
-def fetch_inputs(wildcards=None):
-    """Input function: the fetch manifest when the config needs the hub, else nothing."""
-    return [FETCH_MANIFEST] if fetch_needed() else []
-
-
-def fetch_config_json():
-    """The part of the config `precswitch fetch` reads (changing it reruns the fetch)."""
-    spec = {
-        "model": {"init": config["model"]["init"]},
-        "data": {stage: config["data"][stage] for stage in STAGES},
-    }
-    return json.dumps(spec, sort_keys=True)
-
-
-# Environment prefix for jobs that must not download (compute nodes): everything is in the cache.
-OFFLINE_ENV = (
-    "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
-    if fetch_needed()
-    else ""
-)
+# Rules that read hub models/datasets (tokenizer, prepare, and training from a hub model.init) take
+# `fetch_inputs()` as an input, so they run after the download, and prefix their commands with
+# OFFLINE_ENV (params.offline) so that they never touch the network. The helpers (FETCH_MANIFEST,
+# fetch_needed, fetch_inputs, fetch_config_json, OFFLINE_ENV) are in common.smk: Snakemake's linter
+# wants functions and rules in separate files.
 
 
 rule fetch:
-    localrule: True
     output:
         FETCH_MANIFEST,
     log:
         f"{LOGS}/data/fetch.log",
+    benchmark:
+        f"{BENCHMARKS}/data/fetch.tsv"
+    localrule: True
     conda:
         "../../envs/precswitch.yaml"
     params:

@@ -6,6 +6,7 @@
 
 rule pretrain:
     input:
+        fetch_inputs(),
         data=PREPARED_DIR.format(stage="pretrain"),
         tokenizer=TOKENIZER_DIR,
     output:
@@ -24,14 +25,16 @@ rule pretrain:
         runtime=config["resources"]["runtime"],
         gpu=GPU_PER_JOB,
     params:
+        offline=OFFLINE_ENV,
         hparams=pretrain_hparams,
         out=lambda w, output: os.path.dirname(output.metrics),
     shell:
-        "precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
+        "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
 
 
 rule finetune:
     input:
+        fetch_inputs(),
         unpack(finetune_inputs),
         data=PREPARED_DIR.format(stage="finetune"),
         tokenizer=TOKENIZER_DIR,
@@ -50,7 +53,8 @@ rule finetune:
         runtime=config["resources"]["runtime"],
         gpu=GPU_PER_JOB,
     params:
+        offline=OFFLINE_ENV,
         hparams=finetune_hparams,
         out=lambda w, output: os.path.dirname(output.metrics),
     shell:
-        "precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
+        "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
