@@ -259,7 +259,7 @@ def _bootstrap_ci(d, alpha: float, n_boot: int, seed: int) -> tuple[float, float
     import numpy as np
     from scipy import stats
 
-    if n_boot <= 0 or d.size < 2:
+    if n_boot <= 0 or d.size < 3:  # two pairs give 3 possible resample means: no interval worth the name
         return math.nan, math.nan
     if np.all(d == d[0]):
         return float(d[0]), float(d[0])
@@ -593,6 +593,19 @@ def _jsonable(o: Any) -> Any:
     return o
 
 
+def _failure_reason(r: dict) -> str | None:
+    """'stage 1 diverged: <reason>; stage 2 skipped: <reason>' for the stages that did not finish ok."""
+    bits = []
+    for k in ("stage1", "stage2"):
+        st = r.get(f"{k}_status")
+        if isinstance(st, str) and st != "ok":
+            reason = r.get(f"{k}_status_reason")
+            bits.append(f"stage {k[-1]} {st}" + (f": {reason}" if isinstance(reason, str) and reason else ""))
+    if not bits and r.get("outcome") == "no_eval":
+        bits.append("no finite accuracy")
+    return "; ".join(bits) or None
+
+
 def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
     """Return (summary DataFrame, deltas DataFrame, stats dict)."""
     import pandas as pd
@@ -665,9 +678,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             "stage1_precision": _first(sub, "stage1_precision"),
             "stage2_precision": _first(sub, "stage2_precision"),
             **counts[s],
-            "failed": [{"seed": _jsonable(r["seed"]), "outcome": r["outcome"],
-                        "reason": r.get("stage2_status_reason") if r.get("stage2_status") != "ok"
-                        else r.get("stage1_status_reason")}
+            "failed": [{"seed": _jsonable(r["seed"]), "outcome": r["outcome"], "reason": _failure_reason(r)}
                        for r in sub[~sub["used"]].to_dict("records")],
             "degenerate_seeds": [_jsonable(v) for v in sub.loc[sub["outcome"] == "degenerate", "seed"]],
             "accuracy_points": acc,

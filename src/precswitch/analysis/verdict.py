@@ -217,7 +217,7 @@ def render(stats: dict) -> str:
                 f"{i.get('stage2_precision')}; {i.get('n_used')} of {i.get('n_runs')} runs used)")
         parts = []
         acc = i.get("accuracy_points", {})
-        acc_s = f"accuracy {_pt(acc.get('mean'), 2, False)}%"
+        acc_s = f"accuracy {_pt(acc.get('mean'), 2, False)}%" if _f(acc.get("mean")) else "no finished runs"
         if _f(acc.get("ci_low")):
             acc_s += f" [{conf}% CI {_pt(acc['ci_low'], 2, False)}, {_pt(acc['ci_high'], 2, False)}]"
         if _f(acc.get("std")):
