@@ -107,7 +107,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
     prec = P.get(name)
     objective = "mlm" if args.mlm else "classify"
     eps = args.pure_fp16_eps if name == "pure_fp16" else args.adam_eps
-    fused = args.fused == "on" or (args.fused == "auto" and device.type == "cuda")
+    fused = args.fused in ("on", "auto")  # the engine's default (optimizer_impl: fused), CPU and CUDA
     row = {
         "precision": name, "variant": variant, "status": "ok", "reason": None, "description": prec.description,
         "param_dtype": P.dtype_name(prec.param_dtype),
@@ -133,7 +133,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         model.train()
         decay = [p for p in model.parameters() if p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.ndim < 2]
-        opt_kw = {"fused": True} if fused else {}
+        opt_kw = {"fused": True} if fused else {"foreach": True}
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                 lr=args.lr, eps=eps, **opt_kw)
         scaler = prec.make_scaler(device.type)
@@ -290,7 +290,7 @@ def parse_args(argv=None):
                    help="torch.compile: auto = on for CUDA (eager AND compiled rows), off = eager only, "
                         "only = compiled rows only")
     p.add_argument("--compile-mode", default="default", help="torch.compile mode (default 'default')")
-    p.add_argument("--fused", choices=["auto", "on", "off"], default="auto", help="fused AdamW (auto = on for CUDA)")
+    p.add_argument("--fused", choices=["auto", "on", "off"], default="auto", help="fused AdamW (default on, like the engine's optimizer_impl: fused; off = foreach)")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--adam-eps", type=float, default=1e-8, help="AdamW eps of every precision but pure_fp16")
     p.add_argument("--pure-fp16-eps", type=float, default=1e-4, help="AdamW eps of pure_fp16 (1e-8 is 0 in fp16)")
