@@ -1,0 +1,253 @@
+"""The Snakemake workflow without training: DAG shape, config validation, lint, format, docs.
+
+Dry runs only (a few seconds each); the end-to-end runs are in test_workflow_e2e.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import ROOT, job_counts, load_config, snakemake, write_config
+
+DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
+DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
+
+
+def dry_run(tmp_path, cfg: dict | None = None, *extra):
+    """Dry run in tmp_path; no cfg: the embedded default config/config.yaml."""
+    path = ROOT / "config" / "config.yaml" if cfg is None else write_config(tmp_path / "study.yaml", cfg)
+    return snakemake(tmp_path, "-n", "--configfile", path, *extra)
+
+
+# --------------------------------------------------------------------------------------------- DAG
+def test_default_dry_run_shares_stage1(tmp_path):
+    proc = dry_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    # 4 schedules x 3 seeds: 3 stage-1 precisions (fp16-fp32 and fp16-fp16 share) x 3 seeds
+    assert counts == {
+        "synth": 1, "tokenizer": 1, "prepare": 2, "pretrain": 9, "finetune": 12,
+        "aggregate": 1, "stats": 1, "plots": 1, "verdict": 1, "all": 1,
+    }, counts
+    stage1 = set(re.findall(r"results/runs/pretrain/(\w+)/seed(\d+)/metrics\.json", out))
+    assert stage1 == {(p, s) for p in DEFAULT_STAGE1 for s in ("1", "2", "3")}
+    stage2 = set(re.findall(r"results/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out))
+    assert stage2 == {(n, s) for n in DEFAULT_SCHEDULES for s in ("1", "2", "3")}
+    # per seed: 3 stage-1 jobs, 4 stage-2 jobs
+    for seed in ("1", "2", "3"):
+        assert sum(1 for _, s in stage1 if s == seed) == 3
+        assert sum(1 for _, s in stage2 if s == seed) == 4
+
+
+def test_finetune_starts_from_its_schedules_stage1(tmp_path):
+    proc = dry_run(tmp_path, None, "--printshellcmds", "results/runs/finetune/fp16-fp32/seed2/metrics.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    hp = [m for m in re.findall(r"--hparams '(\{.*?\})'", out) if '"stage": "finetune"' in m]
+    assert len(hp) == 1
+    assert '"init": "results/runs/pretrain/amp_fp16/seed2/checkpoint"' in hp[0]
+    assert '"precision": "fp32"' in hp[0] and '"schedule": "fp16-fp32"' in hp[0]
+
+
+def test_finetune_only_schedule_and_replaced_schedules(tmp_path):
+    cfg = {"schedules": {"a": {"finetune": "fp32"}, "b": {"pretrain": "pure_bf16", "finetune": "fp32"}},
+           "seeds": [7], "analysis": {"baseline": "a"}}
+    proc = dry_run(tmp_path, cfg)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout + proc.stderr)
+    # the schedules map replaces the default one (not merged): 1 stage-1 run, 2 stage-2 runs
+    assert counts["pretrain"] == 1 and counts["finetune"] == 2, counts
+
+
+def test_gpu_resource_only_off_cpu(tmp_path):
+    out = dry_run(tmp_path).stdout
+    assert "gpu=0" in out and "gpu=1" not in out
+    out = dry_run(tmp_path, {"device": "cuda", "threads": 4}).stdout
+    train_jobs = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
+    assert train_jobs and all("gpu=1" in r for r in train_jobs)
+
+
+# --------------------------------------------------------------------------- config errors
+GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
+
+
+@pytest.mark.parametrize(
+    "cfg, key, allowed",
+    [
+        ({"schedules": {"x": {"pretrain": "fp8", "finetune": "fp32"}}}, "schedules.x.pretrain",
+         "amp_bf16"),
+        ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
+        ({"model": {"hidden_size": "big"}}, "model.hidden_size", "integer"),
+        ({"seeds": []}, "seeds", "non-empty"),
+        ({"seeds": [1, 2, 1]}, "seeds", "non-unique"),
+        ({"analysis": {"baseline": "fp64-fp64"}}, "analysis.baseline", "fp32-fp32"),
+        ({"schedules": {"x": {}}, "analysis": {"baseline": "x"}}, "schedules.x", "finetune"),
+        ({"train": {"pretrain": {"steps": 0}}}, "train.pretrain.steps", "minimum of 1"),
+        ({"train": {"finetune": {"steps": -5}}}, "train.finetune.steps", "minimum of 1"),
+        ({"train": {"finetune": {"lr": float("nan")}}}, "train.finetune.lr", "finite"),
+        ({"train": {"pretrain": {"lr": float("inf")}}}, "train.pretrain.lr", ""),
+        ({"train": {"pretrain": {"steps": None}}}, "train.pretrain", "exactly one of steps and epochs"),
+        ({"data": {"finetune": {"kind": "tsv", "train": "missing/train.tsv", "eval": "missing/dev.tsv"}}},
+         "data.finetune", "missing/train.tsv"),
+        ({"data": {"finetune": {"kind": "xlsx"}}}, "data.finetune.kind", "parquet"),
+        ({"device": "tpu"}, "device", "cuda"),
+    ],
+)
+def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
+    proc = dry_run(tmp_path, cfg)
+    assert proc.returncode != 0, f"config {cfg} was accepted"
+    err = proc.stdout + proc.stderr
+    assert f"config key {key}:" in err, err[-3000:]
+    line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
+    assert allowed in line, line
+    assert "Job stats" not in err  # rejected before the DAG is built
+
+
+# ------------------------------------------------------------------------------ schema / config
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _properties(schema: dict, path: str = ""):
+    """Every (path, subschema) of a named property, following local $refs."""
+    defs = yaml.safe_load(SCHEMA.read_text())["$defs"]
+
+    def walk(node, path, seen):
+        if not isinstance(node, dict):
+            return
+        if "$ref" in node:
+            name = node["$ref"].split("/")[-1]
+            if name not in seen:
+                yield from walk(defs[name], path, seen | {name})
+        for name, sub in (node.get("properties") or {}).items():
+            yield f"{path}.{name}".lstrip("."), sub
+            yield from walk(sub, f"{path}.{name}", seen)
+        for sub in node.get("allOf", []):
+            yield from walk(sub, path, seen)
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from walk(node["additionalProperties"], f"{path}.*", seen)
+
+    yield from walk(schema, path, frozenset())
+
+
+def test_schema_every_key_has_description_and_default():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert schema["additionalProperties"] is False
+    missing = []
+    for path, sub in _properties(schema):
+        if set(sub) <= {"default"}:  # a stage-specific default override (allOf)
+            continue
+        if path.startswith("schedules.*"):  # the precision of a stage: no default by nature
+            continue
+        target = sub
+        if "$ref" in sub:
+            target = {**yaml.safe_load(SCHEMA.read_text())["$defs"][sub["$ref"].split("/")[-1]], **sub}
+        if "description" not in target:
+            missing.append(f"{path}: description")
+        if "default" not in sub and "default" not in target:
+            missing.append(f"{path}: default")
+    assert not missing, missing
+
+
+def test_embedded_config_is_the_schema_defaults():
+    """config/config.yaml writes out the schema defaults: leaving a key out means its value."""
+    from snakemake.utils import validate
+
+    defaults: dict = {}
+    validate(defaults, str(SCHEMA))
+    embedded = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    validate(embedded, str(SCHEMA))
+    assert embedded == defaults
+
+
+def test_config_readme_documents_every_key():
+    readme = (ROOT / "config" / "README.md").read_text()
+    schema = yaml.safe_load(SCHEMA.read_text())
+    undocumented = [p for p, _ in _properties(schema)
+                    if "*" not in p and f"`{p.split('.')[-1]}`" not in readme]
+    assert not undocumented, undocumented
+
+
+def test_precision_enum_matches_package_catalog():
+    from precswitch import precision
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert schema["$defs"]["precision"]["enum"] == list(precision.NAMES)
+
+
+# ------------------------------------------------------------------------------ lint / format
+def test_snakemake_lint_is_clean(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Lints for" not in out, out[-3000:]
+
+
+def test_snakefmt_clean():
+    snakefmt = shutil.which("snakefmt") or str(Path(sys.executable).with_name("snakefmt"))
+    if not Path(snakefmt).exists():
+        pytest.skip("snakefmt not installed (pip install -e '.[test]')")
+    files = ["Snakefile", *map(str, sorted((ROOT / "workflow" / "rules").glob("*.smk")))]
+    proc = subprocess.run([snakefmt, "--check", *files], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_rule_has_log_and_benchmark():
+    text = "\n".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
+    rules = re.split(r"^rule ", text, flags=re.M)[1:]
+    assert len(rules) >= 9
+    for body in rules:
+        name = body.split(":")[0]
+        assert "\n    log:" in body, name
+        assert "\n    benchmark:" in body, name
+        assert "\n    conda:" in body, name
+
+
+# ------------------------------------------------------------------------------ profile / envs / docs
+def test_default_profile_every_line_commented():
+    lines = (ROOT / "profiles" / "default" / "config.yaml").read_text().splitlines()
+    prev = ""
+    for line in lines:
+        s = line.strip()
+        if s and not s.startswith("#"):
+            assert "#" in s or prev.startswith("#"), f"uncommented profile line: {line!r}"
+        prev = s
+    profile = yaml.safe_load("\n".join(lines))
+    assert profile["resources"]["gpu"] == 1
+
+
+def _requirement(spec: str) -> tuple[str, str]:
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
+    return m.group(1).lower().replace("_", "-"), m.group(2).replace(" ", "")
+
+
+def test_conda_env_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = dict(_requirement(d) for d in project["dependencies"])
+    env = yaml.safe_load((ROOT / "envs" / "precswitch.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    got = dict(_requirement(d) for d in pip)
+    assert got == wanted
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python"))
+    assert python.replace(" ", "") == "python" + project["requires-python"].replace(" ", "")
+
+
+def test_readme_test_command_is_the_ci_command():
+    ci_last = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip()][-1]
+    readme = (ROOT / "README.md").read_text()
+    assert ci_last in readme.splitlines(), "README.md must show .ci/run's test command verbatim"
+
+
+def test_readme_quick_start_runs_the_study_and_report():
+    readme = (ROOT / "README.md").read_text()
+    assert "snakemake --cores all" in readme
+    assert "--report results/report.html" in readme
+    assert "--unlock" in readme and "--workflow-profile profiles/slurm" in readme
