@@ -6,7 +6,6 @@ import os
 import platform
 import socket
 import subprocess
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +156,7 @@ def resolve_device(spec: str):
     import torch
 
     if spec == "auto":
-        if torch.cuda.is_available():
-            idx = os.environ.get("PRECSWITCH_GPU_INDEX")
-            return torch.device(f"cuda:{idx}" if idx else "cuda")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(spec)
     except RuntimeError:

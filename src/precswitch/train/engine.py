@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import METRICS_SCHEMA_VERSION
-from .. import measure
+from .. import gpu, measure
 from .. import precision as P
 from ..errors import EXIT_PREEMPTED, PrecisionUnsupported, PrecswitchError
 from ..io import atomic_path, atomic_write_json, atomic_write_text, read_json
@@ -304,7 +304,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         raise PrecswitchError(f"output dir {str(out)!r} is not writable: {e.strerror}") from None
 
     torch.set_num_threads(hp["threads"])
-    device = C.resolve_device(hp["device"])
+    # One timed job per GPU: a bare `cuda` takes the first free GPU slot (a lock file per GPU, held
+    # until this process exits); `cuda:N` waits for GPU N. CPU: unchanged. See precswitch.gpu.
+    device = gpu.claim_device(C.resolve_device(hp["device"]))
     flags = prec.apply_backend_flags()
     chash = C.config_hash(hp)
     base = {
@@ -553,7 +555,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     wr.writerow(STEP_FIELDS)
     wr.writerows(st["rows"])
     atomic_write_text(out / "steps.csv", buf.getvalue())
-    prov = measure.provenance(device)
+    prov = {**measure.provenance(device), **gpu.claim_info()}
     metrics = {
         **base,
         "status": st["status"],
