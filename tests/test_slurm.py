@@ -62,6 +62,8 @@ TEST_ONLY_KEYS = {
     "default-resources.slurm_partition",
     "default-resources.slurm_account",
     "default-resources.mem_mb",
+    "set-resources.pretrain.slurm_partition",
+    "set-resources.finetune.slurm_partition",
     "set-resources.pretrain.cpus_per_gpu",
     "set-resources.finetune.cpus_per_gpu",
 }
