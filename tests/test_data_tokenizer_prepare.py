@@ -89,14 +89,32 @@ def test_prepare_mlm_packs_blocks(synth, tmp_path):
     import datasets
 
     root, spec, tokdir = synth
-    meta = prepare(spec, tokdir, "mlm", 32, tmp_path / "mlm")
+    meta = prepare({**spec, "mlm_examples": "pack"}, tokdir, "mlm", 32, tmp_path / "mlm")
     assert meta["objective"] == "mlm" and meta["num_labels"] is None and meta["majority_accuracy"] is None
+    assert meta["mlm_examples"] == "pack"
     dd = datasets.load_from_disk(str(tmp_path / "mlm"))
     assert dd["train"].column_names == ["input_ids", "attention_mask", "token_type_ids"]
     lengths = {len(x) for x in dd["train"]["input_ids"]}
     assert lengths == {32}
     assert all(x[0] == 2 and x[-1] == 3 and 0 not in x for x in dd["train"]["input_ids"])
     assert meta["n_eval"] >= 1
+
+
+def test_prepare_mlm_lines_for_synthetic(synth, tmp_path):
+    import datasets
+
+    root, spec, tokdir = synth
+    meta = prepare(spec, tokdir, "mlm", 16, tmp_path / "mlm")
+    assert meta["mlm_examples"] == "lines"
+    lines = (Path(spec["dir"]) / "corpus.txt").read_text().splitlines()
+    assert meta["n_train"] + meta["n_eval"] == len(lines)
+    dd = datasets.load_from_disk(str(tmp_path / "mlm"))
+    tok = load_tokenizer(tokdir)
+    first = dd["train"][0]["input_ids"]
+    assert first[0] == 2 and first[-1] == 3 and len(first) <= 16
+    assert tok.convert_ids_to_tokens(first[1:-1]) == lines[0].split()[: len(first) - 2]
+    with pytest.raises(PrecswitchError, match="mlm_examples 'words' not allowed"):
+        prepare({**spec, "mlm_examples": "words"}, tokdir, "mlm", 16, tmp_path / "bad")
 
 
 def test_prepare_errors_leave_no_output(synth, tmp_path):

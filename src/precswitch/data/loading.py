@@ -26,7 +26,7 @@ KINDS = ("synthetic", "text", "tsv", "csv", "jsonl", "parquet", "hub")
 OBJECTIVES = ("mlm", "classify")
 SPEC_KEYS = {
     "kind", "dir", "train", "eval", "columns", "name", "config", "train_split", "eval_split",
-    "text_column", "labels", "max_train_rows", "max_eval_rows", "eval_fraction",
+    "text_column", "labels", "max_train_rows", "max_eval_rows", "eval_fraction", "mlm_examples",
 }
 #: WikiText heading lines: `` = Title = ``, `` = = Section = = `` ...
 HEADING_RE = re.compile(r"^\s*(=\s+)+\S.*?(\s+=)+\s*$")
@@ -102,6 +102,8 @@ def validate_spec(spec: dict) -> dict:
             raise PrecswitchError(f"source: {k} must be a positive integer or null, got {v!r}")
     if spec.get("labels") is not None and (not isinstance(spec["labels"], list) or not spec["labels"]):
         raise PrecswitchError(f"source: labels must be a non-empty list, got {spec['labels']!r}")
+    if spec.get("mlm_examples") not in (None, "lines", "pack"):
+        raise PrecswitchError(f"source: mlm_examples {spec['mlm_examples']!r} not allowed (allowed: lines, pack)")
     frac = spec.get("eval_fraction")
     if frac is not None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
         raise PrecswitchError(f"source: eval_fraction must be in (0, 1), got {frac!r}")

@@ -102,6 +102,13 @@ def _pseudo_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
     return out
 
 
+def _spread(rng: random.Random, n: int, k: int) -> list[int]:
+    """``n`` indices into ``range(k)``, each used at most ceil(n/k) times, in random order."""
+    out = [i % k for i in range(n)]
+    rng.shuffle(out)
+    return out
+
+
 def build_lexicon(cfg: LanguageConfig = LanguageConfig()) -> Lexicon:
     rng = random.Random(f"precswitch-lexicon-{cfg.lexicon_seed}")
     taken: set[str] = set(FUNCTION_WORDS)
@@ -118,8 +125,9 @@ def build_lexicon(cfg: LanguageConfig = LanguageConfig()) -> Lexicon:
         foods=_pseudo_words(rng, cfg.n_foods, taken),
         tools=_pseudo_words(rng, cfg.n_tools, taken),
     )
-    lex.noun_habitat = [rng.randrange(cfg.n_places) for _ in lex.nouns]
-    lex.noun_food = [rng.randrange(cfg.n_foods) for _ in lex.nouns]
+    # each noun concept its own habitat and food (unique while there are enough of them)
+    lex.noun_habitat = _spread(rng, cfg.n_noun_concepts, cfg.n_places)
+    lex.noun_food = _spread(rng, cfg.n_noun_concepts, cfg.n_foods)
     lex.noun_adjs = [rng.sample(range(cfg.n_adj_concepts), cfg.adj_prefs) for _ in lex.nouns]
     lex.verb_tool = [rng.randrange(cfg.n_tools) for _ in lex.verbs]
     return lex

@@ -1,0 +1,67 @@
+"""`precswitch synth | tokenizer | prepare` through the dispatcher (precswitch.cli.main)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from precswitch.cli import main
+
+
+def test_synth_tokenizer_prepare_roundtrip(tmp_path, capsys):
+    syn = tmp_path / "synth"
+    assert main(["synth", "--out", str(syn), "--seed", "2", "--n-corpus", "800", "--n-train", "80",
+                 "--n-dev", "30"]) == 0
+    assert {p.name for p in syn.iterdir()} == {"corpus.txt", "train.tsv", "dev.tsv", "synth.json"}
+    spec = {"kind": "synthetic", "dir": str(syn), "labels": None, "max_train_rows": None}
+    src_file = tmp_path / "source.json"
+    src_file.write_text(json.dumps(spec))
+    src_yaml = tmp_path / "source.yaml"
+    src_yaml.write_text(f"kind: synthetic\ndir: {syn}\nmax_train_rows: 50\n")
+    assert main(["tokenizer", "--source", f"@{src_file}", "--out", str(tmp_path / "tok"), "--vocab-size", "2000",
+                 "--model-max-length", "128"]) == 0
+    assert main(["prepare", "--source", json.dumps(spec), "--tokenizer", str(tmp_path / "tok"),
+                 "--objective", "classify", "--max-length", "64", "--out", str(tmp_path / "cls")]) == 0
+    assert main(["prepare", "--source", str(src_yaml), "--tokenizer", str(tmp_path / "tok"),
+                 "--objective", "classify", "--max-length", "64", "--out", str(tmp_path / "cls50")]) == 0
+    assert main(["prepare", "--source", json.dumps(spec), "--tokenizer", str(tmp_path / "tok"),
+                 "--objective", "mlm", "--max-length", "64", "--out", str(tmp_path / "mlm")]) == 0
+    meta = json.loads((tmp_path / "cls" / "meta.json").read_text())
+    assert meta["n_train"] == 80 and meta["num_labels"] == 2
+    assert json.loads((tmp_path / "cls50" / "meta.json").read_text())["n_train"] == 50
+    assert json.loads((tmp_path / "mlm" / "meta.json").read_text())["objective"] == "mlm"
+    assert main(["tokenizer", "--pretrained", str(tmp_path / "tok"), "--out", str(tmp_path / "tok2")]) == 0
+    assert (tmp_path / "tok2" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["prepare", "--source", '{"kind": "xml"}', "--objective", "mlm"], "unknown kind 'xml' (allowed: synthetic"),
+        (["prepare", "--source", '{"kind": "csv", "train": "@MISSING@/a.csv", "eval": "@MISSING@/b.csv", '
+          '"columns": {"text_a": "a", "label": "b"}}', "--objective", "classify"], "csv file not found"),
+        (["prepare", "--source", "{not json", "--objective", "mlm"], "--source: not valid JSON"),
+        (["prepare", "--source", "@nowhere.json", "--objective", "mlm"], "neither a JSON object nor an existing file"),
+        (["tokenizer", "--out", "@OUT@"], "--source is required unless --pretrained"),
+        (["synth", "--out", "@OUT@", "--seed", "1", "--n-train", "0"], "n_train must be >= 1"),
+        (["synth", "--out", "@OUT@", "--seed", "1", "--language", '{"colours": 3}'], "--language: unknown key"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_no_output(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    argv = [a.replace("@MISSING@", str(tmp_path / "missing")).replace("@OUT@", str(out)) for a in argv]
+    if argv[0] == "prepare":
+        argv += ["--tokenizer", str(tmp_path / "tok"), "--max-length", "64", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("precswitch: error: ") and message in err[0], err
+    assert not out.exists()
+
+
+def test_help_lists_data_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for cmd in ("synth", "tokenizer", "prepare"):
+        assert cmd in text
