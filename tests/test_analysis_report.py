@@ -121,3 +121,14 @@ def test_cli_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "fp64-fp64" in err and "fp16-fp32" in err
     assert not (tmp_path / "x" / "stats.json").exists()
+
+
+def test_verdict_all_degenerate_is_not_informative(tmp_path):
+    sched = {"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")}
+    paths = write_fake_study(tmp_path / "s", schedules=sched, seeds=[1, 2, 3],
+                             degenerate={(s, k) for s in sched for k in (1, 2, 3)})
+    aggregate(paths, tmp_path / "t")
+    run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv", load_settings(bootstrap_resamples=0),
+              tmp_path / "t")
+    text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
+    assert "NOT INFORMATIVE" in text and "the task was not learnt" in text.split("## Per schedule")[0]

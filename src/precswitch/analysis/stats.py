@@ -90,7 +90,7 @@ MIB = 1.0 / (1024 * 1024)
 SCHEDULE_METRICS = [
     Metric("accuracy", "accuracy", "difference", "fraction", "points", 1.0, True, True),
     Metric("f1", "F1", "difference", "fraction", "points", 1.0, True, True),
-    Metric("mcc", "MCC", "difference", "MCC", "MCC x 100", 1.0, True, False),
+    Metric("mcc", "MCC", "difference", "-1..1", "MCC x 100", 1.0, True, False),
     Metric("stage1_train_seconds", "stage-1 train time", "ratio", "s", "ratio", 1.0, False),
     Metric("stage2_train_seconds", "stage-2 train time", "ratio", "s", "ratio", 1.0, False),
     Metric("total_train_seconds", "total train time", "ratio", "s", "ratio", 1.0, False),
@@ -767,7 +767,7 @@ def render_summary_md(summary, settings: dict) -> str:
                     continue
                 d = mm.iloc[0].to_dict()
                 scale = 100.0 if m.unit == "fraction" else 1.0
-                nd = 3 if m.unit in ("MCC", "nats") else (1 if m.unit in ("MiB", "samples/s") else 2)
+                nd = 3 if m.unit in ("-1..1", "nats") else (1 if m.unit in ("MiB", "samples/s") else 2)
                 if m.kind == "count":
                     r.append(_fmt(d.get("sum"), 0))
                 else:

@@ -229,6 +229,8 @@ def render(stats: dict) -> str:
             c = (r or {}).get("classification", "insufficient data")
             label = {"better": "BETTER", "worse": "WORSE", "equivalent": f"EQUIVALENT within {_pm(margin)}",
                      "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED (too few finished seeds)")
+            if c != "insufficient data" and _all_degenerate(i) and _all_degenerate(info.get(baseline, {})):
+                label += ", BUT NOT INFORMATIVE: both only predict the majority class"
             txt = f"{head}: **{label}** — {_class_phrase(r, name, baseline, margin)}. {acc_s}; "
             txt += f"paired difference {_acc_phrase(r, margin, conf)}"
             if r and _f(r.get("boot_low")):
