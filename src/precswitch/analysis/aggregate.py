@@ -183,7 +183,8 @@ def build_schedules(runs):
                     f"{s1.get('stage')} run, used as stage 1 anyway",
                     file=sys.stderr,
                 )
-        g1 = (lambda k: s1.get(k)) if s1 is not None else (lambda k: None)
+        s1d: dict = s1 if s1 is not None else {}
+        g1 = s1d.get
         stage1_precision = g1("precision") if s1 is not None else r.get("init_precision")
         row = {
             "schedule": sched,

@@ -746,9 +746,9 @@ def _mean_ci(d: dict, nd: int = 2, scale: float = 1.0) -> str:
 
 def render_summary_md(summary, settings: dict) -> str:
     conf = int(round((1 - settings["alpha"]) * 100))
-    out = [f"# Summary per schedule and stage\n",
-           f"Mean [{conf}% t CI] over the runs used (ok and degenerate; failed runs excluded and counted). "
-           f"Accuracy, F1 and masked-token accuracy in %, times in seconds of the training loop, memory in MiB.\n"]
+    out = ["# Summary per schedule and stage\n",
+           (f"Mean [{conf}% t CI] over the runs used (ok and degenerate; failed runs excluded and counted). "
+            "Accuracy, F1 and masked-token accuracy in %, times in seconds of the training loop, memory in MiB.\n")]
 
     def block(level: str, title: str, metrics: list[Metric]):
         sub = summary[summary["level"] == level]

@@ -164,7 +164,9 @@ def render(stats: dict) -> str:
     n_per = sorted({i.get("n_runs") for i in info.values()})
     out.append("**Holds for:** "
                f"device {pv('device')} ({pv('device_name')}); torch {pv('torch_version')}, "
-               f"transformers {pv('transformers_version')}; git commit {pv('git_commit')}; "
+               f"transformers {pv('transformers_version')}"
+               + (f", CUDA {pv('cuda_version')}" if prov.get("cuda_version") else "")
+               + f"; git commit {pv('git_commit')}; "
                f"config hash {pv('config_hash')}; threads {pv('threads')}; memory measured as {pv('memory_kind')}. "
                f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
                f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
