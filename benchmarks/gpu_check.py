@@ -257,7 +257,7 @@ def print_table(res: dict) -> None:
         if r["precision"] == "pure_fp16" and r["status"] == "ok":
             note = f"adam_eps {r['adam_eps']:g} " + note
         print(f"{r['precision']:<10} {r['variant']:<9} {r['status']:<8} {fmt(r.get('steps_per_second')):>8} "
-              f"{fmt(r.get('tokens_per_second'), '.0f'):>10} {fmt(r.get('achieved_tflops'), '.1f'):>8} "
+              f"{fmt(r.get('tokens_per_second'), '.0f'):>10} {fmt(r.get('achieved_tflops'), '.2f'):>8} "
               f"{fmt(r.get('peak_tflops'), '.0f'):>6} {fmt(r.get('mfu'), '.1f', 100):>6} "
               f"{fmt(r.get('peak_memory_bytes'), '.2f', 2**-30):>9} {fmt(r.get('peak_reserved_bytes'), '.2f', 2**-30):>9} "
               f"{fmt(r.get('energy_joules_per_step'), '.2f'):>7}  {note[:90]}")

@@ -214,5 +214,5 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     checks = {c["name"]: c for c in res["checks"]}
     assert checks["speedup_amp_bf16_over_fp32"]["value"] > 0
     assert checks["mfu_amp_bf16"]["result"] == "n/a"
-    assert "amp_bf16" in r.stdout and "PASS" in r.stdout or "n/a" in r.stdout
+    assert "speedup_amp_bf16_over_fp32" in r.stdout and "n/a" in r.stdout  # no PASS/FAIL on a CPU
     assert res["peaks_table"]["H200"]["bf16"] == 790
