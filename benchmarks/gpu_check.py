@@ -378,6 +378,7 @@ def main(argv=None) -> int:
         "seq_len": args.seq,
         "steps": args.steps,
         "warmup": args.warmup,
+        "timing": "one window of --steps steps per row, CUDA-synchronized at both ends; warm-up excluded",
         "attn_implementation": args.attn,
         "compile_mode": args.compile_mode if compile_on else None,
         "adam_eps": args.adam_eps,

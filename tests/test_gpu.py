@@ -216,3 +216,47 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     assert checks["mfu_amp_bf16"]["result"] == "n/a"
     assert "speedup_amp_bf16_over_fp32" in r.stdout and "n/a" in r.stdout  # no PASS/FAIL on a CPU
     assert res["peaks_table"]["H200"]["bf16"] == 790
+
+
+def _load_gpu_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_peaks_and_verdicts():
+    """The GPU-only logic of gpu_check (peaks per precision, PASS/FAIL), with made-up rows."""
+    import torch
+
+    gc = _load_gpu_check()
+    key, peaks = gc.find_peaks("NVIDIA H200", {})
+    assert key == "H200" and peaks == {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0}
+    assert gc.find_peaks("NVIDIA H200", {"bf16": 989.0})[1]["bf16"] == 989.0
+    assert gc.find_peaks("Tesla T4", {}) == (None, {})
+    from precswitch import precision as P
+
+    assert {n: gc.peak_key(P.get(n)) for n in P.NAMES} == {
+        "fp32": "fp32", "tf32": "tf32", "amp_fp16": "fp16", "amp_bf16": "bf16", "pure_fp16": "fp16",
+        "pure_bf16": "bf16"}
+
+    def row(p, v, sps, mfu):
+        return {"precision": p, "variant": v, "status": "ok", "steps_per_second": sps, "mfu": mfu}
+
+    cuda = torch.device("cuda")
+    rows = [row("fp32", "eager", 10.0, 0.5), row("amp_bf16", "eager", 20.0, 0.2),
+            row("fp32", "compiled", 11.0, 0.55), row("amp_bf16", "compiled", 30.0, 0.36)]
+    ratios, checks = gc.checks_from(rows, cuda)
+    assert ratios == {"amp_bf16/fp32 (eager)": 2.0, "amp_bf16/fp32 (compiled)": pytest.approx(30 / 11)}
+    c = {x["name"]: x for x in checks}
+    assert c["speedup_amp_bf16_over_fp32"]["variant"] == "compiled"
+    assert c["speedup_amp_bf16_over_fp32"]["result"] == "PASS"  # 2.73 >= 2.5
+    assert c["mfu_amp_bf16"]["value"] == 0.36 and c["mfu_amp_bf16"]["result"] == "PASS"
+    # compiled amp_bf16 missing (e.g. skipped for the time budget): eager decides, and fails
+    rows[3] = {"precision": "amp_bf16", "variant": "compiled", "status": "skipped", "reason": "time budget"}
+    _, checks = gc.checks_from(rows, cuda)
+    c = {x["name"]: x for x in checks}
+    assert c["speedup_amp_bf16_over_fp32"]["variant"] == "eager"
+    assert c["speedup_amp_bf16_over_fp32"]["result"] == "FAIL" and c["mfu_amp_bf16"]["result"] == "FAIL"
