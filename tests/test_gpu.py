@@ -131,6 +131,8 @@ def test_cuda_visible_devices_names_physical_gpus(tmp_path, monkeypatch):
         assert p.exitcode == 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f1c2d3e-aaaa-bbbb-cccc-0123456789ab")
     assert gpu.visible_device_ids(1) == ["GPU-8f1c2d3e-aaaa-bbbb-cccc-0123456789ab"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-GPU-8f1c2d3e/1/0")
+    assert gpu.visible_device_ids(2) == ["MIG-GPU-8f1c2d3e_1_0", "1"]
 
 
 def test_errors_and_defaults(tmp_path, monkeypatch):

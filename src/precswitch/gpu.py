@@ -57,7 +57,8 @@ def visible_device_ids(n_devices: int) -> list[str]:
     """Physical ids of the ``n_devices`` visible devices, for naming lock files.
 
     CUDA_VISIBLE_DEVICES="2,3" makes cuda:0 the physical GPU 2: its lock is ``gpu-2.lock``.
-    Unset (or shorter than n_devices, or with an invalid entry): the visible index itself.
+    Unset (or shorter than n_devices): the visible index itself. Characters that do not belong in a
+    file name become ``_``.
     """
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [str(i) for i in range(n_devices)]
@@ -66,8 +67,8 @@ def visible_device_ids(n_devices: int) -> list[str]:
     entries = [e.strip() for e in env.split(",")]
     for i in range(min(n_devices, len(entries))):
         e = entries[i]
-        if e and all(c.isalnum() or c in "-_:" for c in e):
-            ids[i] = e
+        if e:  # old MIG ids look like MIG-GPU-<uuid>/1/0: keep them usable as file names
+            ids[i] = "".join(c if c.isalnum() or c in "-_." else "_" for c in e)
     return ids
 
 
