@@ -1,0 +1,164 @@
+"""The whole workflow for real, on tiny configs (slow: a few minutes on 2 cores).
+
+One study of tests/configs/tiny.yaml (4 schedules, 2 of them sharing stage 1, one without stage 1,
+2 seeds) is run once per module; the tests then read its tables, rerun it (nothing to do), build
+the report and check what a config change reruns. tests/configs/real-files.yaml runs the real
+file loaders on ../shared/data (MRPC TSVs, WikiText-2 raw text).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from workflow_helpers import (
+    CONFIGS,
+    job_counts,
+    load_config,
+    real_data_present,
+    real_files_config,
+    snakemake,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+TINY = load_config("tiny.yaml")
+STAGE1 = {s["pretrain"] for s in TINY["schedules"].values() if "pretrain" in s}
+N_RUNS = len(STAGE1) * len(TINY["seeds"]) + len(TINY["schedules"]) * len(TINY["seeds"])
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tiny-study")
+    cfg = CONFIGS / "tiny.yaml"
+    proc = snakemake(workdir, "--cores", "2", "--configfile", cfg, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return workdir, cfg, proc
+
+
+def test_tables_have_one_row_per_run_and_schedule_seed(tiny_study):
+    import pandas as pd
+
+    workdir, _, _ = tiny_study
+    runs = pd.read_csv(workdir / "results" / "runs.csv")
+    schedules = pd.read_csv(workdir / "results" / "schedules.csv")
+    assert len(runs) == N_RUNS and runs["run_id"].is_unique
+    assert (runs["stage"] == "pretrain").sum() == len(STAGE1) * len(TINY["seeds"])
+    assert len(schedules) == len(TINY["schedules"]) * len(TINY["seeds"])
+    assert set(zip(schedules["schedule"], schedules["seed"])) == {
+        (n, s) for n in TINY["schedules"] for s in TINY["seeds"]
+    }
+    for name, stages in TINY["schedules"].items():
+        rows = schedules[schedules["schedule"] == name]
+        assert set(rows["stage2_precision"]) == {stages["finetune"]}
+        if "pretrain" in stages:
+            assert set(rows["stage1_precision"]) == {stages["pretrain"]}
+    # parquet twins hold the same rows
+    assert len(pd.read_parquet(workdir / "results" / "runs.parquet")) == len(runs)
+    assert len(pd.read_parquet(workdir / "results" / "schedules.parquet")) == len(schedules)
+
+
+def test_values_are_sane(tiny_study):
+    import pandas as pd
+
+    workdir, _, _ = tiny_study
+    runs = pd.read_csv(workdir / "results" / "runs.csv")
+    schedules = pd.read_csv(workdir / "results" / "schedules.csv")
+    assert set(runs["status"]) == {"ok"}
+    assert (runs["train_seconds"] > 0).all() and (runs["eval_seconds"] > 0).all()
+    assert (runs["peak_memory_bytes"] > 10_000_000).all()
+    assert (runs["threads"] == 1).all() and set(runs["device"]) == {"cpu"}
+    mlm = runs[runs["stage"] == "pretrain"]
+    assert mlm["eval_loss"].map(math.isfinite).all() and mlm["mlm_accuracy"].between(0, 1).all()
+    assert schedules["accuracy"].between(0, 1).all() and schedules["f1"].between(0, 1).all()
+    assert (schedules["total_train_seconds"] >= schedules["stage2_train_seconds"]).all()
+    # the stage-1 precision a finetune started from is the one its schedule names
+    fin = runs[runs["stage"] == "finetune"]
+    for _, row in fin.iterrows():
+        stages = TINY["schedules"][row["schedule"]]
+        if "pretrain" in stages:
+            assert row["init_precision"] == stages["pretrain"]
+            assert row["init_run_id"] == f"pretrain-{stages['pretrain']}-seed{row['seed']}"
+        else:
+            assert row["init"] == "scratch"
+
+
+def test_analysis_outputs(tiny_study):
+    workdir, _, _ = tiny_study
+    results = workdir / "results"
+    for name in ("summary.csv", "summary.md", "deltas.csv", "stats.json", "verdict.md"):
+        assert (results / name).stat().st_size > 0, name
+    for name in ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1"):
+        for ext in ("png", "svg"):
+            assert (results / "plots" / f"{name}.{ext}").stat().st_size > 0
+    # every job left a log and a benchmark
+    for sub in ("data/synth", "data/tokenizer", "data/prepare-pretrain", "data/prepare-finetune",
+                "pretrain/fp32/seed1", "finetune/scratch-fp32/seed2", "analysis/aggregate", "analysis/stats",
+                "analysis/plots", "analysis/verdict"):
+        assert (results / "logs" / f"{sub}.log").is_file(), sub
+        assert (results / "benchmarks" / f"{sub}.tsv").is_file(), sub
+
+
+def test_second_run_has_nothing_to_do(tiny_study):
+    workdir, cfg, _ = tiny_study
+    proc = snakemake(workdir, "-n", "--configfile", cfg)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def test_report_builds(tiny_study):
+    workdir, cfg, _ = tiny_study
+    proc = snakemake(workdir, "--configfile", cfg, "--report", "results/report.html", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (workdir / "results" / "report.html").read_text(errors="replace")
+    assert len(html) > 100_000
+    for word in ("Accuracy", "Cost", "Numerics", "Tables", "precswitch"):
+        assert word in html, word
+
+
+def test_changing_one_schedule_reruns_only_what_depends_on_it(tiny_study, tmp_path):
+    workdir, _, _ = tiny_study
+    cfg = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
+    # stage 2 of bf16-bf16 in pure bf16: its 2 fine-tunes rerun; the shared amp_bf16 stage 1 does not
+    cfg["schedules"]["bf16-bf16"]["finetune"] = "pure_bf16"
+    proc = snakemake(workdir, "-n", "--configfile", write_config(tmp_path / "changed.yaml", cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout)
+    n = len(TINY["seeds"])
+    assert counts == {"finetune": n, "aggregate": 1, "stats": 1, "plots": 1, "verdict": 1, "all": 1}, counts
+    import re
+
+    rerun = set(re.findall(r"output: results/runs/finetune/([\w.+-]+)/seed\d+/metrics.json", proc.stdout))
+    assert rerun == {"bf16-bf16"}
+
+
+def test_adding_a_schedule_reuses_shared_stage1(tiny_study, tmp_path):
+    workdir, _, _ = tiny_study
+    cfg = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
+    cfg["schedules"]["fp32-bf16"] = {"pretrain": "fp32", "finetune": "amp_bf16"}
+    proc = snakemake(workdir, "-n", "--configfile", write_config(tmp_path / "added.yaml", cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout)
+    assert "pretrain" not in counts and counts["finetune"] == len(TINY["seeds"]), counts
+
+
+@pytest.mark.skipif(not real_data_present(), reason="../shared/data (MRPC, WikiText-2) not beside the repository")
+def test_real_files_config_runs(tmp_path):
+    import pandas as pd
+
+    cfg = real_files_config()
+    proc = snakemake(tmp_path, "--cores", "2", "--configfile", write_config(tmp_path / "real.yaml", cfg),
+                     timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    schedules = pd.read_csv(tmp_path / "results" / "schedules.csv")
+    assert len(schedules) == len(cfg["schedules"]) * len(cfg["seeds"])
+    assert schedules["accuracy"].between(0, 1).all()
+    # MRPC dev has 408 pairs, 68% paraphrases: the majority baseline the runs are compared with
+    assert schedules["majority_accuracy"].round(3).eq(round(279 / 408, 3)).all()
+    import json
+
+    meta = json.loads((tmp_path / "results" / "data" / "finetune" / "prepared" / "meta.json").read_text())
+    assert meta["n_eval"] == 408 and meta["objective"] == "classify"
+    assert (tmp_path / "results" / "verdict.md").stat().st_size > 0
