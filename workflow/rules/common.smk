@@ -20,6 +20,11 @@ NOT_HPARAMS = {
     "finetune": {"max_length", "mlm_probability"},
 }
 
+# this checkout's workflow/ directory (also when the Snakefile is included from elsewhere)
+WORKFLOW_DIR = os.path.dirname(
+    str(workflow.current_basedir.get_path_or_uri(secret_free=True))
+)
+
 # --- paths (docs/contracts.md, "Results layout") --------------------------------------------------
 SYNTH_DIR = "results/data/synth"
 SYNTH_FILES = [
@@ -188,7 +193,7 @@ wildcard_constraints:
 os.environ.update(
     PATH=os.pathsep.join(
         [
-            os.path.join(workflow.basedir, "workflow", "scripts"),
+            os.path.join(WORKFLOW_DIR, "scripts"),
             os.path.dirname(sys.executable),
             os.environ.get("PATH", ""),
         ]
@@ -368,7 +373,7 @@ OFFLINE_ENV = (
 
 def caption(name):
     """workflow/report/<name>.rst (path relative to the rule files), or None while it is not written."""
-    path = os.path.join(workflow.basedir, "workflow", "report", f"{name}.rst")
+    path = os.path.join(WORKFLOW_DIR, "report", f"{name}.rst")
     return f"../report/{name}.rst" if os.path.exists(path) else None
 
 
