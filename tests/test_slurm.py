@@ -286,9 +286,22 @@ def _read_table(path: Path, columns: list[str], key: list[str]):
     return table[cols].sort_values(key).reset_index(drop=True)
 
 
+def snapshot_checkout(dest: Path) -> Path:
+    """A copy of what the runs read (Snakefile, workflow, config, profiles, src, tests/slurm), so that
+    both runs use the same code even if the working tree is edited while the test runs."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".snakemake", "results")
+    dest.mkdir()
+    shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
+    for sub in ("workflow", "config", "profiles", "src", "envs", "tests/slurm", "tests/configs"):
+        if (ROOT / sub).exists():
+            shutil.copytree(ROOT / sub, dest / sub, ignore=ignore, symlinks=True)
+    return dest
+
+
 @pytest.mark.slow
 def test_study_through_slurm_matches_local_run(local_cluster, tmp_path):
     state = local_cluster
+    root = snapshot_checkout(tmp_path / "checkout")
     cfg = write_test_config(tmp_path / "tiny-slurm.yaml")
     targets = ["results/runs.csv", "results/schedules.csv"]
     dirs = {name: tmp_path / name for name in ("local", "slurm", "flaky")}
@@ -297,14 +310,14 @@ def test_study_through_slurm_matches_local_run(local_cluster, tmp_path):
     env = run_env(SLURM_CONF=str(state / "slurm.conf"))
     commands = {
         # the reference: the workstation run (profiles/default) of the same config
-        "local": snakemake_cmd(SNAKEMAKE_TIMEOUT_S, *targets, "-s", str(ROOT / "Snakefile"), "--cores", "2",
+        "local": snakemake_cmd(SNAKEMAKE_TIMEOUT_S, *targets, "-s", str(root / "Snakefile"), "--cores", "2",
                                "--configfile", str(cfg)),
         # the documented cluster command (docs/slurm.md), with the test variant of profiles/slurm
-        "slurm": snakemake_cmd(SNAKEMAKE_TIMEOUT_S, *targets, "-s", str(ROOT / "Snakefile"),
-                               "--workflow-profile", str(TEST_PROFILE.parent), "--configfile", str(cfg)),
+        "slurm": snakemake_cmd(SNAKEMAKE_TIMEOUT_S, *targets, "-s", str(root / "Snakefile"),
+                               "--workflow-profile", str(root / "tests" / "slurm" / "profile"), "--configfile", str(cfg)),
         # a rule failing on its first attempt, through the same cluster and profile
-        "flaky": snakemake_cmd(SNAKEMAKE_TIMEOUT_S, "-s", str(SLURM_TESTS / "flaky" / "Snakefile"),
-                               "--workflow-profile", str(TEST_PROFILE.parent)),
+        "flaky": snakemake_cmd(SNAKEMAKE_TIMEOUT_S, "-s", str(root / "tests" / "slurm" / "flaky" / "Snakefile"),
+                               "--workflow-profile", str(root / "tests" / "slurm" / "profile")),
     }
     started = time.monotonic()
     procs, logs, walls = {}, {}, {}
