@@ -1,0 +1,190 @@
+"""Compensated pure-bf16 updates (precswitch.optim): small updates survive, everything stays bf16, resume is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from precswitch.errors import PrecswitchError
+from precswitch.optim import (
+    KahanWrapper,
+    StochasticRoundingWrapper,
+    stochastic_round_to_bf16,
+    wrap_optimizer,
+)
+
+N = 4096  # elements: the SR mean over many elements is tight
+LR = 1e-4  # update per step: far below half the bf16 spacing at 1.0 (2**-9 ≈ 0.00195)
+STEPS = 200
+
+
+def _param(value: float = 1.0) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.full((N,), value, dtype=torch.bfloat16))
+
+
+def _inner(kind: str, p, lr=LR):
+    if kind == "sgd":
+        return torch.optim.SGD([p], lr=lr)
+    impl = {"adamw_fused": {"fused": True}, "adamw_foreach": {"foreach": True}, "adamw_loop": {"foreach": False}}[kind]
+    return torch.optim.AdamW([p], lr=lr, weight_decay=0.0, **impl)
+
+
+def _run(opt, p, steps=STEPS, grad=1.0):
+    for _ in range(steps):
+        p.grad = torch.full_like(p, grad)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adamw_fused", "adamw_foreach", "adamw_loop"])
+def test_plain_bf16_loses_small_updates(inner):
+    p = _param()
+    _run(_inner(inner, p), p)
+    assert torch.all(p == 1.0), "nearest rounding should cancel every update of 1e-4 at w=1"
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adamw_fused", "adamw_foreach", "adamw_loop"])
+def test_kahan_recovers_small_updates(inner):
+    p = _param()
+    _run(wrap_optimizer("kahan", _inner(inner, p)), p)
+    expected = 1.0 - STEPS * LR  # 0.98 (Adam with a constant gradient steps by ~lr)
+    spacing = 2.0**-8  # bf16 spacing just below 1.0
+    assert torch.all((p.float() - expected).abs() <= spacing), p.float()[:4]
+    assert p.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adamw_fused", "adamw_foreach"])
+def test_stochastic_rounding_recovers_small_updates_on_average(inner):
+    p = _param()
+    _run(wrap_optimizer("stochastic_rounding", _inner(inner, p), seed=3), p)
+    moved = 1.0 - p.detach().float()
+    assert (moved != 0).any()
+    # per element SD ≈ 0.009; mean over 4096 elements: SD ≈ 1.4e-4
+    assert abs(float(moved.mean()) - STEPS * LR) < 1e-3, float(moved.mean())
+
+
+def test_everything_stays_bf16():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 2)).to(torch.bfloat16)
+    for kind in ("kahan", "stochastic_rounding"):
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        opt = wrap_optimizer(kind, inner, seed=0)
+        ptrs = [p.data_ptr() for p in model.parameters()]
+        for _ in range(3):
+            model(torch.randn(8, 16, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+            for p in model.parameters():
+                assert p.grad.dtype == torch.bfloat16
+            opt.step()
+            for p in model.parameters():
+                assert p.dtype == torch.bfloat16 and p.grad.dtype == torch.bfloat16
+            opt.zero_grad()
+        assert [p.data_ptr() for p in model.parameters()] == ptrs, "updates are written in place"
+        for p in model.parameters():
+            st = inner.state[p]
+            assert st["exp_avg"].dtype == torch.bfloat16 and st["exp_avg_sq"].dtype == torch.bfloat16
+        if kind == "kahan":
+            assert all(c.dtype == torch.bfloat16 for c in opt.compensation.values())
+            assert len(opt.compensation) == len(list(model.parameters()))
+
+
+def test_fp32_params_pass_through():
+    a = torch.nn.Parameter(torch.ones(8))  # fp32
+    b = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    ref = torch.nn.Parameter(torch.ones(8))
+    opt = KahanWrapper(torch.optim.SGD([a, b], lr=0.1))
+    ref_opt = torch.optim.SGD([ref], lr=0.1)
+    for _ in range(3):
+        a.grad, b.grad, ref.grad = torch.ones(8), torch.ones(8, dtype=torch.bfloat16), torch.ones(8)
+        opt.step()
+        ref_opt.step()
+    assert a.dtype == torch.float32 and torch.equal(a, ref)
+    assert torch.allclose(b.float(), ref, atol=1e-2)
+
+
+def _train(kind, seed, steps, state=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(torch.bfloat16)
+    opt = wrap_optimizer(kind, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, foreach=True), seed=seed)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / 100)
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        start = state["step"]
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(16, 32, generator=g) for _ in range(40)]
+    for s in range(start, steps):
+        x = xs[s].to(torch.bfloat16)
+        loss = (model(x).float() - x[:, :1].float()).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    snap = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "opt": opt.state_dict(),
+            "sched": sched.state_dict(), "step": steps}
+    return model, opt, snap
+
+
+@pytest.mark.parametrize("kind", ["kahan", "stochastic_rounding"])
+def test_resume_is_bitwise(kind):
+    full, _, _ = _train(kind, seed=5, steps=40)
+    _, _, snap = _train(kind, seed=5, steps=20)
+    resumed, opt, _ = _train(kind, seed=5, steps=40, state=snap)
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    for st in opt.state.values():
+        assert st["exp_avg"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kind", ["kahan", "stochastic_rounding"])
+def test_deterministic_for_a_seed(kind):
+    a, _, _ = _train(kind, seed=7, steps=15)
+    b, _, _ = _train(kind, seed=7, steps=15)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    if kind == "stochastic_rounding":
+        c, _, _ = _train(kind, seed=8, steps=15)
+        assert not all(torch.equal(x, y) for x, y in zip(a.parameters(), c.parameters()))
+
+
+def test_resume_with_other_kind_is_refused():
+    _, _, snap = _train("kahan", seed=1, steps=2)
+    with pytest.raises(PrecswitchError, match="kahan"):
+        _train("stochastic_rounding", seed=1, steps=4, state=snap)
+
+
+def test_scheduler_drives_inner_lr():
+    p = _param()
+    inner = torch.optim.SGD([p], lr=1.0)
+    opt = wrap_optimizer("kahan", inner)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
+    assert inner.param_groups[0]["lr"] == 0.5 and opt.param_groups is inner.param_groups
+    _run(opt, p, steps=1)
+    sched.step()
+
+
+def test_stochastic_round_is_unbiased_and_exact_on_bf16_values():
+    g = torch.Generator().manual_seed(0)
+    x = torch.full((100_000,), 1.0 + 2.0**-9)  # a quarter of the way between 1 and 1 + 2**-7
+    r = stochastic_round_to_bf16(x, g).float()
+    assert set(r.unique().tolist()) == {1.0, 1.0 + 2.0**-7}
+    assert abs(float(r.mean()) - (1.0 + 2.0**-9)) < 6e-5
+    neg = stochastic_round_to_bf16(-x, g).float()
+    assert abs(float(neg.mean()) + (1.0 + 2.0**-9)) < 6e-5
+    exact = torch.randn(1000).to(torch.bfloat16)
+    assert torch.equal(stochastic_round_to_bf16(exact.float(), g), exact)
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    out = stochastic_round_to_bf16(special, g).float()
+    assert out[0] == float("inf") and out[1] == float("-inf") and torch.isnan(out[2]) and out[3] == 0
+
+
+def test_factory():
+    p = _param()
+    inner = torch.optim.SGD([p], lr=0.1)
+    assert wrap_optimizer(None, inner) is inner
+    assert isinstance(wrap_optimizer("kahan", inner), KahanWrapper)
+    assert isinstance(wrap_optimizer("stochastic_rounding", torch.optim.SGD([p], lr=0.1)), StochasticRoundingWrapper)
+    with pytest.raises(PrecswitchError, match="allowed"):
+        wrap_optimizer("fancy", inner)
+    with pytest.raises(PrecswitchError, match="bf16"):
+        StochasticRoundingWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(2, dtype=torch.float16))], lr=0.1))
