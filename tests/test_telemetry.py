@@ -1,0 +1,153 @@
+"""Activation telemetry: planted overflow found in the right layer; off means no hooks at all."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from precswitch.telemetry import FP16_MIN_NORMAL, ROW_FIELDS, ActivationTelemetry
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.big = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.big(self.norm(self.inp(x)))))
+
+
+def _model():
+    torch.manual_seed(0)
+    m = Tiny()
+    with torch.no_grad():
+        m.big.weight.mul_(1e5)  # planted: outputs of `big` reach ~1e5 > 65504
+        m.out.weight.mul_(1e-3)  # ... and the next layer brings them back into range
+    return m
+
+
+def _total_hooks(m: nn.Module) -> int:
+    return sum(len(mod._forward_hooks) for mod in m.modules())
+
+
+def test_planted_overflow_is_reported_in_the_right_layer():
+    m = _model()
+    tel = ActivationTelemetry(m, every=2)
+    for step in range(5):
+        with tel.step(step):
+            m(torch.randn(32, 8))
+    s = tel.summary()
+    assert s["steps_sampled"] == 3  # steps 0, 2, 4
+    assert s["max_abs_layer"] == "big"
+    assert s["layers"]["big"]["frac_overflow_fp16"] > 0
+    assert s["layers_with_overflow"] == ["big"]
+    assert s["layers"]["inp"]["frac_overflow_fp16"] == 0
+    assert s["layers"]["norm"]["frac_overflow_fp16"] == 0
+    assert s["max_abs"] > 65504 and s["frac_overflow_fp16"] > 0
+    json.dumps(s)  # metrics.json-ready
+    rows = tel.rows()
+    assert {r["step"] for r in rows} == {0, 2, 4}
+    assert {r["layer"] for r in rows} == {"inp", "norm", "big", "out"}
+    assert set(rows[0]) == set(ROW_FIELDS)
+    parsed = list(csv.DictReader(io.StringIO(tel.csv_text())))
+    assert len(parsed) == 12 and list(parsed[0]) == ROW_FIELDS
+    assert _total_hooks(m) == 0, "hooks are removed after each sampled step"
+
+
+def test_no_overflow_in_a_normal_model():
+    torch.manual_seed(0)
+    m = Tiny()
+    tel = ActivationTelemetry(m, every=1)
+    with tel.step(0):
+        m(torch.randn(4, 8))
+    s = tel.summary()
+    assert s["frac_overflow_fp16"] == 0 and s["layers_with_overflow"] == []
+    assert 0 < s["max_abs"] < 100
+
+
+def test_underflow_fraction_counts_tiny_nonzero_values_exactly():
+    lin = nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(4))
+    tel = ActivationTelemetry(lin, every=1)
+    x = torch.tensor([[0.0, FP16_MIN_NORMAL / 2, FP16_MIN_NORMAL, 70000.0]])
+    with tel.step(0):
+        lin(x)
+    (row,) = tel.rows()
+    assert row["frac_underflow_fp16"] == 0.25  # only the subnormal value; 0 and the smallest normal don't count
+    assert row["frac_overflow_fp16"] == 0.25
+    assert row["max_abs"] == 70000.0
+
+
+def test_bf16_activations_classified_exactly():
+    # 65536 is a bf16 value that overflows fp16; comparing in bf16 against 65504 (which rounds to 65536) would miss it
+    lin = nn.Linear(2, 2, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(2))
+    tel = ActivationTelemetry(lin, every=1)
+    with tel.step(0):
+        lin(torch.tensor([[65536.0, 65280.0]], dtype=torch.bfloat16))
+    assert tel.rows()[0]["frac_overflow_fp16"] == 0.5
+
+
+@pytest.mark.parametrize("every", [0, None])
+def test_off_registers_nothing(every):
+    m = _model()
+    tel = ActivationTelemetry(m, every=every)
+    assert not tel.enabled
+    for step in range(3):
+        ctx = tel.step(step)
+        with ctx:
+            assert _total_hooks(m) == 0
+            m(torch.randn(2, 8))
+    assert tel.rows() == [] and tel.summary()["steps_sampled"] == 0
+    assert tel.summary()["max_abs"] is None
+
+
+def test_hooks_only_on_sampled_steps():
+    m = _model()
+    tel = ActivationTelemetry(m, every=10)
+    with tel.step(3):
+        assert _total_hooks(m) == 0
+    with tel.step(10):
+        assert _total_hooks(m) == 4 and tel.hooks_registered == 4
+    assert _total_hooks(m) == 0
+
+
+def test_nonfinite_activations_reported():
+    m = _model()
+    with torch.no_grad():
+        m.inp.weight[0, 0] = float("nan")
+    tel = ActivationTelemetry(m, every=1)
+    with tel.step(0):
+        m(torch.ones(2, 8))
+    s = tel.summary()
+    assert s["max_abs"] is None  # NaN → null in JSON
+    assert s["max_abs_layer"] == "inp"
+    json.dumps(s)
+
+
+def test_bad_every():
+    with pytest.raises(ValueError):
+        ActivationTelemetry(nn.Linear(2, 2), every=-1)
+
+
+def test_bert_module_names():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16)
+    model = transformers.BertForMaskedLM(cfg)
+    tel = ActivationTelemetry(model, every=1)
+    with tel.step(0):
+        model(input_ids=torch.randint(0, 64, (2, 8)))
+    layers = tel.summary()["layers"]
+    assert "bert.encoder.layer.0.output.dense" in layers
+    assert "bert.embeddings.LayerNorm" in layers
