@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "precswitch.data.cli",
     "precswitch.train.cli",
     "precswitch.analysis.cli",
+    "precswitch.fetch",
 )
 
 

@@ -170,28 +170,32 @@ class Batches:
     """Deterministic batches: epoch e is a fixed permutation seeded by (seed, e); position = step.
 
     Because the order is a pure function of (seed, step), a resumed run sees exactly the batches
-    the uninterrupted run would have seen, without saving a sampler.
+    the uninterrupted run would have seen, without saving a sampler. Rows stay in the Arrow
+    dataset (memory-mapped) and are fetched per batch, so a large corpus costs no Python memory.
     """
 
-    def __init__(self, rows: list[dict], batch_size: int, seed: int, collate):
-        self.rows, self.bs, self.seed, self.collate = rows, batch_size, seed, collate
-        self.per_epoch = len(rows) // batch_size
+    def __init__(self, ds, batch_size: int, seed: int, collate):
+        self.ds, self.bs, self.seed, self.collate = ds, batch_size, seed, collate
+        self.n = len(ds)
+        self.per_epoch = self.n // batch_size
         self._epoch, self._perm = -1, None
 
     def get(self, step: int) -> dict:
         epoch, pos = divmod(step, self.per_epoch)
         if epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm, self._epoch = torch.randperm(len(self.rows), generator=g).tolist(), epoch
-        idx = self._perm[pos * self.bs : (pos + 1) * self.bs]
-        return self.collate([self.rows[i] for i in idx])
+            self._perm, self._epoch = torch.randperm(self.n, generator=g).tolist(), epoch
+        return self.collate(_features(self.ds, self._perm[pos * self.bs : (pos + 1) * self.bs]))
 
 
-def _rows(ds, objective: str) -> list[dict]:
+def _model_columns(ds, objective: str):
     cols = ["input_ids", "attention_mask", "token_type_ids"] + (["labels"] if objective == "classify" else [])
-    cols = [c for c in cols if c in ds.column_names]
-    data = ds.select_columns(cols).to_dict()
-    return [dict(zip(cols, vals)) for vals in zip(*(data[c] for c in cols))]
+    return ds.select_columns([c for c in cols if c in ds.column_names])
+
+
+def _features(ds, idx) -> list[dict]:
+    cols = ds[idx]
+    return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
 
 
 def _make_collator(objective: str, tokenizer, mlm_probability: float):
@@ -253,11 +257,11 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
     return res
 
 
-def _eval_batches(rows: list[dict], collate, bs: int, seed: int) -> list[dict]:
+def _eval_batches(rows, collate, bs: int, seed: int) -> list[dict]:
     """Eval batches built once under a fixed RNG: every run is scored on the same MLM masks."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return [collate(rows[i : i + bs]) for i in range(0, len(rows), bs)]
+        return [collate(_features(rows, range(i, min(i + bs, len(rows))))) for i in range(0, len(rows), bs)]
 
 
 # ====================================================================== state (resume)
@@ -371,8 +375,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **({"fused": True} if hp["optimizer_impl"] == "fused" else {"foreach": True}),
     )
     collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"])
-    train_rows = _rows(train_ds, hp["objective"])
-    eval_rows = _rows(eval_ds, hp["objective"])
+    train_rows = _model_columns(train_ds, hp["objective"])
+    eval_rows = _model_columns(eval_ds, hp["objective"])
     batches = Batches(train_rows, hp["batch_size"], hp["seed"], collate)
     total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * batches.per_epoch)))
     warmup = int(round(hp["warmup_ratio"] * total_steps))
@@ -427,7 +431,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except ValueError:  # not the main thread
         pass
 
-    setup_seconds = time.perf_counter() - t_setup
+    setup_seconds = time.perf_counter() - t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
     energy0 = measure.nvml_energy_mj(device)
