@@ -48,7 +48,7 @@ def test_files_have_glue_mrpc_layout(tmp_path):
 
 
 def test_negatives_reuse_the_words_or_change_a_concept():
-    cfg = S.LanguageConfig(p_synonym=0.0)  # no synonym rewrites: words comparable directly
+    cfg = S.LanguageConfig(p_synonym=0.0, neg_swap_adjectives=0.2)  # no synonym rewrites: compare words
     rows = S.make_pairs(400, seed=2, cfg=cfg)
     kinds = Counter(r["kind"] for r in rows)
     assert {"paraphrase", "swap_roles", "swap_adjectives"} <= set(kinds)

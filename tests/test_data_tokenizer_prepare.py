@@ -100,19 +100,30 @@ def test_prepare_mlm_packs_blocks(synth, tmp_path):
     assert meta["n_eval"] >= 1
 
 
-def test_prepare_mlm_lines_for_synthetic(synth, tmp_path):
+def test_prepare_mlm_line_pairs_for_synthetic(synth, tmp_path):
     import datasets
 
     root, spec, tokdir = synth
-    meta = prepare(spec, tokdir, "mlm", 16, tmp_path / "mlm")
-    assert meta["mlm_examples"] == "lines"
+    meta = prepare(spec, tokdir, "mlm", 48, tmp_path / "mlm")
+    assert meta["mlm_examples"] == "pairs"
     lines = (Path(spec["dir"]) / "corpus.txt").read_text().splitlines()
-    assert meta["n_train"] + meta["n_eval"] == len(lines)
+    assert meta["n_train"] + meta["n_eval"] == len(lines) // 2
     dd = datasets.load_from_disk(str(tmp_path / "mlm"))
     tok = load_tokenizer(tokdir)
-    first = dd["train"][0]["input_ids"]
-    assert first[0] == 2 and first[-1] == 3 and len(first) <= 16
-    assert tok.convert_ids_to_tokens(first[1:-1]) == lines[0].split()[: len(first) - 2]
+    first = dd["train"][0]
+    assert tok.convert_ids_to_tokens(first["input_ids"]) == ["[CLS]"] + lines[0].split() + ["[SEP]"] + lines[
+        1].split() + ["[SEP]"]
+    assert first["token_type_ids"][0] == 0 and first["token_type_ids"][-1] == 1
+    # eval starts at an even line: its first example is a whole discourse unit too
+    n_eval_lines = 2 * meta["n_eval"]
+    ev = tok.convert_ids_to_tokens(dd["eval"][0]["input_ids"])
+    assert ev[1:-1] == lines[-n_eval_lines].split() + ["[SEP]"] + lines[-n_eval_lines + 1].split()
+
+    meta = prepare({**spec, "mlm_examples": "lines"}, tokdir, "mlm", 16, tmp_path / "lines")
+    assert meta["n_train"] + meta["n_eval"] == len(lines)
+    x = datasets.load_from_disk(str(tmp_path / "lines"))["train"][0]["input_ids"]
+    assert x[0] == 2 and x[-1] == 3 and len(x) <= 16
+    assert tok.convert_ids_to_tokens(x[1:-1]) == lines[0].split()[: len(x) - 2]
     with pytest.raises(PrecswitchError, match="mlm_examples 'words' not allowed"):
         prepare({**spec, "mlm_examples": "words"}, tokdir, "mlm", 16, tmp_path / "bad")
 

@@ -102,8 +102,8 @@ def validate_spec(spec: dict) -> dict:
             raise PrecswitchError(f"source: {k} must be a positive integer or null, got {v!r}")
     if spec.get("labels") is not None and (not isinstance(spec["labels"], list) or not spec["labels"]):
         raise PrecswitchError(f"source: labels must be a non-empty list, got {spec['labels']!r}")
-    if spec.get("mlm_examples") not in (None, "lines", "pack"):
-        raise PrecswitchError(f"source: mlm_examples {spec['mlm_examples']!r} not allowed (allowed: lines, pack)")
+    if spec.get("mlm_examples") not in (None, "pairs", "lines", "pack"):
+        raise PrecswitchError(f"source: mlm_examples {spec['mlm_examples']!r} not allowed (allowed: pairs, lines, pack)")
     frac = spec.get("eval_fraction")
     if frac is not None and not (isinstance(frac, (int, float)) and 0 < frac < 1):
         raise PrecswitchError(f"source: eval_fraction must be in (0, 1), got {frac!r}")
@@ -229,6 +229,8 @@ def _split_tail(ds, fraction: float):
     if n < 2:
         raise PrecswitchError(f"source: only {n} text line(s); need at least 2 to hold out an eval split")
     n_eval = min(MAX_AUTO_EVAL_LINES, max(1, int(round(n * fraction))))
+    if n_eval > 1 and (n - n_eval) % 2:  # keep consecutive line pairs (2k, 2k+1) together
+        n_eval -= 1
     return ds.select(range(n - n_eval)), ds.select(range(n - n_eval, n))
 
 

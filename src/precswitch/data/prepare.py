@@ -3,10 +3,12 @@
 * classify: one row per example, ``tokenizer(text_a[, text_b], truncation=True, max_length=L)``; no padding
   (the training loop pads each batch dynamically); ``labels`` int64 class index.
 * mlm, source key ``mlm_examples``:
-  - ``lines`` (default for kind ``synthetic``): one example per line, ``[CLS] line [SEP]`` truncated to ``L``
-    (the loop pads each batch). Every sentence starts at position 1, so a tiny model learns the grammar
-    and the word classes within a few hundred steps (packed, the same corpus stayed at a unigram-level
-    loss for 1000 steps).
+  - ``pairs`` (default for kind ``synthetic``): lines ``2k`` and ``2k+1`` form one example, encoded as a
+    BERT sentence pair ``[CLS] a [SEP] b [SEP]`` (token types 0/1, truncated longest-first to ``L``; the
+    loop pads each batch) -- the same layout as the paraphrase pairs of stage 2. Sentences start at fixed
+    positions, so a tiny model learns the grammar and word classes within a few hundred steps (packed,
+    the same corpus stayed at a unigram-level loss for 1000 steps).
+  - ``lines``: one example per line, ``[CLS] line [SEP]`` truncated to ``L``.
   - ``pack`` (default otherwise, e.g. WikiText paragraphs): texts are tokenized without special tokens,
     concatenated in order and cut into blocks of ``L - 2`` tokens, each written as ``[CLS] block [SEP]``
     (as in BERT pre-training: no padding, nothing truncated away). Packing runs per group of
@@ -65,8 +67,24 @@ def _lines(ds, tokenizer, max_length: int):
     return ds.map(enc, batched=True, remove_columns=ds.column_names, keep_in_memory=True)
 
 
+def _line_pairs(ds, tokenizer, max_length: int):
+    def enc(batch):
+        t = batch["text"]
+        a, b = t[0::2], t[1::2]
+        e1 = tokenizer(a[: len(b)], b, truncation=True, max_length=max_length, return_token_type_ids=True)
+        ids, am, tt = list(e1["input_ids"]), list(e1["attention_mask"]), list(e1["token_type_ids"])
+        if len(a) > len(b):  # an odd line at the end: a single segment
+            e2 = tokenizer(a[-1:], truncation=True, max_length=max_length, return_token_type_ids=True)
+            ids += e2["input_ids"]
+            am += e2["attention_mask"]
+            tt += e2["token_type_ids"]
+        return {"input_ids": ids, "attention_mask": am, "token_type_ids": tt}
+
+    return ds.map(enc, batched=True, batch_size=PACK_GROUP, remove_columns=ds.column_names, keep_in_memory=True)
+
+
 def mlm_examples(spec: dict) -> str:
-    return spec.get("mlm_examples") or ("lines" if spec["kind"] == "synthetic" else "pack")
+    return spec.get("mlm_examples") or ("pairs" if spec["kind"] == "synthetic" else "pack")
 
 
 def _encode_pairs(ds, tokenizer, max_length: int):
@@ -107,7 +125,7 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
                               f"({tokenizer_dir}); allowed: <= {mml}")
     src = load_source(spec, objective)
     if objective == "mlm":
-        fn = _lines if mlm_examples(spec) == "lines" else _pack
+        fn = {"pairs": _line_pairs, "lines": _lines, "pack": _pack}[mlm_examples(spec)]
         train, eval_ = fn(src.train, tokenizer, max_length), fn(src.eval, tokenizer, max_length)
     else:
         train, eval_ = (_encode_pairs(src.train, tokenizer, max_length),

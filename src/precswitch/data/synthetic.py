@@ -16,11 +16,14 @@ Design (see docs/data.md):
   or one concept replaced by another concept. Since the rewrites are drawn independently of the label,
   the bag of words of a pair has the same distribution in both classes: a bag-of-words model is at
   chance; word order and synonymy decide.
-* Synonymy is learnable from the corpus only: the corpus has "world knowledge" sentences in which each noun
-  concept has its own habitat, food and typical adjectives, and each verb concept its own instrument.
-  Synonyms share these contexts (distributional semantics), so masked-LM pre-training places them
-  together. The paraphrase train set is small against the number of synonym pairs, so the task alone
-  cannot teach most of them.
+* What pre-training can teach and fine-tuning cannot: nouns are animate (agents) or things (patients);
+  every event has an animate agent and a thing as patient, so a role swap yields an impossible sentence.
+  The corpus says which noun is which (knowledge sentences: animals live near and eat, things lie in and
+  are made of; events), each noun concept has its own habitat, food/material and typical adjectives
+  (so synonyms share contexts), and the corpus restates events in other words (pairs of lines, encoded
+  as BERT segment pairs by ``prepare``: masked-LM learns to align two sentences). Train pairs never use
+  a noun's held-out synonym(s) (``heldout_synonyms``): dev pairs do, so part of dev is readable only
+  through what pre-training learned about those words.
 
 Everything is a pure function of the seeds: ``lexicon_seed`` fixes the language (the same for every data
 seed by default), ``seed`` draws the corpus and pairs.
@@ -37,7 +40,7 @@ from typing import Iterable
 MRPC_COLUMNS = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
 
 FUNCTION_WORDS = frozenset(
-    "the a was by in , . ; other words lives near eat eats every is with likes to and of at on an it".split()
+    "the a was by in , . ; other words lives lies near eat eats every is made with likes to and of at on an it".split()
 )
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh", "tr", "pl", "gr"]
 _VOWELS = ["a", "e", "i", "o", "u"]
@@ -49,45 +52,50 @@ class LanguageConfig:
     """Sizes of the lexicon and the generation probabilities. Defaults are the study's language."""
 
     lexicon_seed: int = 0
-    n_noun_concepts: int = 96
-    n_adj_concepts: int = 40
-    n_verb_concepts: int = 24
+    n_animate: int = 24  # noun concepts that can act (agents); the rest of the nouns are things
+    n_things: int = 24  # inanimate noun concepts (patients only)
+    n_adj_concepts: int = 12
+    n_verb_concepts: int = 8
     synonyms: int = 3  # words per concept (nouns, adjectives, verbs)
-    n_places: int = 32
-    n_foods: int = 32
-    n_tools: int = 24
+    heldout_synonyms: int = 1  # per noun concept, this many synonyms never occur in *train* pairs
+    n_places: int = 24
+    n_foods: int = 24
+    n_materials: int = 12
     adj_prefs: int = 2  # typical adjectives of a noun concept (corpus knowledge sentences)
     # task rewrites
-    p_synonym: float = 0.7  # a content word of #2 is another synonym of #1's word
-    p_place: float = 0.5  # the proposition has an "in the PLACE" phrase
+    p_synonym: float = 0.5  # a content word of #2 is another synonym of #1's word
+    p_place: float = 0.0  # the proposition has an "in the PLACE" phrase
     p_front_place: float = 0.5  # the place phrase is moved to the front
     p_passive: float = 0.5  # each sentence independently
     # negative kinds (relative weights)
-    neg_swap_roles: float = 0.45
-    neg_swap_adjectives: float = 0.25
-    neg_replace: float = 0.30
+    neg_swap_roles: float = 0.7
+    neg_swap_adjectives: float = 0.0
+    neg_replace: float = 0.3
     # corpus
-    p_knowledge: float = 0.6  # share of corpus lines that are knowledge sentences
-    p_typical: float = 0.9  # a knowledge sentence uses the concept's own habitat/food/adjective/tool
-    p_restate: float = 0.3  # share of corpus lines that state an event and restate it "in other words"
+    p_knowledge: float = 0.5  # share of (non-restatement) corpus lines that are knowledge sentences
+    p_typical: float = 0.9  # a knowledge sentence uses the concept's own habitat/food/adjective
+    p_restate: float = 0.2  # share of corpus lines that state an event and restate it "in other words"
+
+    @property
+    def n_noun_concepts(self) -> int:
+        return self.n_animate + self.n_things
 
 
 @dataclass
 class Lexicon:
-    nouns: list[list[str]]
+    nouns: list[list[str]]  # concepts 0..n_animate-1 are animate, the rest things
     adjectives: list[list[str]]
     verbs: list[list[str]]
     places: list[str]
     foods: list[str]
-    tools: list[str]
+    materials: list[str]
     noun_habitat: list[int] = field(default_factory=list)
-    noun_food: list[int] = field(default_factory=list)
+    noun_food: list[int] = field(default_factory=list)  # animate: what it eats; things: what it is made of
     noun_adjs: list[list[int]] = field(default_factory=list)
-    verb_tool: list[int] = field(default_factory=list)
 
     def vocabulary(self) -> list[str]:
         words = [w for group in (self.nouns, self.adjectives, self.verbs) for syn in group for w in syn]
-        return sorted(set(words) | set(self.places) | set(self.foods) | set(self.tools) | FUNCTION_WORDS)
+        return sorted(set(words) | set(self.places) | set(self.foods) | set(self.materials) | FUNCTION_WORDS)
 
 
 def _pseudo_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
@@ -123,13 +131,12 @@ def build_lexicon(cfg: LanguageConfig = LanguageConfig()) -> Lexicon:
         verbs=groups(cfg.n_verb_concepts),
         places=_pseudo_words(rng, cfg.n_places, taken),
         foods=_pseudo_words(rng, cfg.n_foods, taken),
-        tools=_pseudo_words(rng, cfg.n_tools, taken),
+        materials=_pseudo_words(rng, cfg.n_materials, taken),
     )
-    # each noun concept its own habitat and food (unique while there are enough of them)
+    # each noun concept its own habitat and food/material (unique while there are enough of them)
     lex.noun_habitat = _spread(rng, cfg.n_noun_concepts, cfg.n_places)
-    lex.noun_food = _spread(rng, cfg.n_noun_concepts, cfg.n_foods)
+    lex.noun_food = _spread(rng, cfg.n_animate, cfg.n_foods) + _spread(rng, cfg.n_things, cfg.n_materials)
     lex.noun_adjs = [rng.sample(range(cfg.n_adj_concepts), cfg.adj_prefs) for _ in lex.nouns]
-    lex.verb_tool = [rng.randrange(cfg.n_tools) for _ in lex.verbs]
     return lex
 
 
@@ -162,16 +169,19 @@ class Wording:
 
 
 def _random_prop(rng: random.Random, cfg: LanguageConfig) -> Proposition:
-    a_noun, p_noun = rng.sample(range(cfg.n_noun_concepts), 2)
+    """An event: an animate agent does something to a thing (the language's selectional restriction)."""
+    a_noun = rng.randrange(cfg.n_animate)
+    p_noun = cfg.n_animate + rng.randrange(cfg.n_things)
     a_adj, p_adj = rng.sample(range(cfg.n_adj_concepts), 2)
     place = rng.randrange(cfg.n_places) if rng.random() < cfg.p_place else -1
     return Proposition(a_adj, a_noun, rng.randrange(cfg.n_verb_concepts), p_adj, p_noun, place)
 
 
-def _random_wording(rng: random.Random, cfg: LanguageConfig) -> Wording:
-    s = cfg.synonyms
+def _random_wording(rng: random.Random, cfg: LanguageConfig, noun_syn: int | None = None) -> Wording:
+    """Random synonyms and surface form; nouns take one of their first ``noun_syn`` synonyms (default: all)."""
+    s, ns = cfg.synonyms, noun_syn or cfg.synonyms
     return Wording(
-        rng.randrange(s), rng.randrange(s), rng.randrange(s), rng.randrange(s), rng.randrange(s),
+        rng.randrange(s), rng.randrange(ns), rng.randrange(s), rng.randrange(s), rng.randrange(ns),
         rng.random() < cfg.p_passive, rng.random() < cfg.p_front_place,
     )
 
@@ -187,16 +197,17 @@ def render(lex: Lexicon, p: Proposition, w: Wording) -> str:
     return f"{place} , {core} ." if w.front_place else f"{core} {place} ."
 
 
-def _reword(rng: random.Random, cfg: LanguageConfig, w: Wording) -> Wording:
+def _reword(rng: random.Random, cfg: LanguageConfig, w: Wording, noun_syn: int | None = None) -> Wording:
     """A second wording: each slot keeps its synonym or (p_synonym) takes another one; fresh surface form."""
 
-    def slot(i: int) -> int:
-        if cfg.synonyms > 1 and rng.random() < cfg.p_synonym:
-            return rng.choice([j for j in range(cfg.synonyms) if j != i])
+    def slot(i: int, n: int) -> int:
+        if n > 1 and rng.random() < cfg.p_synonym:
+            return rng.choice([j for j in range(n) if j != i])
         return i
 
+    s, ns = cfg.synonyms, noun_syn or cfg.synonyms
     return Wording(
-        slot(w.a_adj), slot(w.a_noun), slot(w.verb), slot(w.p_adj), slot(w.p_noun),
+        slot(w.a_adj, s), slot(w.a_noun, ns), slot(w.verb, s), slot(w.p_adj, s), slot(w.p_noun, ns),
         rng.random() < cfg.p_passive, rng.random() < cfg.p_front_place,
     )
 
@@ -214,25 +225,23 @@ def _negative(rng: random.Random, cfg: LanguageConfig, p: Proposition, w: Wordin
         return q, w, kind
     # replace one concept by a different concept of the same kind (not by a synonym)
     slot = rng.choice(["a_noun", "p_noun", "verb", "a_adj", "p_adj"])
-    n = {"a_noun": cfg.n_noun_concepts, "p_noun": cfg.n_noun_concepts, "verb": cfg.n_verb_concepts}.get(
-        slot, cfg.n_adj_concepts
-    )
+    choices = {"a_noun": range(cfg.n_animate), "p_noun": range(cfg.n_animate, cfg.n_noun_concepts),
+               "verb": range(cfg.n_verb_concepts)}.get(slot, range(cfg.n_adj_concepts))
     exclude = {getattr(p, slot)}
-    if slot in ("a_noun", "p_noun"):
-        exclude |= {p.a_noun, p.p_noun}
     if slot in ("a_adj", "p_adj"):
         exclude |= {p.a_adj, p.p_adj}
-    new = rng.choice([i for i in range(n) if i not in exclude])
+    new = rng.choice([i for i in choices if i not in exclude])
     q = Proposition(**{**asdict(p), slot: new})
     return q, w, f"replace_{slot.split('_')[-1]}"
 
 
-def make_pair(rng: random.Random, cfg: LanguageConfig, lex: Lexicon, label: int) -> tuple[str, str, str]:
+def make_pair(rng: random.Random, cfg: LanguageConfig, lex: Lexicon, label: int,
+              noun_syn: int | None = None) -> tuple[str, str, str]:
     """One pair ``(sentence1, sentence2, kind)``; ``kind`` is ``paraphrase`` or the negative's kind."""
     p = _random_prop(rng, cfg)
-    w1 = _random_wording(rng, cfg)
+    w1 = _random_wording(rng, cfg, noun_syn)
     q, w, kind = (p, w1, "paraphrase") if label == 1 else _negative(rng, cfg, p, w1)
-    w2 = _reword(rng, cfg, w)
+    w2 = _reword(rng, cfg, w, noun_syn)
     s1, s2 = render(lex, p, w1), render(lex, q, w2)
     if rng.random() < 0.5:  # which side is the "original" carries no information
         s1, s2 = s2, s1
@@ -241,15 +250,20 @@ def make_pair(rng: random.Random, cfg: LanguageConfig, lex: Lexicon, label: int)
 
 def make_pairs(n: int, seed: int, cfg: LanguageConfig = LanguageConfig(), *, split: str = "train",
                lex: Lexicon | None = None) -> list[dict]:
-    """``n`` labelled pairs, labels balanced (half each, shuffled)."""
+    """``n`` labelled pairs, labels balanced (half each, shuffled).
+
+    ``train`` pairs never use a noun's last ``heldout_synonyms`` synonyms; other splits use every synonym,
+    so dev holds nouns that fine-tuning never saw (only the corpus has them).
+    """
     lex = lex or build_lexicon(cfg)
     rng = random.Random(f"precswitch-pairs-{seed}-{split}")
     labels = [1] * ((n + 1) // 2) + [0] * (n // 2)
     rng.shuffle(labels)
     base = {"train": 100000, "dev": 500000, "test": 800000}.get(split, 900000)
+    noun_syn = max(1, cfg.synonyms - cfg.heldout_synonyms) if split == "train" else cfg.synonyms
     rows = []
     for i, y in enumerate(labels):
-        s1, s2, kind = make_pair(rng, cfg, lex, y)
+        s1, s2, kind = make_pair(rng, cfg, lex, y, noun_syn)
         rows.append({"Quality": y, "#1 ID": base + 2 * i, "#2 ID": base + 2 * i + 1,
                      "#1 String": s1, "#2 String": s2, "kind": kind})
     return rows
@@ -259,48 +273,48 @@ def make_pairs(n: int, seed: int, cfg: LanguageConfig = LanguageConfig(), *, spl
 
 
 def _knowledge_sentence(rng: random.Random, cfg: LanguageConfig, lex: Lexicon) -> str:
-    """A sentence whose context words are typical of its noun (or verb) concept, not of the word."""
+    """A sentence whose context words are typical of its noun concept (not of the word), and whose frame
+    says whether the noun is animate (lives, eats) or a thing (lies, is made of)."""
     typical = rng.random() < cfg.p_typical
-    form = rng.randrange(6)
-    if form == 5:  # verb knowledge: each verb concept has its instrument
-        v = rng.randrange(cfg.n_verb_concepts)
-        tool = lex.verb_tool[v] if typical else rng.randrange(cfg.n_tools)
-        n1, n2 = rng.sample(range(cfg.n_noun_concepts), 2)
-        return (f"the {rng.choice(lex.nouns[n1])} {rng.choice(lex.verbs[v])} the "
-                f"{rng.choice(lex.nouns[n2])} with the {lex.tools[tool]} .")
     c = rng.randrange(cfg.n_noun_concepts)
     noun = rng.choice(lex.nouns[c])
-    adj_c = rng.choice(lex.noun_adjs[c]) if typical else rng.randrange(cfg.n_adj_concepts)
-    adj = rng.choice(lex.adjectives[adj_c])
+    adj = rng.choice(lex.adjectives[rng.choice(lex.noun_adjs[c]) if typical else rng.randrange(cfg.n_adj_concepts)])
     place = lex.places[lex.noun_habitat[c] if typical else rng.randrange(cfg.n_places)]
-    food = lex.foods[lex.noun_food[c] if typical else rng.randrange(cfg.n_foods)]
-    if form == 0:
-        return f"the {adj} {noun} lives near the {place} ."
-    if form == 1:
-        return f"every {noun} eats the {food} ."
-    if form == 2:
-        return f"the {noun} is {adj} ."
-    if form == 3:
-        return f"the {adj} {noun} likes to eat the {food} in the {place} ."
-    return f"in the {place} , every {noun} is {adj} ."
+    form = rng.randrange(4)
+    if c < cfg.n_animate:
+        food = lex.foods[lex.noun_food[c] if typical else rng.randrange(cfg.n_foods)]
+        return [f"the {adj} {noun} lives near the {place} .", f"every {noun} eats the {food} .",
+                f"the {adj} {noun} likes to eat the {food} in the {place} .",
+                f"in the {place} , every {noun} is {adj} ."][form]
+    material = lex.materials[lex.noun_food[c] if typical else rng.randrange(cfg.n_materials)]
+    return [f"the {adj} {noun} lies in the {place} .", f"every {noun} is made of {material} .",
+            f"the {adj} {noun} is made of {material} and lies in the {place} .",
+            f"in the {place} , the {noun} is {adj} ."][form]
 
 
 def make_corpus(n: int, seed: int, cfg: LanguageConfig = LanguageConfig(), lex: Lexicon | None = None) -> list[str]:
-    """``n`` corpus sentences: knowledge sentences and task-style event sentences (any wording)."""
+    """``n`` corpus sentences, one a line, in discourse units of two consecutive lines (``2k``, ``2k+1``).
+
+    A unit is, with probability ``p_restate``, an event and a meaning-preserving rewrite of it (the
+    second sentence opens with "in other words ,"; never a negative), else two unrelated sentences
+    (knowledge sentences with probability ``p_knowledge``, else events in any wording).
+    """
     lex = lex or build_lexicon(cfg)
     rng = random.Random(f"precswitch-corpus-{seed}")
-    out = []
-    for _ in range(n):
-        r = rng.random()
-        if r < cfg.p_restate:  # discourse: a statement and a meaning-preserving rewrite of it (never a negative)
+
+    def single() -> str:
+        if rng.random() < cfg.p_knowledge:
+            return _knowledge_sentence(rng, cfg, lex)
+        return render(lex, _random_prop(rng, cfg), _random_wording(rng, cfg))
+
+    out: list[str] = []
+    while len(out) < n:
+        if rng.random() < cfg.p_restate:
             p, w = _random_prop(rng, cfg), _random_wording(rng, cfg)
-            first, second = render(lex, p, w), render(lex, p, _reword(rng, cfg, w))
-            out.append(f"{first[:-2]} ; in other words , {second}")
-        elif r < cfg.p_restate + (1 - cfg.p_restate) * cfg.p_knowledge:
-            out.append(_knowledge_sentence(rng, cfg, lex))
+            out += [render(lex, p, w), "in other words , " + render(lex, p, _reword(rng, cfg, w))]
         else:
-            out.append(render(lex, _random_prop(rng, cfg), _random_wording(rng, cfg)))
-    return out
+            out += [single(), single()]
+    return out[:n]
 
 
 # --------------------------------------------------------------------------- files
