@@ -151,3 +151,18 @@ def test_bert_module_names():
     layers = tel.summary()["layers"]
     assert "bert.encoder.layer.0.output.dense" in layers
     assert "bert.embeddings.LayerNorm" in layers
+
+
+def test_large_outputs_are_sampled_across_all_features():
+    # an outlier *feature* (column 4 of 16) must not be skipped by a stride that is a multiple of 16
+    lin = nn.Linear(16, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(16))
+        lin.weight[4, 4] = 1e5
+    tel = ActivationTelemetry(lin, every=1, sample_limit=1000)
+    with tel.step(0):
+        lin(torch.ones(4000, 16))  # 64,000 values > limit: sampled
+    (row,) = tel.rows()
+    assert row["max_abs"] == 1e5
+    assert abs(row["frac_overflow_fp16"] - 1 / 16) < 0.01
+    assert tel.summary()["layers_with_overflow"] == [""]

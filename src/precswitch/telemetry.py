@@ -8,6 +8,12 @@ in fp16 (known for T5). This module measures, every ``every`` steps, for each wa
 * ``frac_overflow_fp16``: the fraction of values with ``|x| > 65504`` (they would be ``inf`` in fp16);
 * ``frac_underflow_fp16``: the fraction with ``0 < |x| < 2**-14`` (fp16 subnormal or flushed to 0).
 
+``max_abs`` is exact (one read-only ``torch.aminmax`` pass over the whole output). The two
+fractions are exact for outputs of at most ``sample_limit`` values (default 262,144: every hidden-size
+output of a batch-32 x seq-64 x hidden-128 model); larger outputs (FFN intermediate, MLM logits over the
+vocabulary) are classified on a strided sample of ~``sample_limit`` values whose stride is coprime with
+the feature dimension (so every feature is visited). ``layers_with_overflow`` uses the exact max.
+
 Granularity: the output of every ``nn.Linear`` and ``nn.LayerNorm`` (``module_types``), named by the
 module's qualified name (``bert.encoder.layer.1.output.dense``). That localises an overflow to the
 sub-layer (attention projection, FFN up/down, LayerNorm) at the cost of ~8 reductions per BERT layer;
@@ -57,10 +63,12 @@ class ActivationTelemetry:
         model: nn.Module,
         every: int | None = 10,
         module_types: tuple[type[nn.Module], ...] = (nn.Linear, nn.LayerNorm),
+        sample_limit: int = 1 << 18,
     ):
         if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
             raise ValueError(f"telemetry every must be a non-negative integer or None, got {every!r}")
         self.every = every or 0
+        self.sample_limit = int(sample_limit)
         self.model = model
         self.modules: list[tuple[str, nn.Module]] = [
             (name, m) for name, m in model.named_modules() if isinstance(m, module_types)
@@ -87,24 +95,28 @@ class ActivationTelemetry:
         def hook(module, args, output):  # noqa: ARG001
             if isinstance(output, (tuple, list)):
                 output = output[0]
-            if not torch.is_tensor(output) or not output.is_floating_point():
+            if not torch.is_tensor(output) or not output.is_floating_point() or output.numel() == 0:
                 return
             with torch.no_grad():
-                a = output.detach().abs()
+                x = output.detach()
+                lo, hi = torch.aminmax(x)  # one read-only pass over everything: the max is exact
+                mx = torch.maximum(lo.float().neg(), hi.float())
+                sample, n = _sample(x, self.sample_limit)
+                a = sample.abs()
                 if a.dtype != torch.float32:
-                    a = a.float()
+                    a = a.float()  # classify in fp32: a bf16 65504 would round to 65536
                 stats = torch.stack([
-                    a.max().float(),
+                    mx,
                     torch.count_nonzero(a > FP16_MAX).float(),
                     torch.count_nonzero((a < FP16_MIN_NORMAL) & (a > 0)).float(),
                 ])
             prev = self._pending.get(name)
             if prev is None:
-                self._pending[name] = [stats, a.numel()]
+                self._pending[name] = [stats, n]
             else:  # module called more than once in the forward pass
                 s = prev[0]
                 self._pending[name] = [torch.stack([torch.maximum(s[0], stats[0]), s[1] + stats[1], s[2] + stats[2]]),
-                                       prev[1] + a.numel()]
+                                       prev[1] + n]
 
         return hook
 
@@ -198,9 +210,27 @@ class ActivationTelemetry:
             "max_abs_layer": top,
             "frac_overflow_fp16": sum(a["over"] for a in self._agg.values()) / total if total else None,
             "frac_underflow_fp16": sum(a["under"] for a in self._agg.values()) / total if total else None,
-            "layers_with_overflow": sorted(n for n, a in self._agg.items() if a["over"] > 0),
+            "layers_with_overflow": sorted(n for n, a in self._agg.items() if a["over"] > 0 or a["max_abs"] > FP16_MAX),
             "layers": layers,
         }
+
+
+def _sample(x: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
+    """All of ``x`` if it has at most ``limit`` values, else a strided view of about ``limit`` of them.
+
+    The stride is chosen coprime with the last dimension, so the sample cycles through every feature
+    (channel-specific outliers, as in LLM.int8, are not skipped systematically).
+    """
+    n = x.numel()
+    if n <= limit:
+        return x, n
+    flat = x.reshape(-1)
+    last = x.shape[-1] if x.dim() else 1
+    stride = -(-n // limit)
+    while math.gcd(stride, last) != 1:
+        stride += 1
+    view = flat[::stride]
+    return view, view.numel()
 
 
 def _nanmax(a: float, b: float) -> float:
