@@ -1,0 +1,97 @@
+"""fp8 (torchao): refusal paths and the converter's module filter (no torchao or GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from precswitch import fp8
+from precswitch.errors import PrecisionUnsupported, PrecswitchError
+
+
+def test_cpu_is_refused_with_a_clear_message():
+    with pytest.raises(PrecisionUnsupported) as e:
+        fp8.check_fp8_supported(torch.device("cpu"))
+    msg = str(e.value)
+    assert "'fp8'" in msg and "'cpu'" in msg and "8.9" in msg and "pip install torchao" in msg
+    assert isinstance(e.value, PrecswitchError)  # the CLI prints it as one line, exit 2
+
+
+def test_old_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100")
+    with pytest.raises(PrecisionUnsupported, match=r"'fp8'.*A100.*8\.0"):
+        fp8.check_fp8_supported(torch.device("cuda:0"))
+
+
+def test_missing_torchao_is_refused_naming_pip(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    monkeypatch.setattr(fp8, "torchao_available", lambda: False)
+    with pytest.raises(PrecisionUnsupported, match=r"'fp8'.*H200.*pip install torchao"):
+        fp8.check_fp8_supported(torch.device("cuda"))
+
+
+def test_converter_without_torchao_refuses(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao → ImportError
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    with pytest.raises(PrecisionUnsupported, match="pip install torchao"):
+        fp8.convert_model_to_fp8(nn.Sequential(nn.Linear(16, 16)))
+
+
+def _bert(cls_name: str):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16, num_labels=2)
+    return getattr(transformers, cls_name)(cfg)
+
+
+def test_filter_on_masked_lm():
+    model = _bert("BertForMaskedLM")
+    names = fp8.fp8_candidates(model)
+    assert "bert.encoder.layer.0.attention.self.query" in names
+    assert "bert.encoder.layer.1.intermediate.dense" in names
+    assert "bert.encoder.layer.1.output.dense" in names
+    assert not any(n.startswith("cls") for n in names)  # MLM head (transform + tied decoder) stays high precision
+    assert len(names) == 2 * 6  # q, k, v, attention out, FFN up, FFN down per layer
+
+
+def test_filter_on_classifier():
+    model = _bert("BertForSequenceClassification")
+    names = fp8.fp8_candidates(model)
+    assert "classifier" not in names and "bert.pooler.dense" not in names
+    assert len(names) == 12
+
+
+def test_filter_rejects_dims_not_multiple_of_16_and_non_linear():
+    assert fp8.fp8_module_filter(nn.Linear(32, 48), "encoder.ffn")
+    assert not fp8.fp8_module_filter(nn.Linear(32, 50), "encoder.ffn")
+    assert not fp8.fp8_module_filter(nn.Linear(24, 32), "encoder.ffn")
+    assert not fp8.fp8_module_filter(nn.LayerNorm(32), "encoder.norm")
+    assert not fp8.fp8_module_filter(nn.Linear(32, 32), "classifier")
+    assert not fp8.fp8_module_filter(nn.Linear(32, 32), "cls.predictions.decoder")
+    assert fp8.fp8_module_filter(nn.Linear(32, 32), "classifier_like_name_but_not_head") is True
+
+
+def test_converter_calls_torchao_with_the_filter(monkeypatch):
+    calls = {}
+
+    def fake_convert(module, *, module_filter_fn=None, config=None):
+        calls["converted"] = [n for n, m in module.named_modules() if module_filter_fn(m, n)]
+        calls["config"] = config
+        return module
+
+    fake = SimpleNamespace(convert_to_float8_training=fake_convert)
+    monkeypatch.setitem(sys.modules, "torchao", SimpleNamespace(float8=fake))
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
+    assert fp8.convert_model_to_fp8(model) is model
+    assert calls["converted"] == ["0"]
+    with pytest.raises(PrecisionUnsupported, match="multiples of 16"):
+        fp8.convert_model_to_fp8(nn.Sequential(nn.Linear(10, 3)))
