@@ -166,3 +166,21 @@ def test_large_outputs_are_sampled_across_all_features():
     assert row["max_abs"] == 1e5
     assert abs(row["frac_overflow_fp16"] - 1 / 16) < 0.01
     assert tel.summary()["layers_with_overflow"] == [""]
+
+
+def test_state_dict_round_trip_for_resume():
+    m = _model()
+    full = ActivationTelemetry(m, every=1)
+    for step in range(4):
+        with full.step(step):
+            m(torch.ones(2, 8))
+    first = ActivationTelemetry(m, every=1)
+    for step in range(2):
+        with first.step(step):
+            m(torch.ones(2, 8))
+    resumed = ActivationTelemetry(m, every=1)
+    resumed.load_state_dict(first.state_dict())
+    for step in range(2, 4):
+        with resumed.step(step):
+            m(torch.ones(2, 8))
+    assert resumed.rows() == full.rows() and resumed.summary() == full.summary()

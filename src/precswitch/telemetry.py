@@ -168,6 +168,16 @@ class ActivationTelemetry:
             self._remove()
             self._collect(step_index)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue the same rows and summary (plain Python objects)."""
+        return {"every": self.every, "rows": list(self._rows), "agg": {k: dict(v) for k, v in self._agg.items()},
+                "steps_sampled": self.steps_sampled}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rows = list(state["rows"])
+        self._agg = {k: dict(v) for k, v in state["agg"].items()}
+        self.steps_sampled = int(state["steps_sampled"])
+
     def rows(self) -> list[dict[str, Any]]:
         """One row per (sampled step, module): the fields of :data:`ROW_FIELDS`."""
         return list(self._rows)
