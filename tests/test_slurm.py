@@ -346,8 +346,18 @@ def test_study_through_slurm_matches_local_run(local_cluster, tmp_path):
     for name, proc in procs.items():
         assert proc.returncode == 0, f"{name} run failed ({proc.returncode}):\n{out[name][-4000:]}"
 
-    # --- every job that does work went through sbatch ---
+    # --- the test variant replaced profiles/default (no workstation `gpu: 1` limit leaked in) ---
     slurm_out = out["slurm"]
+    assert f"Using workflow specific profile {root / 'tests' / 'slurm' / 'profile'}" in slurm_out, slurm_out[:1000]
+    assert f"Using workflow specific profile {root / 'profiles' / 'default'}" in out["local"], out["local"][:1000]
+    events = [line for line in slurm_out.splitlines() if SUBMITTED.search(line) or line.startswith("Finished jobid")]
+    finetunes = [i for i, line in enumerate(events) if "/rule_finetune/" in line]
+    assert len(finetunes) == 2 and not any(e.startswith("Finished") for e in events[finetunes[0]:finetunes[1]]), (
+        "the two finetune jobs (gpu=1 each) were not submitted together: a global gpu limit applies\n"
+        + "\n".join(events)
+    )
+
+    # --- every job that does work went through sbatch ---
     submitted = SUBMITTED.findall(slurm_out)
     assert submitted, slurm_out[-3000:]
     print("SLURM jobs:", [(Path(log).parent.relative_to(dirs["slurm"] / ".snakemake" / "slurm_logs").as_posix(), jid)
