@@ -165,6 +165,11 @@ def test_documented_command_replaces_workflow_profile(tmp_path):
     block = block[: block.index("\n\n")]
     for expected in ("gpu=1", "cpus_per_gpu=8", "slurm_partition=gpu", "slurm_account=CHANGE_ME"):
         assert expected in block, f"{expected} not in pretrain's resources:\n{block}"
+    # the pitfall docs/slurm.md warns about: with --profile, profiles/default is applied on top
+    cmd[cmd.index("--workflow-profile")] = "--profile"
+    proc = subprocess.run(cmd, cwd=tmp_path, env=run_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert f"workflow specific profile {ROOT / 'profiles' / 'default'}" in proc.stdout + proc.stderr
 
 
 # --- the local cluster ----------------------------------------------------------------------------
