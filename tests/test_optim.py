@@ -188,3 +188,34 @@ def test_factory():
         wrap_optimizer("fancy", inner)
     with pytest.raises(PrecswitchError, match="bf16"):
         StochasticRoundingWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(2, dtype=torch.float16))], lr=0.1))
+
+
+@pytest.mark.parametrize("kind", ["kahan", "stochastic_rounding"])
+def test_engine_style_loop_on_tiny_bert(kind):
+    """What the engine does: bf16 BERT, fused AdamW in two groups, HF linear schedule, grad clipping."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=16)
+    model = transformers.BertForMaskedLM(cfg).to(torch.bfloat16)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    inner = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                              lr=1e-3, fused=True)
+    opt = wrap_optimizer(kind, inner, seed=1)
+    sched = transformers.get_linear_schedule_with_warmup(opt, 1, 4)
+    ids = torch.randint(0, 64, (4, 16))
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(4):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        assert torch.isfinite(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(v.dtype == torch.bfloat16 for st in inner.state.values() for k, v in st.items() if k != "step")
+    sd = opt.state_dict()
+    assert "precswitch_compensation" in sd and sd["precswitch_compensation"]["kind"] == kind
