@@ -203,9 +203,11 @@ os.environ.update(
 
 # --- data -----------------------------------------------------------------------------------------
 # keys of a source spec that mean something for each kind (the schema fills defaults for all)
+_CAPS = {"max_train_rows", "max_eval_rows"}
+_MLM = {"eval_fraction", "mlm_examples"}
 SOURCE_KEYS = {
-    "synthetic": {"labels", "max_train_rows", "max_eval_rows", "eval_fraction"},
-    "text": {"train", "eval", "max_train_rows", "max_eval_rows", "eval_fraction"},
+    "synthetic": {"labels"} | _CAPS | _MLM,
+    "text": {"train", "eval"} | _CAPS | _MLM,
     "hub": {
         "name",
         "config",
@@ -215,7 +217,8 @@ SOURCE_KEYS = {
         "text_column",
         "labels",
     }
-    | {"max_train_rows", "max_eval_rows", "eval_fraction"},
+    | _CAPS
+    | _MLM,
 }
 TABLE_KEYS = {"train", "eval", "columns", "labels", "max_train_rows", "max_eval_rows"}
 
