@@ -211,3 +211,43 @@ def test_failed_rerun_keeps_existing_results(data, tmp_path):
     with pytest.raises(PrecswitchError):
         run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY, "batch_size": 10**6}, out)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("prec", ["pure_bf16_kahan", "pure_bf16_sr"])
+def test_compensated_bf16_variants_train_in_pure_bf16(data, tmp_path, prec):
+    m = run_stage({"data": str(data["mlm"]), "precision": prec, "steps": 6, "model": TINY}, tmp_path / "r")
+    assert m["status"] == "ok" and m["param_dtype"] == "bfloat16" and m["eval_loss"] > 0
+    assert m["update_compensation"] in ("kahan", "stochastic_rounding")
+    assert _safetensors_dtypes(tmp_path / "r" / "checkpoint") == {"BF16"}
+
+
+def test_fp8_refused_on_cpu_with_reason(data, tmp_path):
+    with pytest.raises(PrecisionUnsupported, match=r"'fp8'.*'cpu'"):
+        run_stage({"data": str(data["mlm"]), "precision": "fp8", "steps": 1, "model": TINY}, tmp_path / "r")
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp8", "steps": 1, "model": TINY,
+                   "on_unsupported": "skip"}, tmp_path / "s")
+    assert m["status"] == "skipped" and "compute capability" in m["status_reason"]
+
+
+def test_switch_inside_a_stage(data, tmp_path):
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5,
+                   "steps": 10, "model": TINY}, tmp_path / "r")
+    assert m["status"] == "ok" and m["switch_step"] == 5 and m["precision_final"] == "fp32"
+    assert m["eval_precision"] == "fp32"
+    rows = [r.split(",") for r in (tmp_path / "r" / "steps.csv").read_text().splitlines()[1:]]
+    scales = [r[4] for r in rows]
+    assert all(x != "" for x in scales[:5]) and all(x == "" for x in scales[5:])  # scaler only before the switch
+    with pytest.raises(PrecswitchError, match="cannot switch from 'amp_bf16' to 'pure_bf16'"):
+        run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "switch_to": "pure_bf16", "switch_at": 0.5,
+                   "steps": 4, "model": TINY}, tmp_path / "x")
+
+
+def test_activation_telemetry_off_by_default_and_recorded_when_on(data, tmp_path):
+    off = run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "steps": 4, "model": TINY}, tmp_path / "off")
+    assert off["activation_telemetry"] is None and not (tmp_path / "off" / "activations.csv").exists()
+    on = run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "steps": 4, "model": TINY,
+                    "telemetry_every": 2}, tmp_path / "on")
+    t = on["activation_telemetry"]
+    assert t["steps_sampled"] == 2 and t["max_abs"] > 0 and 0 <= t["frac_overflow_fp16"] <= 1
+    assert (tmp_path / "on" / "activations.csv").read_text().startswith("step,layer,max_abs")
+    assert on["eval_loss"] == off["eval_loss"]  # watching does not change the numerics

@@ -12,7 +12,20 @@ name           weights / grads /      matmul compute        loss scaling        
 ``amp_bf16``   fp32 (master)          bf16 (autocast)       none                            OFF
 ``pure_fp16``  fp16                   fp16                  dynamic (GradScaler, fp16 grads) OFF
 ``pure_bf16``  bf16                   bf16                  none                            OFF
+``pure_bf16_   bf16 (+ bf16 Kahan     bf16; update math     none                            OFF
+kahan``        compensation buffer)   fp32, Kahan-summed
+``pure_bf16_   bf16                   bf16; update          none                            OFF
+sr``                                  stochastically
+                                      rounded to bf16
+``fp8``        fp32 (master)          fp8 Linear matmuls    none (per-tensor dynamic        OFF
+                                      (torchao, e4m3 fwd /  scaling of fp8 casts), bf16
+                                      e5m2 grad), bf16      autocast elsewhere
+                                      autocast elsewhere
 =============  =====================  ====================  ==============================  ======
+
+``pure_bf16_kahan`` / ``pure_bf16_sr``: pure bf16 with a compensated weight update
+(:mod:`precswitch.optim`; Zamirai et al. 2020). ``fp8`` needs an Ada/Hopper GPU (compute capability
+8.9+) and torchao (:mod:`precswitch.fp8`); elsewhere it is refused like any unsupported precision.
 
 This module is the one place where a precision name turns into an autocast context, a loss scaler,
 a parameter dtype and the TF32 switches (nanoGPT style). Adding a precision means adding one entry
@@ -52,6 +65,10 @@ class Precision:
     tf32: bool
     #: device types this precision can run on at all
     device_types: tuple[str, ...] = ("cpu", "cuda")
+    #: compensation of the weight update for 16-bit params: None | "kahan" | "stochastic_rounding"
+    update_compensation: str | None = None
+    #: Linear layers run fp8 matmuls (torchao float8 training)
+    fp8_linear: bool = False
 
     @property
     def is_pure(self) -> bool:
@@ -86,8 +103,22 @@ class Precision:
         return torch.amp.GradScaler(device_type)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Cast the model to this precision's storage dtype (fp32 master weights for amp_*)."""
-        return model.to(dtype=self.param_dtype)
+        """Cast the model to this precision's storage dtype (fp32 master weights for amp_*);
+        swap Linear layers for fp8 ones where the precision says so."""
+        model = model.to(dtype=self.param_dtype)
+        if self.fp8_linear:
+            from .fp8 import convert_model_to_fp8
+
+            model = convert_model_to_fp8(model)
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, seed: int) -> torch.optim.Optimizer:
+        """Kahan / stochastic-rounding update compensation for pure-bf16 variants; else unchanged."""
+        if self.update_compensation is None:
+            return optimizer
+        from .optim import wrap_optimizer
+
+        return wrap_optimizer(self.update_compensation, optimizer, seed=seed)
 
 
 class PureFP16GradScaler(torch.amp.GradScaler):
@@ -127,6 +158,34 @@ CATALOG: dict[str, Precision] = {
             False,
         ),
         Precision("pure_bf16", "bf16 weights, gradients and optimizer state", torch.bfloat16, None, False, False),
+        Precision(
+            "pure_bf16_kahan",
+            "bf16 weights, gradients and optimizer state; Kahan-compensated updates (bf16 buffer)",
+            torch.bfloat16,
+            None,
+            False,
+            False,
+            update_compensation="kahan",
+        ),
+        Precision(
+            "pure_bf16_sr",
+            "bf16 weights, gradients and optimizer state; stochastically rounded updates",
+            torch.bfloat16,
+            None,
+            False,
+            False,
+            update_compensation="stochastic_rounding",
+        ),
+        Precision(
+            "fp8",
+            "fp32 master weights; fp8 matmuls in Linear layers (torchao float8), bf16 autocast elsewhere",
+            torch.float32,
+            torch.bfloat16,
+            False,
+            False,
+            ("cuda",),
+            fp8_linear=True,
+        ),
     ]
 }
 
@@ -147,6 +206,10 @@ def get(name: str) -> Precision:
 def check_supported(precision: Precision, device: torch.device) -> None:
     """Raise PrecisionUnsupported (naming the precision and the device) if it can't run there."""
     dev_type = device.type
+    if precision.fp8_linear:
+        from .fp8 import check_fp8_supported
+
+        check_fp8_supported(device, precision.name)
     if dev_type not in precision.device_types:
         raise PrecisionUnsupported(
             f"precision {precision.name!r} cannot run on device {describe_device(device)!r}: "

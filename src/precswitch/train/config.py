@@ -58,7 +58,10 @@ DEFAULTS: dict[str, Any] = {
     "checkpoint_every_steps": 0,  # resumable state every N steps (0 = off)
     "checkpoint_every_minutes": 0.0,  # ... or every M minutes of training (0 = off)
     "resume_dir": None,  # default: <out>/resume
-    "deterministic": False,  # torch.use_deterministic_algorithms (CUDA needs CUBLAS_WORKSPACE_CONFIG)
+    "deterministic": False,
+    "switch_to": None,  # precision to switch to inside the stage (same weight dtype), e.g. fp32
+    "switch_at": None,  # ... after this fraction of the steps, in (0, 1]
+    "telemetry_every": 0,  # activation telemetry (max |x|, fp16 overflow/underflow) every K steps; 0 = off  # torch.use_deterministic_algorithms (CUDA needs CUBLAS_WORKSPACE_CONFIG)
 }
 
 OBJECTIVES = ("mlm", "classify")
@@ -140,6 +143,20 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         raise PrecswitchError(f"mlm_probability must be in (0, 1), got {hp['mlm_probability']!r}")
     if hp["timing_warmup_steps"] < 0:
         raise PrecswitchError("timing_warmup_steps must be >= 0")
+    if not isinstance(hp["telemetry_every"], int) or isinstance(hp["telemetry_every"], bool) or hp["telemetry_every"] < 0:
+        raise PrecswitchError(f"telemetry_every must be a non-negative integer, got {hp['telemetry_every']!r}")
+    if (hp["switch_to"] is None) != (hp["switch_at"] is None):
+        raise PrecswitchError("switch_to and switch_at go together: set both (or neither)")
+    if hp["switch_to"] is not None:
+        a, b = P.get(hp["precision"]), P.get(hp["switch_to"])
+        at = hp["switch_at"]
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 < at <= 1:
+            raise PrecswitchError(f"switch_at must be a fraction of the steps in (0, 1], got {at!r}")
+        if (a.param_dtype, a.update_compensation, a.fp8_linear) != (b.param_dtype, b.update_compensation, b.fp8_linear):
+            raise PrecswitchError(
+                f"cannot switch from {a.name!r} to {b.name!r} inside a stage: their weights are stored differently "
+                f"({P.dtype_name(a.param_dtype)} vs {P.dtype_name(b.param_dtype)}); use two stages instead"
+            )
     if hp["run_id"] is None:
         hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
     return hp
@@ -147,7 +164,8 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
 
 def config_hash(hp: dict[str, Any]) -> str:
     """Hash of the hyper-parameters that determine the result (not of run-time plumbing)."""
-    ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags"}
+    ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags",
+              "telemetry_every"}
     canonical = json.dumps({k: v for k, v in hp.items() if k not in ignore}, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -30,6 +30,7 @@ from .. import METRICS_SCHEMA_VERSION
 from .. import gpu, measure
 from .. import precision as P
 from ..errors import EXIT_PREEMPTED, PrecisionUnsupported, PrecswitchError
+from ..telemetry import ActivationTelemetry
 from ..io import atomic_path, atomic_write_json, atomic_write_text, read_json
 from . import config as C
 
@@ -374,6 +375,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         eps=hp["adam_eps"],
         **({"fused": True} if hp["optimizer_impl"] == "fused" else {"foreach": True}),
     )
+    optimizer = prec.wrap_optimizer(optimizer, seed=hp["seed"])  # Kahan / SR variants; else unchanged
     collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"])
     train_rows = _model_columns(train_ds, hp["objective"])
     eval_rows = _model_columns(eval_ds, hp["objective"])
@@ -381,7 +383,14 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * batches.per_epoch)))
     warmup = int(round(hp["warmup_ratio"] * total_steps))
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-    scaler = prec.make_scaler(device.type)
+    # In-stage switch (e.g. 80% amp_fp16 then fp32): same weight storage, new autocast/scaler/TF32 flags.
+    prec2 = P.get(hp["switch_to"]) if hp["switch_to"] else None
+    switch_step = int(round(hp["switch_at"] * total_steps)) if prec2 else None
+    if prec2 is not None:
+        P.check_supported(prec2, device)
+    active = lambda step: prec2 if prec2 is not None and step >= switch_step else prec  # noqa: E731
+    scaler = active(0).make_scaler(device.type)
+    tel = ActivationTelemetry(model, every=hp["telemetry_every"])
     eval_batches = _eval_batches(eval_rows, collate, hp["eval_batch_size"], hp["eval_seed"])
 
     # ------------------------------------------------------------ resume
@@ -406,9 +415,12 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        if scaler is not None:
-            scaler.load_state_dict(saved["scaler"])
         st = saved["loop"]
+        scaler = active(st["step"]).make_scaler(device.type)
+        if scaler is not None and saved["scaler"] is not None:
+            scaler.load_state_dict(saved["scaler"])
+        if saved.get("telemetry"):
+            tel.load_state_dict(saved["telemetry"])
         _set_rng_state(saved["rng"])
         resumed = True
     st["attempts"] += 1
@@ -417,7 +429,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         return {
             "config_hash": chash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": _rng_state(), "loop": st,
+            "rng": _rng_state(), "loop": st, "telemetry": tel.state_dict() if tel.enabled else None,
         }
 
     stop = {"sigterm": False}
@@ -444,12 +456,21 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     bar = tqdm(total=total_steps, initial=st["step"], desc=hp["run_id"], unit="step",
                disable=(not sys.stderr.isatty()) if hp["progress"] is None else not hp["progress"])
     # ------------------------------------------------------------ the loop
+    cur = active(st["step"])
+    cur.apply_backend_flags()
     try:
         while st["step"] < total_steps:
             step = st["step"]
+            if active(step) is not cur:  # the in-stage switch point
+                cur = active(step)
+                flags = cur.apply_backend_flags()
+                if cur.loss_scaling and scaler is None:
+                    scaler = cur.make_scaler(device.type)
+                elif not cur.loss_scaling:
+                    scaler = None
             batch = batches.get(step)
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with prec.autocast(device.type):
+            with tel.step(step), cur.autocast(device.type):
                 loss = model(**batch).loss
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -520,8 +541,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     # ------------------------------------------------------------ evaluation
     t_eval = time.perf_counter()
     measure.sync(device)
+    if hp["eval_precision"] == "same":
+        eval_prec = cur  # the precision the stage ended in
+    eval_prec.apply_backend_flags()
     eval_model = model
-    if eval_prec.param_dtype != prec.param_dtype:
+    if eval_prec.param_dtype != prec.param_dtype or eval_prec.fp8_linear != prec.fp8_linear:
         eval_model = eval_prec.prepare_model(copy.deepcopy(model))
     ev = evaluate(eval_model, eval_batches, hp["objective"], eval_prec, device, meta)
     measure.sync(device)
@@ -559,6 +583,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     wr.writerow(STEP_FIELDS)
     wr.writerows(st["rows"])
     atomic_write_text(out / "steps.csv", buf.getvalue())
+    if tel.enabled:
+        tel.write_csv(out / "activations.csv")
     prov = {**measure.provenance(device), **gpu.claim_info()}
     metrics = {
         **base,
@@ -568,6 +594,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "init_run_id": init_info.get("run_id"),
         "init_precision": init_info.get("precision"),
         "init_status": init_info.get("status"),
+        "switch_to": prec2.name if prec2 else None,
+        "switch_at": hp["switch_at"] if prec2 else None,
+        "switch_step": switch_step,
+        "precision_final": cur.name,
+        "update_compensation": prec.update_compensation,
         "param_dtype": P.dtype_name(prec.param_dtype),
         "autocast_dtype": P.dtype_name(prec.autocast_dtype) if prec.autocast_dtype else None,
         "checkpoint_dtype_written": written if hp["save_checkpoint"] else None,
@@ -607,6 +638,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             "nonfinite": sum(1 for r in st["rows"] if r[3] is None or not math.isfinite(r[3])),
         },
         "eval_precision": eval_prec.name,
+        "activation_telemetry": tel.summary() if tel.enabled else None,
         **ev,
         **prov,
         "threads": hp["threads"],
