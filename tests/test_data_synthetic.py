@@ -102,3 +102,25 @@ def test_sizes_must_be_positive(tmp_path, bad):
     with pytest.raises(PrecswitchError, match="n_train"):
         S.write_synthetic(tmp_path / "s", seed=1, n_train=bad)
     assert not (tmp_path / "s").exists()
+
+
+def test_heldout_noun_synonyms_only_in_dev_and_corpus():
+    cfg = S.LanguageConfig()
+    lex = S.build_lexicon(cfg)
+    held = {syn[-1] for syn in lex.nouns}
+    words = lambda rows: {w for r in rows for w in (r["#1 String"] + " " + r["#2 String"]).split()}  # noqa: E731
+    train = S.make_pairs(1000, seed=0, cfg=cfg, split="train", lex=lex)
+    dev = S.make_pairs(300, seed=0, cfg=cfg, split="dev", lex=lex)
+    assert not words(train) & held
+    assert len(words(dev) & held) > len(held) // 2
+    corpus_words = {w for line in S.make_corpus(4000, seed=0, cfg=cfg, lex=lex) for w in line.split()}
+    assert held <= corpus_words
+
+
+def test_events_respect_the_selectional_restriction():
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=0.0, neg_replace=0.0)
+    lex = S.build_lexicon(cfg)
+    animate = {w for syn in lex.nouns[: cfg.n_animate] for w in syn}
+    for r in S.make_pairs(200, seed=3, cfg=cfg):
+        firsts = [s.split()[2] in animate for s in (r["#1 String"], r["#2 String"])]  # "the ADJ NOUN ..."
+        assert firsts == [True, True] if r["Quality"] == 1 else sorted(firsts) == [False, True], r
