@@ -22,7 +22,7 @@ most sensitive, and the MLM decoder is tied to the word embeddings).
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -130,11 +130,11 @@ def count_fp8_linears(model: nn.Module) -> int:
 
 
 __all__ = [
+    "PRECISION_NAME",
     "check_fp8_supported",
     "convert_model_to_fp8",
-    "fp8_module_filter",
-    "fp8_candidates",
     "count_fp8_linears",
+    "fp8_candidates",
+    "fp8_module_filter",
     "torchao_available",
-    "PRECISION_NAME",
 ]

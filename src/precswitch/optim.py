@@ -47,7 +47,8 @@ Use :func:`wrap_optimizer` (``kind`` in ``None | "kahan" | "stochastic_rounding"
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ class _CompensatedOptimizer(torch.optim.Optimizer):
 
     kind: str = ""
 
-    def __init__(self, optimizer: torch.optim.Optimizer):  # noqa: D107 - see class docs
+    def __init__(self, optimizer: torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"{type(self).__name__} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, _CompensatedOptimizer):
@@ -283,4 +284,4 @@ def wrap_optimizer(kind: str | None, optimizer: torch.optim.Optimizer, seed: int
     raise PrecswitchError(f"optimizer compensation {kind!r}: allowed None, 'kahan', 'stochastic_rounding'")
 
 
-__all__ = ["KahanWrapper", "StochasticRoundingWrapper", "wrap_optimizer", "stochastic_round_to_bf16", "KINDS"]
+__all__ = ["KINDS", "KahanWrapper", "StochasticRoundingWrapper", "stochastic_round_to_bf16", "wrap_optimizer"]

@@ -43,8 +43,9 @@ import contextlib
 import csv
 import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -92,7 +93,7 @@ class ActivationTelemetry:
 
     # ------------------------------------------------------------------ hooks
     def _hook(self, name: str):
-        def hook(module, args, output):  # noqa: ARG001
+        def hook(module, args, output):
             if isinstance(output, (tuple, list)):
                 output = output[0]
             if not torch.is_tensor(output) or not output.is_floating_point() or output.numel() == 0:
@@ -258,4 +259,4 @@ def _json_float(x: float) -> float | str | None:
     return x
 
 
-__all__ = ["ActivationTelemetry", "FP16_MAX", "FP16_MIN_NORMAL", "ROW_FIELDS"]
+__all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "ROW_FIELDS", "ActivationTelemetry"]
