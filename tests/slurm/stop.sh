@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stop what tests/slurm/start.sh STATE_DIR started: exactly the PIDs recorded in STATE_DIR/pids/
-# (slurmd, slurmctld, then munged if start.sh started it) and removes the /etc/slurm/slurm.conf
+# (slurmd, slurmctld, slurmdbd and mariadbd with ACCOUNTING=1, then munged if start.sh started it) and removes the /etc/slurm/slurm.conf
 # symlink if it points into STATE_DIR. Cancels leftover jobs first.
 # Waits at most STOP_WAIT_S (10) seconds per daemon before SIGKILL. Safe to run twice.
 set -uo pipefail
@@ -30,6 +30,8 @@ stop_pid() {  # name
 }
 stop_pid slurmd
 stop_pid slurmctld
+stop_pid slurmdbd
+stop_pid mariadbd
 stop_pid munged
 # Remove the /etc/slurm/slurm.conf symlink start.sh made, if it still points here.
 if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$(cd "$STATE" && pwd)/slurm.conf" ]; then
