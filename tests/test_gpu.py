@@ -262,3 +262,15 @@ def test_gpu_check_peaks_and_verdicts():
     c = {x["name"]: x for x in checks}
     assert c["speedup_amp_bf16_over_fp32"]["variant"] == "eager"
     assert c["speedup_amp_bf16_over_fp32"]["result"] == "FAIL" and c["mfu_amp_bf16"]["result"] == "FAIL"
+
+
+def test_slurm_jobs_lock_in_their_own_dir(monkeypatch):
+    from precswitch import gpu
+
+    monkeypatch.delenv(gpu.LOCK_DIR_ENV, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    node = gpu.default_lock_dir()
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert gpu.default_lock_dir() == node / "slurm-4242"
+    monkeypatch.setenv(gpu.LOCK_DIR_ENV, "/x/locks")
+    assert str(gpu.default_lock_dir()) == "/x/locks"

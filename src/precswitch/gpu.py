@@ -45,12 +45,20 @@ class GpuSlotTimeout(PrecswitchError):
 
 
 def default_lock_dir() -> Path:
-    """``$PRECSWITCH_GPU_LOCK_DIR``, else ``<tmp>/precswitch-gpu-locks-<uid>/<hostname>``."""
+    """``$PRECSWITCH_GPU_LOCK_DIR``, else ``<tmp>/precswitch-gpu-locks-<uid>/<hostname>``.
+
+    Inside a SLURM job (``SLURM_JOB_ID`` set) the scheduler already gave the job its own GPU(s), and
+    every job on a node may see them as ``CUDA_VISIBLE_DEVICES=0``: a node-wide lock named ``gpu-0``
+    would then make jobs on *different* GPUs wait for each other. So each SLURM job locks in a
+    directory of its own (``.../slurm-<job id>``).
+    """
     env = os.environ.get(LOCK_DIR_ENV)
     if env:
         return Path(env)
     uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return Path(tempfile.gettempdir()) / f"precswitch-gpu-locks-{uid}" / socket.gethostname()
+    base = Path(tempfile.gettempdir()) / f"precswitch-gpu-locks-{uid}" / socket.gethostname()
+    job = os.environ.get("SLURM_JOB_ID")
+    return base / f"slurm-{job}" if job else base
 
 
 def visible_device_ids(n_devices: int) -> list[str]:
