@@ -50,18 +50,19 @@ from precswitch.errors import PrecisionUnsupported  # noqa: E402
 #: the data sheet says 989); tf32 = 395 (half of it, as on the data sheet: 494.5 = 989/2);
 #: fp32 = 67 (CUDA cores, no tensor cores; data sheet). H100 SXM: the same silicon and clocks.
 PEAKS_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0},
-    "H100": {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0},
+    "H200": {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0, "fp8": 1580.0},
+    "H100": {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0, "fp8": 1580.0},
 }
 PEAK_LABELS = {
     "fp32": "fp32 CUDA-core peak (no tensor cores)",
     "tf32": "TF32 tensor-core dense peak",
     "fp16": "fp16 tensor-core dense peak (= measured bf16 matmul)",
     "bf16": "bf16 tensor-core dense matmul, measured",
+    "fp8": "fp8 tensor-core dense peak (assumed 2x the measured bf16; not measured here)",
 }
 TARGET_SPEEDUP = 2.5
 TARGET_MFU = 0.35
-ORDER = ["fp32", "amp_bf16", "tf32", "amp_fp16", "pure_bf16", "pure_fp16"]  # targets' precisions first
+ORDER = ["fp32", "amp_bf16", "tf32", "amp_fp16", "pure_bf16", "pure_fp16", "pure_bf16_kahan", "pure_bf16_sr", "fp8"]  # targets' precisions first
 
 BASE = dict(vocab_size=28996, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
             intermediate_size=3072, max_position_embeddings=512)
@@ -70,6 +71,8 @@ QUICK = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention
 
 
 def peak_key(prec: P.Precision) -> str:
+    if prec.fp8_linear:
+        return "fp8"
     if prec.tf32:
         return "tf32"
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[prec.compute_dtype]

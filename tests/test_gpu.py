@@ -235,14 +235,14 @@ def test_gpu_check_peaks_and_verdicts():
 
     gc = _load_gpu_check()
     key, peaks = gc.find_peaks("NVIDIA H200", {})
-    assert key == "H200" and peaks == {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0}
+    assert key == "H200" and peaks == {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 790.0, "fp8": 1580.0}
     assert gc.find_peaks("NVIDIA H200", {"bf16": 989.0})[1]["bf16"] == 989.0
     assert gc.find_peaks("Tesla T4", {}) == (None, {})
     from precswitch import precision as P
 
     assert {n: gc.peak_key(P.get(n)) for n in P.NAMES} == {
         "fp32": "fp32", "tf32": "tf32", "amp_fp16": "fp16", "amp_bf16": "bf16", "pure_fp16": "fp16",
-        "pure_bf16": "bf16"}
+        "pure_bf16": "bf16", "pure_bf16_kahan": "bf16", "pure_bf16_sr": "bf16", "fp8": "fp8"}
 
     def row(p, v, sps, mfu):
         return {"precision": p, "variant": v, "status": "ok", "steps_per_second": sps, "mfu": mfu}
