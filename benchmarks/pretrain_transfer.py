@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--pretrain-steps", type=int, default=None, help="override train.pretrain.steps")
     ap.add_argument("--finetune-steps", type=int, default=None, help="override train.finetune.steps")
     ap.add_argument("--synth-seed", type=int, default=None)
+    ap.add_argument("--language", default=None, help="JSON overrides of the synthetic LanguageConfig")
     ap.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
     args = ap.parse_args()
 
@@ -65,7 +66,8 @@ def main() -> None:
     t0 = time.time()
     synth = work / "synth"
     cli("synth", "--out", str(synth), "--seed", str(args.synth_seed if args.synth_seed is not None else syn["seed"]),
-        "--n-corpus", str(syn["n_corpus"]), "--n-train", str(syn["n_train"]), "--n-dev", str(syn["n_dev"]))
+        "--n-corpus", str(syn["n_corpus"]), "--n-train", str(syn["n_train"]), "--n-dev", str(syn["n_dev"]),
+        *(["--language", args.language] if args.language else []))
     src = json.dumps({"kind": "synthetic", "dir": str(synth)})
     tok = work / "tokenizer"
     cli("tokenizer", "--source", src, "--out", str(tok), "--vocab-size", str(cfg["tokenizer"]["vocab_size"]))
