@@ -139,6 +139,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         opt_kw = {"fused": True} if fused else {"foreach": True}
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                 lr=args.lr, eps=eps, **opt_kw)
+        opt = prec.wrap_optimizer(opt, seed=0)  # Kahan / stochastic rounding for the compensated bf16 variants
         scaler = prec.make_scaler(device.type)
         step_model = torch.compile(model, mode=args.compile_mode) if variant == "compiled" else model
 

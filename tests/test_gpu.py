@@ -192,6 +192,8 @@ def test_gpu_provenance_none_on_cpu():
 # ------------------------------------------------------------------ benchmarks/gpu_check on CPU
 @pytest.mark.parametrize("mlm", [False, True])
 def test_gpu_check_cpu_smoke(tmp_path, mlm):
+    from precswitch import precision as P
+
     out = tmp_path / "gpu_check.json"
     cmd = [str(ROOT / "benchmarks" / "gpu_check"), "--device", "cpu", "--steps", "3", "--quick", "--out", str(out)]
     if mlm:
@@ -202,10 +204,11 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     res = json.loads(out.read_text())
     assert res["device"] == "cpu" and res["objective"] == ("mlm" if mlm else "classify")
     by = {row["precision"]: row for row in res["results"]}
-    assert set(by) == {"fp32", "tf32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"}
+    assert set(by) == set(P.NAMES)  # every precision of the catalog
     assert by["tf32"]["status"] == "skipped" and "tf32" in by["tf32"]["reason"]
+    assert by["fp8"]["status"] == "skipped" and "fp8" in by["fp8"]["reason"]
     assert by["pure_fp16"]["adam_eps"] == 1e-4
-    for name in ("fp32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"):
+    for name in ("fp32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16", "pure_bf16_kahan", "pure_bf16_sr"):
         row = by[name]
         assert row["status"] == "ok", row
         assert row["steps_measured"] == 3
