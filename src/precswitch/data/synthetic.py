@@ -6,14 +6,14 @@
 
 Design (see docs/data.md):
 
-* Content words are pseudo-words built from syllables (``the vokari melu dasin the red ...``); function
-  words are English (``the``, ``was``, ``by``, ``in``, ...). Every noun, adjective and verb *concept* has
-  several synonyms (different words, same meaning).
-* A task pair is one proposition ``agent(adj, noun) verb patient(adj, noun) [in place]`` written twice.
-  Positives rewrite it without changing its meaning: active <-> passive, synonym substitution, moving the
-  place phrase to the front. Negatives apply the same random rewrites to a *changed* proposition:
-  agent and patient swapped, adjectives swapped between the two nouns (both: the same words, other roles)
-  or one concept replaced by another concept. Since the rewrites are drawn independently of the label,
+* Content words are pseudo-words built from syllables (``the kakas sunem was lizamis by the ...``);
+  function words are English (``the``, ``was``, ``by``, ``in``, ...). Every noun, adjective and verb
+  *concept* has several synonyms (different words, same meaning).
+* A task pair is one event ``agent(adj, noun) verb patient(adj, noun) [in place]`` written twice.
+  Positives rewrite it without changing its meaning: active <-> passive, synonym substitution (and, when
+  ``p_place`` > 0, moving the place phrase to the front). Negatives apply the same random rewrites to a
+  *changed* event: agent and patient swapped (the same words, other roles), optionally adjectives swapped
+  between the two nouns, or one concept replaced by another concept of its class. Since the rewrites are drawn independently of the label,
   the bag of words of a pair has the same distribution in both classes: a bag-of-words model is at
   chance; word order and synonymy decide.
 * What pre-training can teach and fine-tuning cannot: nouns are animate (agents) or things (patients);
