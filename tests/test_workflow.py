@@ -82,7 +82,7 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
 @pytest.mark.parametrize(
     "cfg, key, allowed",
     [
-        ({"schedules": {"x": {"pretrain": "fp8", "finetune": "fp32"}}}, "schedules.x.pretrain",
+        ({"schedules": {"x": {"pretrain": "fp64", "finetune": "fp32"}}}, "schedules.x.pretrain",
          "amp_bf16"),
         ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
         ({"model": {"hidden_size": "big"}}, "model.hidden_size", "integer"),

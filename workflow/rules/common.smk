@@ -10,7 +10,17 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-PRECISIONS = ["fp32", "tf32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"]
+PRECISIONS = [
+    "fp32",
+    "tf32",
+    "amp_fp16",
+    "amp_bf16",
+    "pure_fp16",
+    "pure_bf16",
+    "pure_bf16_kahan",
+    "pure_bf16_sr",
+    "fp8",
+]
 STAGES = ["pretrain", "finetune"]
 OBJECTIVE = {"pretrain": "mlm", "finetune": "classify"}
 FILE_KINDS = ["text", "tsv", "csv", "jsonl", "parquet"]
