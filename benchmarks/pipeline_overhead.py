@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     useful = (train + evals) / slots
     overhead = wall - useful
     bench = _benchmarks(results)
+    # per training process: its job wall (Snakemake benchmark) minus the train+eval it reports =
+    # interpreter start, imports, set-up, checkpoint writes, exit
+    process = bench.get("pretrain", 0.0) + bench.get("finetune", 0.0) - (train + evals)
 
     report_seconds = None
     if args.report:
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print("  of which, summed over runs (divide by slots for wall):")
     print(f"  setup seconds (sum)      {setup:8.1f} s")
     print(f"  checkpoint seconds (sum) {ckpt:8.1f} s")
+    print(f"  training processes beyond train+eval (sum)  {process:8.1f} s  -> {process / slots:.1f} s of wall")
+    print(f"  rest: data + analysis jobs, Snakemake, idle slots  {overhead - process / slots:8.1f} s of wall")
     print(f"  job wall per group (Snakemake benchmarks, sum): "
           + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(bench.items())))
     if report_seconds is not None:
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": round(wall, 2), "train_seconds": round(train, 2), "eval_seconds": round(evals, 2),
         "slots": slots, "runs": n_runs, "overhead_seconds": round(overhead, 2),
         "overhead_percent": round(100 * overhead / wall, 2), "setup_seconds_sum": round(setup, 2),
+        "process_seconds_beyond_train_eval_sum": round(process, 2),
         "benchmark_seconds_by_group": {k: round(v, 2) for k, v in bench.items()},
         "report_seconds": None if report_seconds is None else round(report_seconds, 2),
     }))
