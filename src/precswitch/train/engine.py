@@ -342,6 +342,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         flags = P.backend_flags()
 
     _quiet_transformers()
+    import sklearn.metrics  # noqa: F401 - imported in set-up, so eval_seconds times evaluation, not imports
     import transformers
 
     # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in HF Trainer).
