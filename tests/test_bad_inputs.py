@@ -1,0 +1,38 @@
+"""Bad inputs the other test files do not reach: a malformed config file, and a precision the device
+cannot run, given through the whole CLI. (The full catalog, with where each case is tested: docs/errors.md.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def test_malformed_yaml_config_is_refused_before_anything_runs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schedules:\n  x: {pretrain: fp32, finetune: fp32\nseeds: [1\n")
+    r = subprocess.run([SNAKEMAKE, "-n", "-s", str(ROOT / "Snakefile"), "--directory", str(ROOT),
+                        "--configfile", str(bad)], capture_output=True, text=True, timeout=180)
+    err = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "not valid JSON or YAML" in err and "Traceback" not in err
+    assert "Job stats" not in err
+
+
+def test_tf32_on_cpu_through_the_cli_names_precision_and_device(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from engine_fixtures import make_prepared
+
+    data = make_prepared(tmp_path, "mlm")
+    out = tmp_path / "out"
+    hp = {"data": str(data), "precision": "tf32", "steps": 1, "device": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(hp), "--out",
+                        str(out)], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line, no traceback wall
+    assert "'tf32'" in r.stderr and "'cpu'" in r.stderr and "Ampere" in r.stderr
+    assert not (out / "metrics.json").exists()
