@@ -24,6 +24,7 @@ rule aggregate:
         f"{LOGS}/analysis/aggregate.log",
     benchmark:
         f"{BENCHMARKS}/analysis/aggregate.tsv"
+    localrule: True
     conda:
         "../../envs/precswitch.yaml"
     shell:
@@ -54,6 +55,7 @@ rule stats:
         f"{LOGS}/analysis/stats.log",
     benchmark:
         f"{BENCHMARKS}/analysis/stats.tsv"
+    localrule: True
     conda:
         "../../envs/precswitch.yaml"
     params:
@@ -86,6 +88,7 @@ rule plots:
         f"{LOGS}/analysis/plots.log",
     benchmark:
         f"{BENCHMARKS}/analysis/plots.tsv"
+    localrule: True
     conda:
         "../../envs/precswitch.yaml"
     shell:
@@ -107,6 +110,7 @@ rule verdict:
         f"{LOGS}/analysis/verdict.log",
     benchmark:
         f"{BENCHMARKS}/analysis/verdict.tsv"
+    localrule: True
     conda:
         "../../envs/precswitch.yaml"
     shell:

@@ -10,17 +10,18 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-PRECISIONS = [
-    "fp32",
-    "tf32",
-    "amp_fp16",
-    "amp_bf16",
-    "pure_fp16",
-    "pure_bf16",
-    "pure_bf16_kahan",
-    "pure_bf16_sr",
-    "fp8",
-]
+# this checkout's workflow/ directory (also when the Snakefile is included from elsewhere)
+WORKFLOW_DIR = os.path.dirname(
+    str(workflow.current_basedir.get_path_or_uri(secret_free=True))
+)
+# the precision names come from the package's catalog (src/precswitch/precision.py); the package is
+# installed editable, and this checkout's src/ goes first in case another copy is installed
+_SRC = os.path.join(os.path.dirname(WORKFLOW_DIR), "src")
+if os.path.isdir(_SRC) and _SRC not in sys.path:
+    sys.path.insert(0, _SRC)
+from precswitch.precision import CATALOG, NAMES
+
+PRECISIONS = list(NAMES)
 STAGES = ["pretrain", "finetune"]
 OBJECTIVE = {"pretrain": "mlm", "finetune": "classify"}
 FILE_KINDS = ["text", "tsv", "csv", "jsonl", "parquet"]
@@ -30,10 +31,6 @@ NOT_HPARAMS = {
     "finetune": {"max_length", "mlm_probability"},
 }
 
-# this checkout's workflow/ directory (also when the Snakefile is included from elsewhere)
-WORKFLOW_DIR = os.path.dirname(
-    str(workflow.current_basedir.get_path_or_uri(secret_free=True))
-)
 
 # --- paths (docs/contracts.md, "Results layout") --------------------------------------------------
 SYNTH_DIR = "results/data/synth"
@@ -113,6 +110,135 @@ def _check_source(stage, source):
         )
 
 
+# --- stage specs: a precision name, or {precision, switch_to, switch_at} (an in-stage switch) ----------
+def stage_spec(value):
+    """The normalised spec of one stage of a schedule: {precision, switch_to, switch_at}."""
+    if isinstance(value, str):
+        return {"precision": value, "switch_to": None, "switch_at": None}
+    return {
+        "precision": value.get("precision"),
+        "switch_to": value.get("switch_to"),
+        "switch_at": value.get("switch_at"),
+    }
+
+
+def _percent(fraction):
+    return f"{round(fraction * 100, 6):g}"
+
+
+def spec_name(spec):
+    """amp_fp16, or amp_fp16-to-fp32-at80 for 80% of the steps in amp_fp16 then fp32."""
+    if spec["switch_to"] is None:
+        return spec["precision"]
+    return f"{spec['precision']}-to-{spec['switch_to']}-at{_percent(spec['switch_at'])}"
+
+
+def _check_precision(name, key):
+    if name not in PRECISIONS:
+        raise config_error(
+            key, f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}"
+        )
+
+
+def _storage(name):
+    p = CATALOG[name]
+    return (p.param_dtype, p.update_compensation, p.fp8_linear)
+
+
+def _check_switch(precision, switch_to, key):
+    """An in-stage switch keeps the weights: both precisions must store them the same way."""
+    _check_precision(switch_to, f"{key}.switch_to")
+    if _storage(precision) != _storage(switch_to):
+        same = [
+            p
+            for p in PRECISIONS
+            if p != precision and _storage(p) == _storage(precision)
+        ]
+        raise config_error(
+            f"{key}.switch_to",
+            f"cannot switch from {precision} to {switch_to} inside a stage: their weights are "
+            f"stored differently; allowed from {precision}: {', '.join(same) or 'none'} "
+            "(or use two stages)",
+        )
+
+
+def check_stage(value, key):
+    spec = stage_spec(value)
+    if spec["precision"] is None:
+        raise config_error(f"{key}.precision", "required (the stage's first precision)")
+    _check_precision(
+        spec["precision"], key if isinstance(value, str) else f"{key}.precision"
+    )
+    if (spec["switch_to"] is None) != (spec["switch_at"] is None):
+        raise config_error(
+            key, "switch_to and switch_at go together: set both (or neither)"
+        )
+    if spec["switch_to"] is not None:
+        if not 0 < spec["switch_at"] <= 1:
+            raise config_error(
+                f"{key}.switch_at",
+                f"{spec['switch_at']} is outside (0, 1]: the fraction of the stage's steps run in "
+                f"{spec['precision']} before switching to {spec['switch_to']}",
+            )
+        _check_switch(spec["precision"], spec["switch_to"], key)
+    return spec
+
+
+def expand_sweeps(cfg):
+    """Add the schedules of every switch-point sweep (<name>-at<percent>) to cfg["schedules"].
+
+    A sweep names one stage with {precision, switch_to} and no switch_at (the swept stage) and a
+    list of fractions f of that stage's steps run in `precision` before switching to `switch_to`:
+    f = 1 runs the whole stage in `precision` (no switch), f = 0 the whole stage in `switch_to`.
+    Each schedule's stage-2 tags carry sweep, sweep_at (= f) and sweep_stage.
+    """
+    sweeps = cfg.get("sweeps") or {}
+    meta = {}
+    for name, sweep in sweeps.items():
+        key = f"sweeps.{name}"
+        swept = [
+            st
+            for st in STAGES
+            if isinstance(sweep.get(st), dict)
+            and sweep[st].get("switch_to") is not None
+            and sweep[st].get("switch_at") is None
+        ]
+        if len(swept) != 1:
+            raise config_error(
+                key,
+                "exactly one stage must be swept: give it {precision: P, switch_to: Q} without "
+                "switch_at, e.g. {pretrain: amp_fp16, finetune: {precision: amp_fp16, "
+                "switch_to: fp32}, switch_at: [0.0, 0.5, 1.0]}",
+            )
+        stage = swept[0]
+        first, then = sweep[stage]["precision"], sweep[stage]["switch_to"]
+        _check_precision(first, f"{key}.{stage}.precision")
+        _check_switch(first, then, f"{key}.{stage}")
+        for i, f in enumerate(sweep["switch_at"]):
+            if not 0 <= f <= 1:
+                raise config_error(
+                    f"{key}.switch_at[{i}]",
+                    f"{f} is outside [0, 1] (fraction in {first})",
+                )
+            schedule = f"{name}-at{_percent(f)}"
+            if schedule in cfg["schedules"]:
+                raise config_error(
+                    key,
+                    f"schedule {schedule!r} (sweep point {f}) is already a schedule; "
+                    "rename the sweep or the schedule",
+                )
+            stages = {st: sweep[st] for st in STAGES if st in sweep and st != stage}
+            if f == 1:
+                stages[stage] = first
+            elif f == 0:
+                stages[stage] = then
+            else:
+                stages[stage] = {"precision": first, "switch_to": then, "switch_at": f}
+            cfg["schedules"][schedule] = stages
+            meta[schedule] = {"sweep": name, "sweep_at": f, "sweep_stage": stage}
+    return meta
+
+
 def check_config(cfg):
     _check_finite(cfg, "")
     schedules = cfg["schedules"]
@@ -125,17 +251,13 @@ def check_config(cfg):
                 "needs a finetune precision (and optionally a pretrain one), "
                 f"e.g. {{pretrain: amp_fp16, finetune: fp32}}; allowed: {', '.join(PRECISIONS)}",
             )
-        for stage, precision in stages.items():
+        for stage, value in stages.items():
             if stage not in STAGES:
                 raise config_error(
                     f"schedules.{name}.{stage}",
                     f"unknown stage; allowed: {', '.join(STAGES)}",
                 )
-            if precision not in PRECISIONS:
-                raise config_error(
-                    f"schedules.{name}.{stage}",
-                    f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}",
-                )
+            check_stage(value, f"schedules.{name}.{stage}")
     seeds = cfg["seeds"]
     if not seeds:
         raise config_error("seeds", "needs at least one seed")
@@ -178,19 +300,31 @@ def check_config(cfg):
         _check_source(stage, cfg["data"][stage])
 
 
+_check_finite(config.get("sweeps") or {}, "sweeps")
+SWEEPS = expand_sweeps(config)
 check_config(config)
 
-SCHEDULES = config["schedules"]
+SCHEDULES = {
+    name: {stage: stage_spec(v) for stage, v in stages.items()}
+    for name, stages in config["schedules"].items()
+}
 SEEDS = [int(s) for s in config["seeds"]]
-# stage-1 precisions in use: schedules starting with the same precision share their stage-1 runs
-STAGE1_PRECISIONS = sorted(
-    {s["pretrain"] for s in SCHEDULES.values() if "pretrain" in s}
-)
+# stage-1 runs in use, by name (the precision wildcard): schedules whose stage 1 is the same (same
+# precision, same in-stage switch) share their stage-1 runs
+STAGE1 = {
+    spec_name(s["pretrain"]): s["pretrain"]
+    for s in SCHEDULES.values()
+    if "pretrain" in s
+}
+STAGE1_PRECISIONS = sorted(STAGE1)
 GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
 
 
 wildcard_constraints:
-    precision="|".join(PRECISIONS),
+    precision="|".join(
+        re.escape(p)
+        for p in sorted(set(PRECISIONS) | set(STAGE1), key=len, reverse=True)
+    ),
     schedule="|".join(re.escape(s) for s in SCHEDULES),
     seed=r"\d+",
     stage="|".join(STAGES),
@@ -267,7 +401,9 @@ def tokenizer_options():
 
 # --- training -------------------------------------------------------------------------------------
 def stage1_precision(schedule):
-    return SCHEDULES[schedule].get("pretrain")
+    """The stage-1 run name of a schedule (its directory under results/runs/pretrain), or None."""
+    spec = SCHEDULES[schedule].get("pretrain")
+    return None if spec is None else spec_name(spec)
 
 
 def pretrain_metrics():
@@ -297,16 +433,20 @@ def finetune_inputs(wildcards):
     return {"stage1": f"{run}/metrics.json", "checkpoint": f"{run}/checkpoint"}
 
 
-def _hparams(stage, precision, seed, init, tags):
+def _hparams(stage, spec, seed, init, tags):
     hp = {
         k: v for k, v in config["train"][stage].items() if k not in NOT_HPARAMS[stage]
     }
+    if not hp.get("telemetry_every"):
+        hp.pop(
+            "telemetry_every", None
+        )  # off: the engine's default (keeps old runs' params)
     model = {k: v for k, v in config["model"].items() if k != "init"}
     hp.update(
-        run_id=f"{stage}-{tags['schedule'] if 'schedule' in tags else precision}-seed{seed}",
+        run_id=f"{stage}-{tags['schedule'] if 'schedule' in tags else spec_name(spec)}-seed{seed}",
         stage=stage,
         objective=OBJECTIVE[stage],
-        precision=precision,
+        precision=spec["precision"],
         seed=int(seed),
         tags=tags,
         data=PREPARED_DIR.format(stage=stage),
@@ -316,6 +456,8 @@ def _hparams(stage, precision, seed, init, tags):
         threads=config["threads"],
         device=config["device"],
     )
+    if spec["switch_to"] is not None:
+        hp.update(switch_to=spec["switch_to"], switch_at=spec["switch_at"])
     if stage == "pretrain":
         hp["save_checkpoint"] = True
     return json.dumps(hp, sort_keys=True)
@@ -324,18 +466,27 @@ def _hparams(stage, precision, seed, init, tags):
 def pretrain_hparams(wildcards):
     # no schedule names in stage-1 tags: adding a schedule must not rerun shared stage-1 runs
     return _hparams(
-        "pretrain", wildcards.precision, wildcards.seed, config["model"]["init"], {}
+        "pretrain",
+        STAGE1[wildcards.precision],
+        wildcards.seed,
+        config["model"]["init"],
+        {},
     )
 
 
 def finetune_hparams(wildcards):
+    tags = {"schedule": wildcards.schedule, **SWEEPS.get(wildcards.schedule, {})}
     return _hparams(
         "finetune",
         SCHEDULES[wildcards.schedule]["finetune"],
         wildcards.seed,
         finetune_init(wildcards),
-        {"schedule": wildcards.schedule},
+        tags,
     )
+
+
+# a stage the device cannot run (on_unsupported: skip) writes metrics.json only: give it an empty log
+STEPS_HEADER = "step,loss,lr,grad_norm,loss_scale,step_seconds,skipped"
 
 
 # --- analysis -------------------------------------------------------------------------------------
@@ -415,5 +566,16 @@ PLOTS = {
     "loss_scale": {
         "category": "Numerics",
         "labels": {"figure": "fp16 loss scale and skipped steps", "stage": "both"},
+    },
+    "switch_point": {
+        "category": "Switch point",
+        "labels": {"figure": "accuracy and time vs switch point", "stage": "swept"},
+    },
+    "overflow": {
+        "category": "Numerics",
+        "labels": {
+            "figure": "max |activation| per layer vs fp16 limit",
+            "stage": "pretrain",
+        },
     },
 }

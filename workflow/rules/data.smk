@@ -9,6 +9,7 @@ rule synth:
         f"{LOGS}/data/synth.log",
     benchmark:
         f"{BENCHMARKS}/data/synth.tsv"
+    localrule: True
     conda:
         "../../envs/precswitch.yaml"
     params:

@@ -1,7 +1,10 @@
-# Training: stage 1 once per (stage-1 precision, seed), shared by every schedule starting with that
-# precision; stage 2 once per (schedule, seed). One process per stage, so its clocks and peak memory
-# are its own. `threads` keeps --cores from being oversubscribed; `gpu` (limited to 1 by
-# profiles/default) keeps two timed jobs off one GPU.
+# Training: stage 1 once per (stage-1 spec, seed), shared by every schedule whose stage 1 is the same
+# (same precision and same in-stage switch, if any: results/runs/pretrain/amp_fp16-to-fp32-at80/);
+# stage 2 once per (schedule, seed). One process per stage, so its clocks and peak memory are its
+# own. `threads` keeps --cores from being oversubscribed; `gpu` (limited to 1 by profiles/default)
+# keeps two timed jobs off one GPU. A stage skipped on this device (on_unsupported: skip) writes
+# metrics.json only; stage 2 then gets a header-only steps.csv (a skipped stage 1 has no
+# checkpoint: put precisions a device may refuse in stage 2).
 
 
 rule pretrain:
@@ -56,5 +59,7 @@ rule finetune:
         offline=OFFLINE_ENV,
         hparams=finetune_hparams,
         out=lambda w, output: os.path.dirname(output.metrics),
+        steps_header=STEPS_HEADER,
     shell:
         "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
+        " && (test -e {output.steps} || echo {params.steps_header} > {output.steps})"

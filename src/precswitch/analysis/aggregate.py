@@ -9,7 +9,11 @@ found later).
 not among the inputs (fine-tuning from scratch or from a hub model) gives a row with empty stage-1
 columns (``stage1_precision`` then falls back to the finetune run's ``init_precision``).
 
-The contract columns (docs/contracts.md) come first, in contract order; extra columns follow.
+The contract columns (docs/contracts.md) come first, in contract order; extra columns follow:
+in-stage switches (``switch_to``, ``switch_at`` per stage; ``spec`` = ``amp_fp16-to-fp32-at80``),
+switch-point sweeps (``sweep``, ``sweep_at``, ``sweep_stage`` from the stage-2 tags) and, in runs, the
+activation-telemetry summary (``act_max_abs``, ``act_max_abs_layer``, ``act_frac_overflow_fp16``,
+``act_frac_underflow_fp16``; empty when telemetry was off).
 """
 
 from __future__ import annotations
@@ -39,7 +43,27 @@ SCHEDULE_EXTRA_COLUMNS = [
     "stage1_nonfinite_losses", "stage2_nonfinite_losses", "stage1_loss_scale_min",
     "stage2_loss_scale_min", "stage1_status_reason", "stage2_status_reason",
     "stage1_metrics_path", "stage2_metrics_path", "peak_memory_bytes",
+    "stage1_spec", "stage2_spec", "stage1_switch_to", "stage1_switch_at", "stage2_switch_to",
+    "stage2_switch_at", "sweep", "sweep_at", "sweep_stage",
 ]
+
+#: runs.csv columns copied from metrics.json's ``activation_telemetry`` summary (null when off).
+TELEMETRY_COLUMNS = {
+    "act_max_abs": "max_abs",
+    "act_max_abs_layer": "max_abs_layer",
+    "act_frac_overflow_fp16": "frac_overflow_fp16",
+    "act_frac_underflow_fp16": "frac_underflow_fp16",
+}
+#: tags of a stage-2 run copied into runs.csv (switch-point sweeps, workflow/rules/common.smk)
+TAG_COLUMNS = ("sweep", "sweep_at", "sweep_stage")
+
+
+def spec_name(precision: Any, switch_to: Any, switch_at: Any) -> Any:
+    """``amp_fp16``, or ``amp_fp16-to-fp32-at80`` for a stage that switched after 80% of its steps
+    (the workflow's stage-1 directory name)."""
+    if _is_missing(switch_to) or _is_missing(switch_at):
+        return precision
+    return f"{precision}-to-{switch_to}-at{round(float(switch_at) * 100, 6):g}"
 
 #: Statuses in order of severity: the schedule's status is the worst of its stages'.
 STATUS_SEVERITY = {"ok": 0, "skipped": 1, "diverged": 2}
@@ -76,6 +100,17 @@ def flatten_metrics(metrics: dict, path: str | os.PathLike | None = None) -> dic
     tags = metrics.get("tags") or {}
     if _is_missing(row.get("schedule")) and isinstance(tags, dict) and tags.get("schedule"):
         row["schedule"] = tags["schedule"]
+    if isinstance(tags, dict):
+        for k in TAG_COLUMNS:
+            if k in tags and _is_missing(row.get(k)):
+                row[k] = tags[k]
+    row["spec"] = spec_name(row.get("precision"), row.get("switch_to"), row.get("switch_at"))
+    tel = metrics.get("activation_telemetry")
+    for col, key in TELEMETRY_COLUMNS.items():
+        v = tel.get(key) if isinstance(tel, dict) else None
+        if isinstance(v, str) and col != "act_max_abs_layer":  # JSON-safe "inf"/"-inf"
+            v = float(v)
+        row[col] = v
     if path is not None:
         row["metrics_path"] = str(path)
     return row
@@ -223,6 +258,15 @@ def build_schedules(runs):
             "stage2_status_reason": r.get("status_reason"),
             "stage1_metrics_path": g1("metrics_path"),
             "stage2_metrics_path": r.get("metrics_path"),
+            "stage1_spec": g1("spec") if s1 is not None else None,
+            "stage2_spec": r.get("spec"),
+            "stage1_switch_to": g1("switch_to"),
+            "stage1_switch_at": _num(g1("switch_at")),
+            "stage2_switch_to": r.get("switch_to"),
+            "stage2_switch_at": _num(r.get("switch_at")),
+            "sweep": r.get("sweep"),
+            "sweep_at": _num(r.get("sweep_at")),
+            "sweep_stage": r.get("sweep_stage"),
         }
         mems = [x for x in (row["stage1_peak_memory_bytes"], row["stage2_peak_memory_bytes"])
                 if not math.isnan(x)]
@@ -269,6 +313,9 @@ STRING_COLUMNS = [
     "git_commit", "hostname", "config_hash", "started_at", "finished_at", "metrics_path",
     "stage1_precision", "stage2_precision", "stage1_status", "stage2_status", "stage1_run_id", "stage2_run_id",
     "stage1_status_reason", "stage2_status_reason", "stage1_metrics_path", "stage2_metrics_path",
+    "spec", "switch_to", "precision_final", "update_compensation", "autocast_dtype", "act_max_abs_layer",
+    "sweep", "sweep_stage", "stage1_spec", "stage2_spec", "stage1_switch_to", "stage2_switch_to",
+    "init_status",
 ]
 
 

@@ -10,6 +10,13 @@ Plot names (file stem → what it shows; captions in workflow/report/<name>.rst)
                    stage 2 by schedule
 * ``loss_scale``   dynamic loss-scale traces of the fp16 runs, skipped steps marked
 * ``stage1``       stage-1 eval metrics (MLM loss, masked-token accuracy) per stage-1 precision
+* ``switch_point`` accuracy and the swept stage's training time vs the switch point of each
+                   switch-point sweep (mean and 95% t CI over seeds, one line per sweep)
+* ``overflow``     max |activation| per layer of the stage-1 runs with activation telemetry, per
+                   stage-1 precision, against the fp16 limit 65504 (log scale)
+
+A plot with nothing to show (no sweep, no telemetry, no fp16 run) is still written, with a note, so the
+workflow's outputs do not depend on the config.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from typing import Any, Iterable
 
 from ..errors import PrecswitchError
 
-PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1")
+PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1", "switch_point",
+              "overflow")
+FP16_MAX = 65504.0
 FORMATS = ("png", "svg")
 FP16_PRECISIONS = ("amp_fp16", "pure_fp16")
 
@@ -266,7 +275,8 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
 def plot_loss_scale(steps, plt, sns):
     st = steps.copy()
     if not st.empty and "loss_scale" in st:
-        st = st[st["precision"].isin(FP16_PRECISIONS) & st["loss_scale"].notna()]
+        first = st["precision"].map(lambda p: str(p).split("-to-")[0])  # spec → its first precision
+        st = st[first.isin(FP16_PRECISIONS) & st["loss_scale"].notna()]
     else:
         st = st.iloc[0:0]
     stages = [s for s in ("pretrain", "finetune") if s in set(st.get("stage", []))]
@@ -328,6 +338,112 @@ def plot_stage1(runs, stats: dict, plt, sns):
     return fig
 
 
+def plot_switch_point(schedules, stats: dict, plt, sns):
+    """Accuracy and the swept stage's train time vs switch point, one line per sweep."""
+    from .stats import describe, mark_outcomes
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    df = schedules.copy()
+    if "sweep" not in df or df["sweep"].isna().all():
+        for ax in axes:
+            _empty(ax, "no sweep in this config\n(config key sweeps)")
+        return fig
+    df = mark_outcomes(df)
+    df = df[df["sweep"].notna() & df["used"]].copy()
+    alpha = stats.get("settings", {}).get("alpha", 0.05)
+    conf = int(round((1 - alpha) * 100))
+    df["x"] = df["sweep_at"].astype(float) * 100
+    df["accuracy_pct"] = df["accuracy"].astype(float) * 100
+    stage_of = df["sweep_stage"].map({"pretrain": 1, "finetune": 2}).fillna(2).astype(int)
+    df["swept_seconds"] = [float(r[f"stage{k}_train_seconds"]) for k, (_, r) in zip(stage_of, df.iterrows())]
+    stages = sorted(set(stage_of))
+    panels = ((axes[0], "accuracy_pct", "fine-tuned accuracy (%)", "Accuracy vs switch point"),
+              (axes[1], "swept_seconds",
+               f"stage-{'/'.join(map(str, stages)) or 2} training-loop time (s)", "Swept stage's train time"))
+    palette = sns.color_palette(n_colors=max(1, df["sweep"].nunique()))
+    for ax, col, ylabel, title in panels:
+        if df.empty:
+            _empty(ax, "no finished sweep runs")
+            continue
+        for color, (name, g) in zip(palette, df.groupby("sweep", sort=True)):
+            pts = []
+            for x, gx in g.groupby("x", sort=True):
+                d = describe(gx[col], alpha)
+                pts.append((x, d["mean"], d["ci_low"], d["ci_high"]))
+            xs = [p[0] for p in pts]
+            means = [p[1] for p in pts]
+            ax.plot(xs, means, "-o", color=color, label=str(name), ms=5)
+            for x, m, lo, hi in pts:
+                if math.isfinite(lo) and math.isfinite(hi):
+                    ax.plot([x, x], [lo, hi], color=color, lw=2, alpha=0.6)
+            ax.scatter(g["x"], g[col], color=color, s=12, alpha=0.35)
+        ax.set_xlabel("switch point: % of the swept stage's steps in its first precision")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_xlim(-5, 105)
+        ax.legend(fontsize=8, title="sweep")
+    fig.suptitle(f"Switch-point sweeps (lines: mean over seeds; bars: {conf}% t CI; dots: seeds)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def load_activations(runs, base: Path | None = None):
+    """Every stage-1 run's activations.csv (beside its metrics.json), with its spec and seed."""
+    import pandas as pd
+
+    frames = []
+    pre = runs[runs["stage"] == "pretrain"] if "stage" in runs else runs.iloc[0:0]
+    for r in pre.to_dict("records"):
+        mp = _resolve(r.get("metrics_path"), base)
+        ap = mp.parent / "activations.csv" if mp is not None else None
+        if ap is None or not ap.is_file():
+            continue
+        try:
+            a = pd.read_csv(ap)
+        except Exception:  # noqa: BLE001 - a broken log is left out, not fatal
+            continue
+        if a.empty or not {"layer", "max_abs"} <= set(a.columns):
+            continue
+        spec = r.get("spec")
+        a["spec"] = spec if isinstance(spec, str) else r.get("precision")
+        a["seed"] = r.get("seed")
+        frames.append(a)
+    if not frames:
+        return pd.DataFrame(columns=["step", "layer", "max_abs", "spec", "seed"])
+    out = pd.concat(frames, ignore_index=True)
+    out["max_abs"] = pd.to_numeric(out["max_abs"], errors="coerce")
+    return out
+
+
+def plot_overflow(acts, plt, sns):
+    """Max |activation| per layer (over sampled steps and seeds) per stage-1 precision, log scale."""
+    if acts.empty:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        _empty(ax, "no activation telemetry\n(set train.pretrain.telemetry_every > 0)")
+        return fig
+    order = list(dict.fromkeys(acts["layer"]))  # module order of the first run (forward order)
+    peak = acts.groupby(["spec", "layer"])["max_abs"].max().reset_index()
+    fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(order) + 3), 5))
+    pos = {layer: i for i, layer in enumerate(order)}
+    for spec, g in peak.groupby("spec", sort=True):
+        g = g.assign(i=g["layer"].map(pos)).sort_values("i")
+        ax.plot(g["i"], g["max_abs"].clip(lower=1e-12), "-o", ms=3, lw=1.2, label=str(spec))
+    ax.axhline(FP16_MAX, color="tab:red", ls="--", lw=1.2, label="fp16 max 65504")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(order)))
+    ax.set_xticklabels([str(x).replace("bert.encoder.", "").replace("bert.", "") for x in order],
+                       rotation=90, fontsize=6)
+    ax.set_ylabel("max |activation| over sampled steps and seeds (log)")
+    ax.set_xlabel("module output (Linear / LayerNorm, forward order)")
+    over = peak[peak["max_abs"] > FP16_MAX]
+    ax.set_title("Stage 1: largest activations per layer vs the fp16 range"
+                 + (f" — {over['spec'].nunique()} precision(s) exceed it" if not over.empty else
+                    " — none exceeds it"), fontsize=11)
+    ax.legend(fontsize=8, title="stage-1 precision")
+    fig.tight_layout()
+    return fig
+
+
 # --------------------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------------------
@@ -378,6 +494,12 @@ def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
     schedules = _read_table(schedules_path)
     with open(stats_path, encoding="utf-8") as f:
         stats = json.load(f)
+    # show stages by spec: a stage that switched precision (amp_fp16-to-fp32-at80) is its own group
+    if "spec" in runs:
+        runs = runs.assign(precision=runs["spec"].where(runs["spec"].notna(), runs["precision"]))
+    if "stage1_spec" in schedules:
+        schedules = schedules.assign(stage1_precision=schedules["stage1_spec"].where(
+            schedules["stage1_spec"].notna(), schedules["stage1_precision"]))
     plt, sns = _setup()
     steps = None
     if {"loss_curves", "loss_scale"} & set(targets):
@@ -396,6 +518,10 @@ def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
             fig = plot_loss_curves(runs, schedules, steps, stats, plt, sns)
         elif name == "loss_scale":
             fig = plot_loss_scale(steps, plt, sns)
+        elif name == "switch_point":
+            fig = plot_switch_point(schedules, stats, plt, sns)
+        elif name == "overflow":
+            fig = plot_overflow(load_activations(runs, Path(runs_path).resolve().parent), plt, sns)
         else:
             fig = plot_stage1(runs, stats, plt, sns)
         for path in targets[name]:

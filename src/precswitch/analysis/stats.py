@@ -647,11 +647,17 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
     fin = runs[runs["stage"] == "finetune"] if "stage" in runs else runs.iloc[0:0]
     stage1_counts, stage2_counts = {}, {}
     if len(pre):
+        # stage-1 runs are grouped by their spec: the precision, or e.g. amp_fp16-to-fp32-at80 for an
+        # in-stage switch (a switched stage 1 is its own group, not a duplicate of amp_fp16)
+        pre = pre.copy()
+        if "spec" in pre:
+            pre["precision"] = pre["spec"].where(pre["spec"].notna(), pre["precision"])
         pre = pre.drop_duplicates(["precision", "seed"])
         stage1_counts = _counts(pre, "precision")
         summary_rows += _summary_rows(pre, "stage1", "precision", STAGE1_METRICS + RUN_COUNTERS, alpha,
                                       stage1_counts)
-        stage1_baseline = _first(sched[sched["schedule"] == baseline], "stage1_precision")
+        base_col = "stage1_spec" if "stage1_spec" in sched else "stage1_precision"
+        stage1_baseline = _first(sched[sched["schedule"] == baseline], base_col)
         if stage1_baseline is None or stage1_baseline not in set(pre["precision"]):
             stage1_baseline = "fp32" if "fp32" in set(pre["precision"]) else None
         if stage1_baseline is not None:
@@ -675,8 +681,9 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         missing_seeds = sorted(all_seeds - set(sub["seed"]), key=str)
         acc = describe(sub.loc[sub["used"], "accuracy"].astype(float) * 100, alpha)
         sched_info[s] = {
-            "stage1_precision": _first(sub, "stage1_precision"),
-            "stage2_precision": _first(sub, "stage2_precision"),
+            # the spec (amp_fp16-to-fp32-at80 for an in-stage switch), else the precision
+            "stage1_precision": _first(sub, "stage1_spec") or _first(sub, "stage1_precision"),
+            "stage2_precision": _first(sub, "stage2_spec") or _first(sub, "stage2_precision"),
             **counts[s],
             "failed": [{"seed": _jsonable(r["seed"]), "outcome": r["outcome"], "reason": _failure_reason(r)}
                        for r in sub[~sub["used"]].to_dict("records")],
@@ -693,6 +700,8 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             "stage2_loss_scale_min": float(sub.get("stage2_loss_scale_min", pd.Series(dtype=float))
                                            .astype(float).min()),
             "seeds": [_jsonable(v) for v in sorted(sub["seed"].unique())],
+            "sweep": _first(sub, "sweep") if "sweep" in sub else None,
+            "sweep_at": _first(sub, "sweep_at") if "sweep_at" in sub else None,
             # seeds other schedules have but this one lacks (no finetune metrics.json was given)
             "missing_seeds": [_jsonable(v) for v in missing_seeds],
         }
