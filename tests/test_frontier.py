@@ -1,0 +1,304 @@
+"""Issue 8 in the workflow: in-stage switches in schedules, switch-point sweeps, telemetry, fp8 skipped.
+
+Dry runs of config/frontier.yaml (job counts, stage-1 sharing of switched vs unswitched stage 1,
+sweep expansion, the hparams the engine gets), config errors for the new keys, the analysis of
+switched / swept / telemetry / skipped runs on fake metrics, and (slow) config/frontier.yaml for real.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pandas as pd
+import pytest
+import yaml
+from workflow_helpers import ROOT, job_counts, snakemake, write_config
+
+from precswitch.analysis.aggregate import aggregate, read_table
+from precswitch.analysis.fakes import write_stage
+from precswitch.analysis.plots import PLOT_NAMES, make_plots
+from precswitch.analysis.stats import load_settings, run_stats
+from precswitch.analysis.verdict import write_verdict
+
+FRONTIER = ROOT / "config" / "frontier.yaml"
+FRONTIER_CFG = yaml.safe_load(FRONTIER.read_text())
+
+
+def _dry(tmp_path, *args, cfg=None):
+    files = ["--configfile", FRONTIER]
+    if cfg is not None:
+        files += ["--configfile", write_config(tmp_path / "extra.yaml", cfg)]
+    return snakemake(tmp_path, "-n", *files, *args)
+
+
+def _hparams(out: str) -> list[dict]:
+    return [json.loads(m) for m in re.findall(r"--hparams '(\{.*?\})'", out)]
+
+
+# ------------------------------------------------------------------------------------ dry runs
+def test_frontier_dry_run_counts_and_sharing(tmp_path):
+    proc = _dry(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    counts = job_counts(out)
+    n_seeds = len(FRONTIER_CFG["seeds"])
+    sweep = FRONTIER_CFG["sweeps"]["fp16-ft"]["switch_at"]
+    n_sched = len(FRONTIER_CFG["schedules"]) + len(sweep)
+    # stage 1: fp32, amp_fp16 (shared by fp16-fp32 and every sweep point), amp_bf16, pure_bf16, and the
+    # switched amp_fp16-to-fp32-at80 (its own run, not amp_fp16's)
+    assert counts["pretrain"] == 5 * n_seeds, counts
+    assert counts["finetune"] == n_sched * n_seeds, counts
+    for rule in ("synth", "aggregate", "stats", "plots", "verdict"):
+        assert counts[rule] == 1
+    stage1 = set(re.findall(r"results/runs/pretrain/([\w.+-]+)/seed(\d+)/metrics\.json", out))
+    assert {p for p, _ in stage1} == {"fp32", "amp_fp16", "amp_bf16", "pure_bf16", "amp_fp16-to-fp32-at80"}
+    stage2 = {n for n, _ in re.findall(r"results/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out)}
+    assert {"fp16-ft-at0", "fp16-ft-at50", "fp16-ft-at100", "bf16-fp8", "fp16x80-fp32"} <= stage2
+
+
+def test_frontier_hparams(tmp_path):
+    proc = _dry(tmp_path, "--printshellcmds", "--forceall")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hps = _hparams(proc.stdout + proc.stderr)
+    by_id = {h["run_id"]: h for h in hps}
+    # switched stage 1
+    h = by_id["pretrain-amp_fp16-to-fp32-at80-seed1"]
+    assert (h["precision"], h["switch_to"], h["switch_at"]) == ("amp_fp16", "fp32", 0.8)
+    assert h["tags"] == {} and h["telemetry_every"] == FRONTIER_CFG["train"]["pretrain"]["telemetry_every"]
+    assert "switch_to" not in by_id["pretrain-amp_fp16-seed1"]
+    fin = by_id["finetune-fp16x80-fp32-seed1"]
+    assert fin["init"] == "results/runs/pretrain/amp_fp16-to-fp32-at80/seed1/checkpoint"
+    assert "telemetry_every" not in fin  # 0 = off: left to the engine's default
+    # sweep points: 1.0 = no switch, 0.0 = all in switch_to, else a switch
+    at50, at100, at0 = (by_id[f"finetune-fp16-ft-at{p}-seed2"] for p in (50, 100, 0))
+    assert (at50["precision"], at50["switch_to"], at50["switch_at"]) == ("amp_fp16", "fp32", 0.5)
+    assert at100["precision"] == "amp_fp16" and "switch_to" not in at100
+    assert at0["precision"] == "fp32" and "switch_to" not in at0
+    assert at50["tags"] == {"schedule": "fp16-ft-at50", "sweep": "fp16-ft", "sweep_at": 0.5,
+                            "sweep_stage": "finetune"}
+    assert at50["init"] == "results/runs/pretrain/amp_fp16/seed2/checkpoint"
+    assert by_id["finetune-bf16-fp8-seed1"]["on_unsupported"] == "skip"
+
+
+def test_stage1_sweep_and_baseline_from_a_sweep(tmp_path):
+    cfg = {"schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"}},
+           "sweeps": {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
+                              "switch_at": [0.25, 0.75]}},
+           "seeds": [1], "analysis": {"baseline": "pre-at75"}}
+    proc = snakemake(tmp_path, "-n", "--configfile", write_config(tmp_path / "c.yaml", cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert job_counts(out)["pretrain"] == 3 and job_counts(out)["finetune"] == 3
+    stage1 = set(re.findall(r"results/runs/pretrain/([\w.+-]+)/seed1/metrics\.json", out))
+    assert stage1 == {"fp32", "amp_bf16-to-fp32-at25", "amp_bf16-to-fp32-at75"}
+
+
+def test_default_config_unchanged_by_the_new_keys(tmp_path):
+    proc = snakemake(tmp_path, "-n", "--printshellcmds", "--configfile", ROOT / "config" / "config.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for h in _hparams(proc.stdout + proc.stderr):
+        assert not {"switch_to", "switch_at", "telemetry_every"} & set(h)
+        assert h["run_id"] == f"{h['stage']}-{h['tags'].get('schedule', h['precision'])}-seed{h['seed']}"
+
+
+# ------------------------------------------------------------------------------- config errors
+def _sched(**stage) -> dict:
+    return {"schedules": {"x": {"pretrain": "fp32", **stage}}, "seeds": [1], "analysis": {"baseline": "x"}}
+
+
+def _sweep(sweep: dict) -> dict:
+    return {"schedules": {"x": {"finetune": "fp32"}}, "sweeps": {"s": sweep}, "seeds": [1],
+            "analysis": {"baseline": "x"}}
+
+
+@pytest.mark.parametrize(
+    "cfg, key, allowed",
+    [
+        (_sched(finetune={"precision": "amp_fp16", "switch_to": "pure_bf16", "switch_at": 0.5}),
+         "schedules.x.finetune.switch_to", "stored differently"),
+        (_sched(finetune={"precision": "pure_bf16", "switch_to": "pure_bf16_kahan", "switch_at": 0.5}),
+         "schedules.x.finetune.switch_to", "allowed from pure_bf16"),
+        (_sched(finetune={"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 1.5}),
+         "schedules.x.finetune.switch_at", "maximum of 1"),
+        (_sched(finetune={"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0}),
+         "schedules.x.finetune.switch_at", "0"),
+        (_sched(finetune={"precision": "fp64", "switch_to": "fp32", "switch_at": 0.5}),
+         "schedules.x.finetune.precision", "amp_bf16"),
+        (_sched(finetune={"precision": "amp_fp16", "switch_to": "fp64", "switch_at": 0.5}),
+         "schedules.x.finetune.switch_to", "amp_bf16"),
+        (_sched(finetune={"precision": "amp_fp16", "switch_to": "fp32"}), "schedules.x.finetune",
+         "switch_to and switch_at go together"),
+        (_sched(finetune={"precision": "amp_fp16", "switch_at": 0.5, "swich_to": "fp32"}),
+         "schedules.x.finetune", "swich_to"),
+        (_sweep({"finetune": "fp32", "switch_at": [0.5]}), "sweeps.s", "exactly one stage"),
+        (_sweep({"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [1.5]}),
+         "sweeps.s.switch_at.0", "maximum of 1"),
+        (_sweep({"finetune": {"precision": "amp_fp16", "switch_to": "pure_fp16"}, "switch_at": [0.5]}),
+         "sweeps.s.finetune.switch_to", "stored differently"),
+        (_sweep({"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}}), "sweeps.s", "switch_at"),
+        ({**_sweep({"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}),
+          "schedules": {"s-at50": {"finetune": "fp32"}}, "analysis": {"baseline": "s-at50"}},
+         "sweeps.s", "already a schedule"),
+        ({"train": {"pretrain": {"telemetry_every": -1}}}, "train.pretrain.telemetry_every", "minimum of 0"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, cfg, key, allowed):
+    proc = snakemake(tmp_path, "-n", "--configfile", write_config(tmp_path / "bad.yaml", cfg))
+    assert proc.returncode != 0, f"config {cfg} was accepted"
+    err = proc.stdout + proc.stderr
+    assert f"config key {key}:" in err, err[-3000:]
+    line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
+    assert allowed in line, line
+    assert "Job stats" not in err
+
+
+# ------------------------------------------------------------------------------------ analysis
+def _telemetry(peak: float) -> dict:
+    return {"every": 5, "steps_sampled": 4, "modules_watched": 3, "max_abs": peak,
+            "max_abs_layer": "bert.encoder.layer.0.output.dense",
+            "frac_overflow_fp16": 0.001 if peak > 65504 else 0.0, "frac_underflow_fp16": 0.02,
+            "layers_with_overflow": [], "layers": {}}
+
+
+def _acts(path, peak: float) -> None:
+    rows = ["step,layer,max_abs,frac_overflow_fp16,frac_underflow_fp16"]
+    for step in (5, 10):
+        for i, layer in enumerate(("bert.embeddings.LayerNorm", "bert.encoder.layer.0.output.dense",
+                                   "cls.predictions.transform.LayerNorm")):
+            rows.append(f"{step},{layer},{peak / (3 - i) * step / 10},0.0,0.01")
+    (path.parent / "activations.csv").write_text("\n".join(rows) + "\n")
+
+
+@pytest.fixture(scope="module")
+def switched_study(tmp_path_factory):
+    """fp32 stage 1, amp_bf16 stage 1 with telemetry, a switched amp_fp16->fp32 stage 1; a sweep over
+    stage 2; a skipped fp8 fine-tuning; 3 seeds."""
+    root = tmp_path_factory.mktemp("switched") / "results"
+    paths = []
+    specs = {"fp32": ("fp32", None, None), "amp_bf16": ("amp_bf16", None, None),
+             "amp_fp16-to-fp32-at80": ("amp_fp16", "fp32", 0.8)}
+    for seed in (1, 2, 3):
+        for name, (p, to, at) in specs.items():
+            extra = {"eval_loss": 4.0, "mlm_accuracy": 0.3, "switch_to": to, "switch_at": at,
+                     "switch_step": 16 if to else None, "precision_final": to or p}
+            if name == "amp_bf16":
+                extra["activation_telemetry"] = _telemetry(1.0e5)
+            elif name == "fp32":
+                extra["activation_telemetry"] = _telemetry(12.0)
+            mp = write_stage(root / "runs" / "pretrain" / name / f"seed{seed}", run_id=f"pretrain-{name}-seed{seed}",
+                             stage="pretrain", precision=p, seed=seed, metrics=extra)
+            if "activation_telemetry" in extra:
+                _acts(mp, extra["activation_telemetry"]["max_abs"])
+            paths.append(mp)
+        fin = {"fp32-fp32": ("fp32", "fp32", None, None, None),
+               "fp16x80-fp32": ("amp_fp16-to-fp32-at80", "fp32", None, None, None),
+               "bf16-fp8": ("amp_bf16", "fp8", None, None, None)}
+        for at in (0.0, 0.5, 1.0):
+            first = "fp32" if at == 0 else "amp_fp16"
+            fin[f"sw-at{int(at * 100)}"] = ("fp32", first, "fp32" if 0 < at < 1 else None,
+                                            at if 0 < at < 1 else None, at)
+        for name, (s1, p2, to, at, sweep_at) in fin.items():
+            skipped = p2 == "fp8"
+            acc = 0.8 + 0.01 * seed + (0.02 * sweep_at if sweep_at is not None else 0)
+            m = {"accuracy": None if skipped else acc, "f1": None if skipped else acc, "mcc": 0.5,
+                 "majority_accuracy": 0.55, "switch_to": to, "switch_at": at, "precision_final": to or p2}
+            tags = {"schedule": name}
+            if sweep_at is not None:
+                tags.update(sweep="sw", sweep_at=sweep_at, sweep_stage="finetune")
+            m["tags"] = tags
+            paths.append(write_stage(root / "runs" / "finetune" / name / f"seed{seed}",
+                                     run_id=f"finetune-{name}-seed{seed}", stage="finetune", precision=p2,
+                                     seed=seed, status="skipped" if skipped else "ok", schedule=name,
+                                     init_run_id=f"pretrain-{s1}-seed{seed}", metrics=m))
+    aggregate(paths, root)
+    stats = run_stats(root / "runs.csv", root / "schedules.csv",
+                      load_settings(bootstrap_resamples=100, contrasts=[["bf16-fp8", "fp32-fp32"]]), root)
+    return root, stats
+
+
+def test_aggregate_switch_sweep_and_telemetry_columns(switched_study):
+    root, _ = switched_study
+    runs = read_table(root / "runs.csv")
+    sched = read_table(root / "schedules.csv")
+    pre = runs[runs["run_id"] == "pretrain-amp_fp16-to-fp32-at80-seed1"].iloc[0]
+    assert pre["spec"] == "amp_fp16-to-fp32-at80" and pre["precision"] == "amp_fp16"
+    assert pre["switch_to"] == "fp32" and pre["switch_at"] == pytest.approx(0.8)
+    bf = runs[runs["run_id"] == "pretrain-amp_bf16-seed2"].iloc[0]
+    assert bf["act_max_abs"] == pytest.approx(1e5) and bf["act_frac_overflow_fp16"] > 0
+    assert bf["act_max_abs_layer"] == "bert.encoder.layer.0.output.dense"
+    assert math.isnan(float(pre["act_max_abs"]))  # telemetry off: empty
+    row = sched[(sched["schedule"] == "fp16x80-fp32") & (sched["seed"] == 1)].iloc[0]
+    assert row["stage1_spec"] == "amp_fp16-to-fp32-at80" and row["stage1_switch_to"] == "fp32"
+    assert row["stage1_switch_at"] == pytest.approx(0.8) and math.isnan(float(row["stage2_switch_at"]))
+    sw = sched[sched["schedule"] == "sw-at50"].iloc[0]
+    assert (sw["sweep"], sw["sweep_at"], sw["sweep_stage"]) == ("sw", 0.5, "finetune")
+    assert sw["stage2_switch_to"] == "fp32" and sw["stage2_switch_at"] == pytest.approx(0.5)
+    fp8 = sched[sched["schedule"] == "bf16-fp8"]
+    assert set(fp8["status"]) == {"skipped"} and set(fp8["stage2_status"]) == {"skipped"}
+    for t in ("runs", "schedules"):  # parquet keeps the same columns
+        assert list(read_table(root / f"{t}.parquet").columns) == list(read_table(root / f"{t}.csv").columns)
+
+
+def test_stats_and_verdict_with_switched_stage1_and_skipped_fp8(switched_study, tmp_path):
+    root, stats = switched_study
+    # the switched stage 1 is its own group, compared with fp32
+    assert {"fp32", "amp_bf16", "amp_fp16-to-fp32-at80"} <= set(stats["stage1_precisions"])
+    assert stats["schedules"]["fp16x80-fp32"]["stage1_precision"] == "amp_fp16-to-fp32-at80"
+    fp8 = stats["schedules"]["bf16-fp8"]
+    assert fp8["n_skipped"] == 3 and fp8["n_used"] == 0
+    text = write_verdict(root / "stats.json", tmp_path / "verdict.md")
+    assert "bf16-fp8" in text and "skipped" in text and "NOT JUDGED" in text
+
+
+def test_switch_point_and_overflow_plots(switched_study, tmp_path):
+    root, _ = switched_study
+    assert {"switch_point", "overflow"} <= set(PLOT_NAMES)
+    written = make_plots(root / "runs.csv", root / "schedules.csv", root / "stats.json", out_dir=tmp_path)
+    assert len(written) == 2 * len(PLOT_NAMES)
+    for name in ("switch_point", "overflow"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 5000
+    svg = (tmp_path / "overflow.svg").read_text()
+    assert "65504" in svg and "amp_bf16" in svg
+    assert "sw" in (tmp_path / "switch_point.svg").read_text()
+
+
+def test_plots_without_sweep_or_telemetry_say_so(tmp_path):
+    from precswitch.analysis.fakes import write_fake_study
+
+    paths = write_fake_study(tmp_path / "r", seeds=[1, 2])
+    aggregate(paths, tmp_path / "r")
+    run_stats(tmp_path / "r" / "runs.csv", tmp_path / "r" / "schedules.csv", load_settings(bootstrap_resamples=0),
+              tmp_path / "r")
+    make_plots(tmp_path / "r" / "runs.csv", tmp_path / "r" / "schedules.csv", tmp_path / "r" / "stats.json",
+               outputs=[tmp_path / "switch_point.svg", tmp_path / "overflow.svg"])
+    assert "no sweep in this config" in (tmp_path / "switch_point.svg").read_text()
+    assert "no activation telemetry" in (tmp_path / "overflow.svg").read_text()
+
+
+# ---------------------------------------------------------------------------- end to end (slow)
+@pytest.mark.slow
+def test_frontier_end_to_end(tmp_path):
+    """config/frontier.yaml for real, shortened (10 steps per stage, one sweep point less)."""
+    short = {"train": {"pretrain": {"steps": 10}, "finetune": {"steps": 10}},
+             "sweeps": {"fp16-ft": {**FRONTIER_CFG["sweeps"]["fp16-ft"], "switch_at": [0.0, 0.5]}}}
+    proc = snakemake(tmp_path, "--cores", "2", "--configfile", FRONTIER, "--configfile",
+                     write_config(tmp_path / "short.yaml", short), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    res = tmp_path / "results"
+    runs = read_table(res / "runs.csv")
+    sched = read_table(res / "schedules.csv")
+    n_seeds = len(FRONTIER_CFG["seeds"])
+    assert len(sched) == (len(FRONTIER_CFG["schedules"]) + 2) * n_seeds
+    assert set(sched.loc[sched["schedule"] == "bf16-fp8", "status"]) == {"skipped"}
+    assert set(sched.loc[sched["schedule"] != "bf16-fp8", "status"]) <= {"ok", "diverged"}
+    sw = runs[runs["spec"] == "amp_fp16-to-fp32-at80"]
+    assert len(sw) == n_seeds and set(sw["precision_final"]) == {"fp32"} and set(sw["switch_step"]) == {8}
+    pre = runs[runs["stage"] == "pretrain"]
+    assert pre["act_max_abs"].astype(float).gt(0).all()
+    assert set(sched.loc[sched["schedule"] == "fp16-ft-at50", "stage2_switch_to"]) == {"fp32"}
+    for name in PLOT_NAMES:
+        assert (res / "plots" / f"{name}.png").is_file()
+    verdict = (res / "verdict.md").read_text()
+    assert "bf16-fp8" in verdict and "skipped" in verdict
