@@ -208,10 +208,13 @@ def switched_study(tmp_path_factory):
             if sweep_at is not None:
                 tags.update(sweep="sw", sweep_at=sweep_at, sweep_stage="finetune")
             m["tags"] = tags
+            init = root / "runs" / "pretrain" / s1 / f"seed{seed}" / "checkpoint"
+            if skipped:  # the engine refuses fp8 before loading the init: only hparams name it
+                m.update(init=None, hparams={"init": str(init), "precision": p2})
             paths.append(write_stage(root / "runs" / "finetune" / name / f"seed{seed}",
                                      run_id=f"finetune-{name}-seed{seed}", stage="finetune", precision=p2,
                                      seed=seed, status="skipped" if skipped else "ok", schedule=name,
-                                     init_run_id=f"pretrain-{s1}-seed{seed}", metrics=m))
+                                     init_run_id=None if skipped else f"pretrain-{s1}-seed{seed}", metrics=m))
     aggregate(paths, root)
     stats = run_stats(root / "runs.csv", root / "schedules.csv",
                       load_settings(bootstrap_resamples=100, contrasts=[["bf16-fp8", "fp32-fp32"]]), root)
@@ -237,6 +240,7 @@ def test_aggregate_switch_sweep_and_telemetry_columns(switched_study):
     assert sw["stage2_switch_to"] == "fp32" and sw["stage2_switch_at"] == pytest.approx(0.5)
     fp8 = sched[sched["schedule"] == "bf16-fp8"]
     assert set(fp8["status"]) == {"skipped"} and set(fp8["stage2_status"]) == {"skipped"}
+    assert set(fp8["stage1_spec"]) == {"amp_bf16"}  # joined through hparams.init
     for t in ("runs", "schedules"):  # parquet keeps the same columns
         assert list(read_table(root / f"{t}.parquet").columns) == list(read_table(root / f"{t}.csv").columns)
 

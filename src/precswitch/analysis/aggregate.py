@@ -104,6 +104,9 @@ def flatten_metrics(metrics: dict, path: str | os.PathLike | None = None) -> dic
         for k in TAG_COLUMNS:
             if k in tags and _is_missing(row.get(k)):
                 row[k] = tags[k]
+    hp = metrics.get("hparams")
+    if _is_missing(row.get("init")) and isinstance(hp, dict) and isinstance(hp.get("init"), str):
+        row["init"] = hp["init"]  # a skipped stage records no init: its hparams do
     row["spec"] = spec_name(row.get("precision"), row.get("switch_to"), row.get("switch_at"))
     tel = metrics.get("activation_telemetry")
     for col, key in TELEMETRY_COLUMNS.items():
@@ -188,11 +191,20 @@ def _sum_nan(*vals: Any) -> float:
     return float(sum(xs)) if xs else float("nan")
 
 
+def _dir_key(path: Path) -> str:
+    try:
+        return str(path.resolve())
+    except OSError:
+        return str(path)
+
+
 def build_schedules(runs):
     """One row per (schedule, seed), joined stage 1 → stage 2 by ``init_run_id``."""
     import pandas as pd
 
     by_id = {r["run_id"]: r for r in runs.to_dict("records")}
+    by_dir = {_dir_key(Path(str(r["metrics_path"])).parent): r["run_id"] for r in by_id.values()
+              if r.get("stage") == "pretrain" and not _is_missing(r.get("metrics_path"))}
     out = []
     fine = runs[runs["stage"] == "finetune"]
     for r in fine.to_dict("records"):
@@ -204,6 +216,9 @@ def build_schedules(runs):
             )
         s1 = None
         init_id = r.get("init_run_id")
+        if _is_missing(init_id) and not _is_missing(r.get("init")):
+            # a stage skipped before loading its init (precision refused) names only the checkpoint dir
+            init_id = by_dir.get(_dir_key(Path(str(r["init"])).parent))
         if not _is_missing(init_id):
             s1 = by_id.get(init_id)
             if s1 is None:
