@@ -29,7 +29,7 @@ FRONTIER_CFG = yaml.safe_load(FRONTIER.read_text())
 def _dry(tmp_path, *args, cfg=None):
     files = ["--configfile", FRONTIER]
     if cfg is not None:
-        files += ["--configfile", write_config(tmp_path / "extra.yaml", cfg)]
+        files.append(write_config(tmp_path / "extra.yaml", cfg))  # one --configfile A B (a second flag replaces)
     return snakemake(tmp_path, "-n", *files, *args)
 
 
