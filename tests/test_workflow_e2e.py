@@ -9,6 +9,9 @@ file loaders on ../shared/data (MRPC TSVs, WikiText-2 raw text).
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -162,3 +165,36 @@ def test_real_files_config_runs(tmp_path):
     meta = json.loads((tmp_path / "results" / "data" / "finetune" / "prepared" / "meta.json").read_text())
     assert meta["n_eval"] == 408 and meta["objective"] == "classify"
     assert (tmp_path / "results" / "verdict.md").stat().st_size > 0
+
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--virtual-time-budget=8000", "--window-size=1400,1000"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium; CI does)")
+def test_report_renders_in_a_real_browser(tiny_study, tmp_path):
+    """Headless Chromium loads the report: no JavaScript errors, navigation and every plot present."""
+    workdir, cfg, _ = tiny_study
+    report = workdir / "results" / "report.html"
+    if not report.exists():
+        snakemake(workdir, "--configfile", cfg, "--report", "results/report.html", timeout=300, check=True)
+    url = report.resolve().as_uri()
+    dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'ud1'}", "--enable-logging=stderr",
+                          "--v=0", "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln]
+    errors = [ln for ln in console if "Uncaught" in ln or ":ERROR:" in ln or "Error:" in ln]
+    assert not errors, errors
+    body = re.sub(r"<script.*?</script>", "", dom.stdout[dom.stdout.find("<body"):], flags=re.S)
+    for word in ("Workflow", "Accuracy", "Cost", "Numerics", "Tables", "Verdict"):  # rendered navigation
+        assert word in body, word
+    plots = sorted({p.stem for p in (workdir / "results" / "plots").glob("*.svg")})
+    assert plots
+    for name in plots:
+        assert f"{name}.svg" in dom.stdout, f"plot {name} missing from the rendered report"
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'ud2'}", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=180)
+    assert shot.exists() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
