@@ -363,17 +363,9 @@ def _run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m precswitch.fetch ...`` (the same as ``precswitch fetch ...``)."""
-    from .errors import EXIT_USER_ERROR
+    from .cli import main as cli_main
 
-    parser = argparse.ArgumentParser(prog="precswitch")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["fetch", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return int(args.func(args) or 0)
-    except PrecswitchError as e:
-        print(f"precswitch: error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-
+    return cli_main(["fetch", *(argv if argv is not None else sys.argv[1:])])
 
 if __name__ == "__main__":
     sys.exit(main())
