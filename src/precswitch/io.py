@@ -84,3 +84,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def load_mapping_arg(value: str | os.PathLike, option: str) -> dict:
+    """Parse a command-line mapping: a JSON object string, ``@file.json``, or a .json/.yaml/.yml path.
+
+    Bad input raises PrecswitchError naming ``option`` (e.g. ``--source``) and what is allowed.
+    """
+    from .errors import PrecswitchError
+
+    text = str(value).strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PrecswitchError(f"{option}: not valid JSON ({e.msg} at char {e.pos})") from None
+    else:
+        path = Path(text[1:] if text.startswith("@") else text)
+        if not path.is_file():
+            raise PrecswitchError(
+                f"{option}: {text!r} is neither a JSON object nor an existing file "
+                "(allowed: '{...}', @file.json, file.yaml)"
+            )
+        raw = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix.lower() in (".yaml", ".yml"):
+                import yaml
+
+                obj = yaml.safe_load(raw)
+            else:
+                obj = json.loads(raw)
+        except Exception as e:  # noqa: BLE001 - any parse error is a user error
+            raise PrecswitchError(f"{option}: cannot parse {path}: {e}") from None
+    if not isinstance(obj, dict):
+        raise PrecswitchError(f"{option}: expected a mapping (JSON object), got {type(obj).__name__}")
+    return obj

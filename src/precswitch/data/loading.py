@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
+from ..io import load_mapping_arg
 
 KINDS = ("synthetic", "text", "tsv", "csv", "jsonl", "parquet", "hub")
 OBJECTIVES = ("mlm", "classify")
@@ -57,31 +58,7 @@ def parse_source(value: str | dict | os.PathLike) -> dict:
     if isinstance(value, dict):
         spec = dict(value)
     else:
-        text = str(value).strip()
-        if text.startswith("{"):
-            try:
-                spec = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise PrecswitchError(f"--source: not valid JSON ({e.msg} at char {e.pos})") from None
-        else:
-            path = Path(text[1:] if text.startswith("@") else text)
-            if not path.is_file():
-                raise PrecswitchError(
-                    f"--source: {text!r} is neither a JSON object nor an existing file "
-                    "(allowed: '{...}', @file.json, file.yaml)"
-                )
-            raw = path.read_text(encoding="utf-8")
-            try:
-                if path.suffix.lower() in (".yaml", ".yml"):
-                    import yaml
-
-                    spec = yaml.safe_load(raw)
-                else:
-                    spec = json.loads(raw)
-            except Exception as e:  # noqa: BLE001 - any parse error is a user error
-                raise PrecswitchError(f"--source: cannot parse {path}: {e}") from None
-    if not isinstance(spec, dict):
-        raise PrecswitchError(f"--source: expected a mapping (JSON object), got {type(spec).__name__}")
+        spec = load_mapping_arg(value, "--source")
     return validate_spec(spec)
 
 

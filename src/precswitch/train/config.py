@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from .. import precision as P
 from ..errors import PrecswitchError
+from ..io import load_mapping_arg
 
 #: Every key a stage accepts, with its default. ``None`` = required or "not set".
 DEFAULTS: dict[str, Any] = {
@@ -72,26 +72,7 @@ def load_hparams(arg: str | dict) -> dict[str, Any]:
     """Parse ``--hparams``: a JSON object string, ``@file.json``, or a path to a .json/.yaml file."""
     if isinstance(arg, dict):
         return dict(arg)
-    text = arg
-    source = "--hparams"
-    path = arg[1:] if arg.startswith("@") else arg
-    if arg.startswith("@") or (not arg.lstrip().startswith("{") and Path(path).suffix in {".json", ".yaml", ".yml"}):
-        if not Path(path).is_file():
-            raise PrecswitchError(f"hparams file {path!r} does not exist")
-        text = Path(path).read_text(encoding="utf-8")
-        source = path
-    try:
-        if source.endswith((".yaml", ".yml")):
-            import yaml
-
-            obj = yaml.safe_load(text)
-        else:
-            obj = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error is a user error
-        raise PrecswitchError(f"{source}: not valid {'YAML' if source.endswith(('yaml', 'yml')) else 'JSON'}: {e}") from None
-    if not isinstance(obj, dict):
-        raise PrecswitchError(f"{source}: expected a mapping of hyper-parameters, got {type(obj).__name__}")
-    return obj
+    return load_mapping_arg(arg, "--hparams")
 
 
 def resolve(raw: dict[str, Any]) -> dict[str, Any]:
