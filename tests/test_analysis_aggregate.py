@@ -121,3 +121,16 @@ def test_cli_aggregate(tmp_path, capsys):
     rc = main(["aggregate", "--metrics", str(tmp_path / "missing.json"), "--out-dir", str(tmp_path / "o2")])
     assert rc == 2
     assert "precswitch: error:" in capsys.readouterr().err
+
+
+def test_mixed_warm_and_cold_starts_warn_about_memory(tmp_path, capsys):
+    paths = write_fake_study(tmp_path / "study", seeds=[1, 2])
+    aggregate(paths, tmp_path / "out1")
+    assert "mix process starts" not in capsys.readouterr().err  # all warm: comparable
+    m = json.loads(paths[0].read_text())
+    m["process_start"] = "cold"
+    paths[0].write_text(json.dumps(m))
+    runs, _ = aggregate(paths, tmp_path / "out2")
+    err = capsys.readouterr().err
+    assert "CPU runs mix process starts (cold: 1, warm: " in err and "peak memory" in err
+    assert set(runs["process_start"]) == {"warm", "cold"}

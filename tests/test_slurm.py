@@ -401,6 +401,13 @@ def test_study_through_slurm_matches_local_run(local_cluster, tmp_path):
         diff = local.compare(slurm)
         assert diff.empty, f"{table} differs between the local and the SLURM run:\n{diff.to_string()}"
         print(table, "\n", slurm.to_string())
+    # the local run forked its jobs from the warm-start server; SLURM jobs start cold (no server is
+    # started for a cluster executor): same numbers either way
+    import pandas as pd
+
+    for kind, start in (("local", "warm"), ("slurm", "cold")):
+        starts = pd.read_csv(dirs[kind] / "results" / "runs.csv")["process_start"]
+        assert set(starts) == {start}, (kind, starts.tolist())
 
     # --- a failing job is reported failed and resubmitted ---
     flaky_out = out["flaky"]

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "precswitch.train.cli",
     "precswitch.analysis.cli",
     "precswitch.fetch",
+    "precswitch.warm",
 )
 
 
@@ -42,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        # hand the command to the warm-start server when Snakemake started one (precswitch.warm)
+        from . import warm
+
+        status = warm.delegate(sys.argv[1:])
+        if status is not None:
+            return status
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

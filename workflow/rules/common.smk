@@ -19,6 +19,7 @@ WORKFLOW_DIR = os.path.dirname(
 _SRC = os.path.join(os.path.dirname(WORKFLOW_DIR), "src")
 if os.path.isdir(_SRC) and _SRC not in sys.path:
     sys.path.insert(0, _SRC)
+import precswitch.warm as precswitch_warm
 from precswitch.precision import CATALOG, NAMES
 
 PRECISIONS = list(NAMES)
@@ -579,3 +580,82 @@ PLOTS = {
         },
     },
 }
+
+
+# --- warm start (config warm_start; src/precswitch/warm.py) ---------------------------------------
+# One server per local run imports torch & co. once; every `precswitch` job forks from it. Started
+# by `onstart` in the Snakefile, stopped by `onsuccess`/`onerror`, and by itself if Snakemake dies.
+_WARM = {}
+
+
+def _warm_off_reason():
+    if not config["warm_start"]:
+        return "warm_start: false"
+    if not workflow.local_exec:
+        return "jobs run through an executor on other machines"
+    if workflow.deployment_settings.deployment_method:
+        return "--sdm runs jobs in their own environments"
+    return None
+
+
+def start_warm_server():
+    """onstart: start `precswitch warm serve` with the environment the jobs get; export its socket."""
+    import subprocess
+    import tempfile
+
+    from snakemake.logging import logger
+
+    why = _warm_off_reason()
+    if why:
+        logger.info(f"precswitch warm start: off ({why})")
+        return
+    sock_dir = tempfile.mkdtemp(prefix="precswitch-warm-")
+    sock = os.path.join(sock_dir, "socket")
+    env = dict(os.environ)
+    env.update(
+        kv.split("=", 1) for kv in OFFLINE_ENV.split()
+    )  # what every job's shell line sets
+    env.update(
+        {k: "1" for k in precswitch_warm.THREAD_ENV}
+    )  # no thread pools in the server; children set their own
+    os.makedirs(LOGS, exist_ok=True)
+    with open(os.path.join(LOGS, "warm-server.log"), "ab") as log:
+        proc = subprocess.Popen(
+            [
+                os.path.join(WORKFLOW_DIR, "scripts", "precswitch"),
+                "warm",
+                "serve",
+                "--socket",
+                sock,
+                "--parent-pid",
+                str(os.getpid()),
+                "--idle-timeout",
+                "900",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the jobs (which forward it), not the server
+        )
+    os.environ[precswitch_warm.SOCKET_ENV] = sock
+    _WARM.update(proc=proc, dir=sock_dir)
+    logger.info(f"precswitch warm start: server pid {proc.pid} on {sock}")
+
+
+def stop_warm_server():
+    """onsuccess/onerror: stop the server (its running children get SIGTERM) and remove its socket dir."""
+    import shutil
+    import subprocess
+
+    proc = _WARM.pop("proc", None)
+    os.environ.pop(precswitch_warm.SOCKET_ENV, None)
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    shutil.rmtree(_WARM.pop("dir"), ignore_errors=True)

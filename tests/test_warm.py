@@ -1,0 +1,184 @@
+"""Warm start (src/precswitch/warm.py): a server imports the libraries once and forks one child per
+`precswitch` command. A warm run must be the same run as a cold one: same results bit for bit, the
+client's exit status, signals forwarded, bad environments declined, no orphans when things die."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_fixtures import make_prepared  # noqa: E402
+
+from precswitch import warm  # noqa: E402
+from precswitch.errors import EXIT_PREEMPTED  # noqa: E402
+
+TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != warm.SOCKET_ENV}
+    env.update(extra)
+    return env
+
+
+def _start_server(sock: Path, parent_pid: int | None = None, idle: float = 0) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "precswitch.cli", "warm", "serve", "--socket", str(sock),
+           "--idle-timeout", str(idle)]
+    if parent_pid:
+        cmd += ["--parent-pid", str(parent_pid)]
+    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    t = time.time()
+    while not sock.exists():
+        assert p.poll() is None, p.stdout.read()
+        assert time.time() - t < 120, "server never listened"
+        time.sleep(0.1)
+    return p
+
+
+def _precswitch(args: list[str], sock: Path | None, **kw) -> subprocess.Popen:
+    env = _env(**({warm.SOCKET_ENV: str(sock)} if sock else {}))
+    return subprocess.Popen([sys.executable, "-m", "precswitch.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("warm")
+    sock = d / "s"
+    p = _start_server(sock)
+    yield sock
+    p.terminate()
+    assert p.wait(timeout=60) == 0
+    assert not sock.exists()  # the server removes its socket
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_prepared(tmp_path_factory.mktemp("warmdata"), "classify", n_train=96)
+
+
+def test_warm_run_is_the_cold_run(server, data, tmp_path):
+    hp = json.dumps({"data": str(data), "objective": "classify", "precision": "amp_bf16", "steps": 12,
+                     "seed": 3, "model": TINY, "threads": 1})
+    outs = {}
+    for kind, sock in (("cold", None), ("warm", server)):
+        outs[kind] = tmp_path / kind
+        p = _precswitch(["train", "--hparams", hp, "--out", str(outs[kind])], sock)
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "starting cold" not in err  # the warm one was not declined
+    mc, mw = (json.loads((outs[k] / "metrics.json").read_text()) for k in ("cold", "warm"))
+    assert (mc["process_start"], mw["process_start"]) == ("cold", "warm")
+    for key in ("eval_loss", "accuracy", "f1", "final_train_loss", "grad_norm", "steps_completed"):
+        assert mc[key] == mw[key], key
+    steps = [[r.split(",")[:4] for r in (outs[k] / "steps.csv").read_text().splitlines()] for k in ("cold", "warm")]
+    assert steps[0] == steps[1]  # every step's loss, lr and grad norm
+    # the point of it: the warm child imported nothing heavy during set-up
+    assert mw["setup_seconds"] < mc["setup_seconds"]
+
+
+def test_exit_status_and_stderr_come_back(server, tmp_path):
+    p = _precswitch(["train", "--hparams", json.dumps({"data": str(tmp_path / "nope"), "precision": "fp99"}),
+                     "--out", str(tmp_path / "o")], server)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2
+    assert "fp99" in err and "starting cold" not in err
+    assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_sigterm_to_the_client_reaches_the_stage(server, tmp_path):
+    data = make_prepared(tmp_path, "mlm", n_train=256)
+    out = tmp_path / "run"
+    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1,
+          "checkpoint_every_steps": 2}
+    p = _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(out)], server)
+    t = time.time()
+    while not (out / "resume" / "state.pt").exists():
+        assert p.poll() is None, p.communicate()
+        assert time.time() - t < 120
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == EXIT_PREEMPTED, err
+    assert "preempted" in err
+    assert (out / "resume" / "state.pt").is_file() and not (out / "metrics.json").exists()
+
+
+def test_client_killed_hard_takes_its_child_along(server, tmp_path):
+    data = make_prepared(tmp_path, "mlm", n_train=256)
+    out = tmp_path / "run"
+    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1,
+          "log_every": 1}
+    p = _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(out)], server)
+    t = time.time()
+    while not (children := _children_of(_server_pid(server))):
+        assert p.poll() is None, p.communicate()
+        assert time.time() - t < 60, "no forked child seen"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    p.kill()
+    p.wait()
+    t = time.time()
+    while any(_alive(c) for c in children):
+        assert time.time() - t < 30, "the child outlived its killed client"
+        time.sleep(0.1)
+
+
+def test_import_time_environment_difference_is_declined(server, tmp_path):
+    env = _env(**{warm.SOCKET_ENV: str(server), "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "synth", "--out", str(tmp_path / "s"), "--seed", "1",
+                        "--n-corpus", "50", "--n-train", "20", "--n-dev", "20"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "warm start declined (environment differs from the server's in HF_HUB_OFFLINE)" in r.stderr
+    assert any((tmp_path / "s").iterdir())  # ran cold, correctly
+
+
+def test_no_server_means_cold_start(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"],
+                       env=_env(**{warm.SOCKET_ENV: str(tmp_path / "missing")}), capture_output=True, text=True)
+    assert r.returncode == 0 and "precswitch" in r.stdout
+
+
+def test_server_stops_when_its_parent_is_gone(tmp_path):
+    parent = subprocess.Popen(["sleep", "600"])
+    sock = tmp_path / "s"
+    p = _start_server(sock, parent_pid=parent.pid)
+    parent.kill()
+    parent.wait()
+    assert p.wait(timeout=30) == 0
+    assert "parent" in p.stdout.read() and not sock.exists()
+
+
+def _server_pid(sock: Path) -> int:
+    return int(Path(str(sock) + ".pid").read_text())
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
