@@ -36,6 +36,7 @@ def engine_run(data: Path, objective: str, precision: str, **hp) -> dict:
     """One `precswitch train` in a fresh process; returns its metrics.json."""
     full = {"data": str(data), "objective": objective, "precision": precision, "seed": 1, "model": MODEL,
             "batch_size": 32, "lr": 5e-4, "warmup_ratio": 0.1, "save_checkpoint": False, "eval_batch_size": 256,
+            "on_unsupported": "skip",
             **hp}
     with tempfile.TemporaryDirectory() as t:
         cli("train", "--hparams", json.dumps(full), "--out", t)

@@ -12,6 +12,7 @@ Usage: python benchmarks/precision_throughput.py [--steps 60] [--repeats 3] [--t
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -30,13 +31,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precisions", default="fp32,amp_fp16,amp_bf16,pure_fp16,pure_bf16")
+    ap.add_argument("--metrics-out", help="also write every run's metrics.json, as one JSON list, here")
     a = ap.parse_args()
+    every = []
     with tempfile.TemporaryDirectory() as root:
         data = prepare(Path(root))
         print(f"# precision throughput: {a.steps} steps ({a.warmup} warm-up excluded), batch 32, seq 64, "
               f"threads {a.threads}, device {a.device}, median of {a.repeats} processes")
-        print(f"{'objective':<9} {'precision':<10} {'steps/s':>8} {'tokens/s':>9} {'vs fp32':>8} {'peak RSS MB':>12} "
-              f"{'status':>8}")
+        print(f"{'objective':<9} {'precision':<10} {'steps/s':>8} {'tokens/s':>9} {'vs fp32':>8} {'peak MB':>8} "
+              f"{'J/step':>7} {'status':>8}  memory kind")
         for obj in ("mlm", "classify"):
             base = None
             for prec in a.precisions.split(","):
@@ -45,12 +48,23 @@ def main() -> None:
                     runs.append(engine_run(data[obj], obj, prec, steps=a.steps, threads=a.threads,
                                            timing_warmup_steps=a.warmup, device=a.device,
                                            adam_eps=1e-4 if prec == "pure_fp16" else 1e-8))
-                sps = statistics.median(r["steps_per_second"] for r in runs)
-                tps = statistics.median(r["tokens_per_second"] for r in runs)
-                mem = statistics.median(r["peak_memory_bytes"] for r in runs) / 2**20
+                every += runs
+                ok = [r for r in runs if r.get("steps_per_second")]
+                if not ok:
+                    print(f"{obj:<9} {prec:<10} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>7} {runs[0]['status']:>8}  "
+                          f"{runs[0].get('status_reason') or ''}", flush=True)
+                    continue
+                sps = statistics.median(r["steps_per_second"] for r in ok)
+                tps = statistics.median(r["tokens_per_second"] for r in ok)
+                mem = statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20
+                joules = [r["energy_joules"] / r["steps_completed"] for r in ok
+                          if r.get("energy_joules") is not None and r.get("steps_completed")]
+                jps = f"{statistics.median(joules):.2f}" if joules else "-"
                 base = base or sps
-                print(f"{obj:<9} {prec:<10} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>12.0f} "
-                      f"{runs[0]['status']:>8}", flush=True)
+                print(f"{obj:<9} {prec:<10} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>8.0f} {jps:>7} "
+                      f"{runs[0]['status']:>8}  {ok[0]['memory_kind']}", flush=True)
+    if a.metrics_out:
+        Path(a.metrics_out).write_text(json.dumps(every, indent=1, default=str))
 
 
 if __name__ == "__main__":

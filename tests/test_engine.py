@@ -251,3 +251,38 @@ def test_activation_telemetry_off_by_default_and_recorded_when_on(data, tmp_path
     assert t["steps_sampled"] == 2 and t["max_abs"] > 0 and 0 <= t["frac_overflow_fp16"] <= 1
     assert (tmp_path / "on" / "activations.csv").read_text().startswith("step,layer,max_abs")
     assert on["eval_loss"] == off["eval_loss"]  # watching does not change the numerics
+
+
+@pytest.mark.parametrize("n_masked", [7, 16, 40])
+def test_sparse_mlm_scoring_equals_the_dense_loss_and_gradients(n_masked):
+    """engine.mlm_forward scores only the labelled positions; loss and every gradient must equal
+    BertForMaskedLM(**batch).loss, which scores all of them (row counts padded or not)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from precswitch.train.engine import mlm_forward
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    model = BertForMaskedLM(cfg)
+    ids = torch.randint(5, 97, (4, 24))
+    labels = torch.full_like(ids, -100)
+    pos = torch.randperm(ids.numel())[:n_masked]
+    labels.view(-1)[pos] = ids.view(-1)[pos]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+             "labels": labels}
+
+    dense = model(**batch).loss
+    dense.backward()
+    g_dense = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    sparse, scores, rows = mlm_forward(model, batch)
+    sparse.backward()
+    g_sparse = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    assert scores.shape[0] % 16 == 0 and int((rows != -100).sum()) == n_masked
+    torch.testing.assert_close(sparse, dense, rtol=1e-6, atol=1e-6)
+    assert g_sparse.keys() == g_dense.keys()
+    for name in g_dense:
+        torch.testing.assert_close(g_sparse[name], g_dense[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The prepared GPU session: everything issue 6 measures on a GPU, in one command of at most ~9
+# minutes on one H200 (docs/gpu.md, "Running the checks on a lent GPU"). Writes to $OUT (or
+# ./gpu-results): env.txt, gpu_check.{json,txt} (classification steps, eager + compiled rows while
+# the time budget lasts), gpu_check_mlm.{json,txt} (masked-LM steps, eager), engine_cuda.txt (the
+# study's own engine on CUDA, one fresh process per precision: synchronized clocks, CUDA peak
+# memory, NVML energy in metrics.json) and engine_cuda_metrics.json.
+# Needs python3 with CUDA torch and transformers; wheels in .whl/ (benchmarks/device_wheels.sh) add
+# datasets (the engine's data) and torchao (fp8). Device tool call, e.g.:
+#   run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=600)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+t0=$SECONDS
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'transformers', transformers.__version__)"
+  python3 -c "import datasets; print('datasets', datasets.__version__)" || true
+  python3 -c "import torchao; print('torchao', torchao.__version__)" || true
+} 2>&1 | tee "$OUT/env.txt"
+
+# 1. BERT-base classification steps, every precision: eager rows, then compiled rows while 200 s last
+timeout 330 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json" --budget-seconds 200 2>&1 | tee "$OUT/gpu_check.txt"
+echo "# gpu_check done at $((SECONDS - t0)) s"
+# 2. BERT-base masked-LM steps (stage 1), eager only
+timeout 100 python3 benchmarks/gpu_check.py --mlm --compile off --out "$OUT/gpu_check_mlm.json" 2>&1 | tee "$OUT/gpu_check_mlm.txt"
+echo "# gpu_check --mlm done at $((SECONDS - t0)) s"
+# 3. the study's engine on CUDA (one process per precision), if time is left
+left=$((520 - (SECONDS - t0)))
+if (( left > 60 )); then
+  timeout "$left" python3 benchmarks/precision_throughput.py --device cuda --repeats 1 --steps 100 --warmup 10 \
+    --precisions fp32,tf32,amp_fp16,amp_bf16,pure_fp16,pure_bf16 --metrics-out "$OUT/engine_cuda_metrics.json" \
+    2>&1 | tee "$OUT/engine_cuda.txt"
+fi
+echo "# device_check done in $((SECONDS - t0)) s"
