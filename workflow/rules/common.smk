@@ -591,6 +591,9 @@ _WARM = {}
 def _warm_off_reason():
     if not config["warm_start"]:
         return "warm_start: false"
+    if config["device"] != "cpu":
+        # a child forked after the parent touched CUDA cannot use it; a GPU job is long anyway
+        return f"device {config['device']}: GPU jobs start cold"
     if not workflow.local_exec:
         return "jobs run through an executor on other machines"
     if workflow.deployment_settings.deployment_method:
