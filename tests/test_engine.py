@@ -286,3 +286,41 @@ def test_sparse_mlm_scoring_equals_the_dense_loss_and_gradients(n_masked):
     assert g_sparse.keys() == g_dense.keys()
     for name in g_dense:
         torch.testing.assert_close(g_sparse[name], g_dense[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_cls_only_last_layer_equals_the_full_model(attn):
+    """engine.cls_only_last_layer computes the last layer for [CLS] only: same loss, logits and
+    gradients as the unmodified BertForSequenceClassification, padding included."""
+    import copy
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from precswitch.train.engine import cls_only_last_layer
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, num_labels=2, attn_implementation=attn)
+    full = BertForSequenceClassification(cfg)
+    fast = copy.deepcopy(full)
+    assert cls_only_last_layer(fast)
+    ids = torch.randint(5, 97, (6, 20))
+    mask = torch.ones_like(ids)
+    mask[0, 12:] = 0  # padded rows
+    mask[3, 5:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+             "labels": torch.tensor([0, 1, 1, 0, 1, 0])}
+    outs = []
+    for m in (full, fast):
+        out = m(**batch)
+        out.loss.backward()
+        outs.append((out.loss.detach(), out.logits.detach(),
+                     {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+    (l1, z1, g1), (l2, z2, g2) = outs
+    torch.testing.assert_close(l2, l1, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(z2, z1, rtol=1e-5, atol=1e-6)
+    assert g1.keys() == g2.keys()
+    for name in g1:
+        torch.testing.assert_close(g2[name], g1[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert fast.state_dict().keys() == full.state_dict().keys()

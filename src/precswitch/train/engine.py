@@ -232,6 +232,47 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return loss, scores, rows_labels
 
 
+def _cls_only_layer_forward(layer, hidden_states, attention_mask=None, *args, **kwargs):
+    """A BertLayer's forward that computes the [CLS] position only (see :func:`cls_only_last_layer`)."""
+    from transformers.models.bert import modeling_bert as mb
+
+    sa = layer.attention.self
+    b, t, _ = hidden_states.shape
+    hd = sa.attention_head_size
+    cls = hidden_states[:, :1]
+    q = sa.query(cls).view(b, 1, -1, hd).transpose(1, 2)
+    k = sa.key(hidden_states).view(b, t, -1, hd).transpose(1, 2)
+    v = sa.value(hidden_states).view(b, t, -1, hd).transpose(1, 2)
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = attention_mask[..., :1, :]  # the [CLS] query's row
+    attend = mb.ALL_ATTENTION_FUNCTIONS.get_interface(sa.config._attn_implementation, mb.eager_attention_forward)
+    ctx, _ = attend(sa, q, k, v, attention_mask, dropout=sa.dropout.p if sa.training else 0.0, scaling=sa.scaling)
+    att = layer.attention.output(ctx.reshape(b, 1, -1).contiguous(), cls)
+    return layer.feed_forward_chunk(att)
+
+
+def cls_only_last_layer(model) -> bool:
+    """Make a BertForSequenceClassification's last encoder layer compute the [CLS] position only.
+
+    The classifier reads nothing but the pooled [CLS] vector, and in the last layer no other
+    position feeds it except through that layer's keys and values. So the last layer needs keys and
+    values for every token but queries, attention output, and feed-forward for [CLS] alone: the same
+    loss and gradients (tests/test_engine.py) for ~(1 - 1/seq) less of that layer's other work. The
+    model's weights, state dict and checkpoints are untouched (the instance's forward is replaced).
+    Returns False (and changes nothing) for a model without that structure.
+    """
+    import types
+
+    layers = getattr(getattr(getattr(model, "bert", None), "encoder", None), "layer", None)
+    if not layers or not hasattr(model, "classifier") or getattr(model.config, "is_decoder", False):
+        return False
+    last = layers[-1]
+    if not all(hasattr(last, a) for a in ("attention", "feed_forward_chunk")):
+        return False
+    last.forward = types.MethodType(_cls_only_layer_forward, last)
+    return True
+
+
 def forward_loss(model, batch: dict, objective: str) -> torch.Tensor:
     """The training loss of one batch: sparse masked-LM scoring for mlm, the model's own loss otherwise."""
     if objective == "mlm":
@@ -399,6 +440,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             f"lower max_length or raise model.max_position_embeddings"
         )
     model = prec.prepare_model(model).to(device)
+    fp8_in_stage = prec.fp8_linear or bool(hp["switch_to"] and P.get(hp["switch_to"]).fp8_linear)
+    if hp["objective"] == "classify" and not fp8_in_stage:
+        cls_only_last_layer(model)  # same loss and gradients, less work (fp8 keeps full shapes)
     model.train()
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
