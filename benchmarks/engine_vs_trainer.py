@@ -8,7 +8,11 @@ Each measurement is a fresh process (clean clocks and memory), alternating engin
 Equal work: BertForMaskedLM / BertForSequenceClassification from the same BertConfig and seed, the same
 prepared dataset and collator (DataCollatorForLanguageModeling / DataCollatorWithPadding), batch size,
 AdamW (fused, Trainer's default ``adamw_torch_fused``), linear warm-up schedule, grad clipping 1.0, no
-evaluation or checkpointing during the timed loop, one thread count for both.
+evaluation or checkpointing during the timed loop, one thread count for both. Same training, not the
+same arithmetic: the engine reaches the same losses and gradients with less of it (masked-LM scores
+only at masked positions, ``engine.mlm_forward``; the last encoder layer computed for [CLS] only in
+classification, ``engine.cls_only_last_layer``; tests/test_engine.py checks both against the stock
+forward), while Trainer runs the stock Hugging Face forward.
 
 Precisions: ``fp32`` and ``amp_bf16`` (Trainer ``bf16=True``). fp16 is NOT compared on CPU: Trainer's
 ``fp16=True`` with ``use_cpu=True`` silently trains in fp32 in transformers 5 / accelerate 1.15

@@ -22,6 +22,9 @@ rule pretrain:
         f"{BENCHMARKS}/pretrain/{{precision}}/seed{{seed}}.tsv"
     conda:
         "../../envs/precswitch.yaml"
+    # stage-1 jobs gate every fine-tuning job: run them first, so that the short stage-2 jobs fill
+    # the end of the study instead of one late stage 1 leaving slots idle
+    priority: 1
     threads: config["threads"]
     resources:
         mem_mb=config["resources"]["mem_mb"],
