@@ -290,6 +290,10 @@ def test_frontier_end_to_end(tmp_path):
              "sweeps": {"fp16-ft": {**FRONTIER_CFG["sweeps"]["fp16-ft"], "switch_at": [0.0, 0.5]}}}
     cfg = yaml.safe_load(FRONTIER.read_text())
     cfg.update(seeds=short["seeds"], sweeps=short["sweeps"])
+    # the machinery, not learning: a tiny model on a small corpus
+    cfg.update(model={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                      "max_position_embeddings": 64},
+               tokenizer={"vocab_size": 500}, data={"synthetic": {"n_corpus": 2000, "n_train": 300, "n_dev": 100}})
     for stage in ("pretrain", "finetune"):
         cfg["train"][stage].update(short["train"][stage])
     proc = snakemake(tmp_path, "--cores", "2", "--configfile", write_config(tmp_path / "short.yaml", cfg),
