@@ -182,3 +182,29 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_server_killed_hard_fails_its_clients_and_children_and_frees_the_socket(tmp_path):
+    data = make_prepared(tmp_path, "mlm", n_train=256)
+    sock = tmp_path / "s"
+    server = _start_server(sock)
+    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1}
+    p = _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(tmp_path / "run")], sock)
+    t = time.time()
+    while not (children := _children_of(server.pid)):
+        assert p.poll() is None, p.communicate()
+        assert time.time() - t < 60, "no forked child seen"
+        time.sleep(0.05)
+    server.kill()
+    server.wait()
+    _, err = p.communicate(timeout=30)
+    assert p.returncode != 0 and "went away" in err
+    t = time.time()
+    while any(_alive(c) for c in children):
+        assert time.time() - t < 30, "the child outlived its server"
+        time.sleep(0.1)
+    # the socket file is left behind, but nobody listens on it: the next command starts cold at once
+    t = time.time()
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
+                       env=_env(**{warm.SOCKET_ENV: str(sock)}), timeout=60)
+    assert r.returncode == 0 and "starting cold" in r.stderr and time.time() - t < 20

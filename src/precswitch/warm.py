@@ -70,6 +70,9 @@ _IN_WARM_CHILD = False
 
 _HEADER = struct.Struct("!I")
 
+#: The server's own sockets (listener and client connections): a forked child closes its copies.
+_SERVER_SOCKETS: list[socket.socket] = []
+
 
 def process_start() -> str:
     """'warm' in a child forked by the server, else 'cold'."""
@@ -170,6 +173,9 @@ def _child(req: dict, fds: list[int]) -> None:
     try:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)
+        for sock in _SERVER_SOCKETS:  # a child must not keep the listener (or other clients) open
+            sock.close()
+        _die_with_parent()
         for target, fd in zip((0, 1, 2), fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -204,6 +210,19 @@ def _child(req: dict, fds: list[int]) -> None:
             os._exit(status)
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the server dies (its client has then been told it failed)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the child runs to its end
+        pass
+    if os.getppid() == 1:  # the server died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def serve(path: str, parent_pid: int | None, idle_timeout: float, preload: tuple[str, ...] = PRELOAD) -> int:
     import importlib
 
@@ -226,6 +245,7 @@ def serve(path: str, parent_pid: int | None, idle_timeout: float, preload: tuple
     listener.bind(tmp)
     listener.listen(64)
     os.rename(tmp, path)  # clients see the socket only once it accepts
+    _SERVER_SOCKETS.append(listener)
     print(f"precswitch warm: serving on {path} (pid {os.getpid()})", flush=True)
 
     stop = False
@@ -258,6 +278,7 @@ def serve(path: str, parent_pid: int | None, idle_timeout: float, preload: tuple
                     pid = _accept(conn, base_env, added, host)
                     if pid is not None:
                         children[pid] = conn
+                        _SERVER_SOCKETS.append(conn)
                         served += 1
                 else:  # a client's connection is readable only when the client died: mirror it
                     pid = next(p for p, c in children.items() if c is sock)
@@ -331,6 +352,8 @@ def _reap(children: dict[int, socket.socket]) -> float | None:
         if pid == 0:
             break
         conn = children.pop(pid, None)
+        if conn in _SERVER_SOCKETS:
+            _SERVER_SOCKETS.remove(conn)
         code = os.waitstatus_to_exitcode(status)
         if code < 0:  # killed by a signal: what a shell reports
             code = 128 - code
