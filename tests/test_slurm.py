@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from precswitch.warm import alive
+
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_TESTS = ROOT / "tests" / "slurm"
 USER_PROFILE = ROOT / "profiles" / "slurm" / "config.yaml"
@@ -195,20 +197,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie is as good as gone
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return False
-    return True
-
-
 @contextlib.contextmanager
 def _exclusive(lock_file: Path, wait_s: int):
     with open(lock_file, "a+") as f:
@@ -260,10 +248,10 @@ def local_cluster(tmp_path_factory):
             )
             print(stop.stdout, stop.stderr)
             deadline = time.monotonic() + 15
-            while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            alive = {n: p for n, p in pids.items() if _alive(p)}
-            assert not alive, f"daemons still running after stop.sh: {alive}"
+            still = {n: p for n, p in pids.items() if alive(p)}
+            assert not still, f"daemons still running after stop.sh: {still}"
             assert not (Path("/etc/slurm/slurm.conf").is_symlink() and str(state) in os.readlink("/etc/slurm/slurm.conf"))
 
 

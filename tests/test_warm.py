@@ -95,12 +95,16 @@ def test_exit_status_and_stderr_come_back(server, tmp_path):
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
-def test_sigterm_to_the_client_reaches_the_stage(server, tmp_path):
+def _long_run(tmp_path: Path, sock: Path, **hp) -> tuple[subprocess.Popen, Path]:
+    """A warm `precswitch train` of 5000 tiny steps (to be interrupted) and its output dir."""
     data = make_prepared(tmp_path, "mlm", n_train=256)
     out = tmp_path / "run"
-    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1,
-          "checkpoint_every_steps": 2}
-    p = _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(out)], server)
+    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1, **hp}
+    return _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(out)], sock), out
+
+
+def test_sigterm_to_the_client_reaches_the_stage(server, tmp_path):
+    p, out = _long_run(tmp_path, server, checkpoint_every_steps=2)
     t = time.time()
     while not (out / "resume" / "state.pt").exists():
         assert p.poll() is None, p.communicate()
@@ -114,11 +118,7 @@ def test_sigterm_to_the_client_reaches_the_stage(server, tmp_path):
 
 
 def test_client_killed_hard_takes_its_child_along(server, tmp_path):
-    data = make_prepared(tmp_path, "mlm", n_train=256)
-    out = tmp_path / "run"
-    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1,
-          "log_every": 1}
-    p = _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(out)], server)
+    p, _ = _long_run(tmp_path, server)
     t = time.time()
     while not (children := _children_of(_server_pid(server))):
         assert p.poll() is None, p.communicate()
@@ -128,7 +128,7 @@ def test_client_killed_hard_takes_its_child_along(server, tmp_path):
     p.kill()
     p.wait()
     t = time.time()
-    while any(_alive(c) for c in children):
+    while any(warm.alive(c) for c in children):
         assert time.time() - t < 30, "the child outlived its killed client"
         time.sleep(0.1)
 
@@ -176,20 +176,10 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_server_killed_hard_fails_its_clients_and_children_and_frees_the_socket(tmp_path):
-    data = make_prepared(tmp_path, "mlm", n_train=256)
     sock = tmp_path / "s"
     server = _start_server(sock)
-    hp = {"data": str(data), "precision": "fp32", "steps": 5000, "seed": 1, "model": TINY, "threads": 1}
-    p = _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(tmp_path / "run")], sock)
+    p, _ = _long_run(tmp_path, sock)
     t = time.time()
     while not (children := _children_of(server.pid)):
         assert p.poll() is None, p.communicate()
@@ -200,7 +190,7 @@ def test_server_killed_hard_fails_its_clients_and_children_and_frees_the_socket(
     _, err = p.communicate(timeout=30)
     assert p.returncode != 0 and "went away" in err
     t = time.time()
-    while any(_alive(c) for c in children):
+    while any(warm.alive(c) for c in children):
         assert time.time() - t < 30, "the child outlived its server"
         time.sleep(0.1)
     # the socket file is left behind, but nobody listens on it: the next command starts cold at once

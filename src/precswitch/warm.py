@@ -261,7 +261,7 @@ def serve(path: str, parent_pid: int | None, idle_timeout: float, preload: tuple
     served = 0
     try:
         while not stop:
-            if parent_pid and not _alive(parent_pid):
+            if parent_pid and not alive(parent_pid):
                 print(f"precswitch warm: parent {parent_pid} is gone; stopping", flush=True)
                 break
             if not children and idle_timeout and time.monotonic() - last_busy > idle_timeout:
@@ -367,14 +367,19 @@ def _reap(children: dict[int, socket.socket]) -> float | None:
     return done
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie (exited, not yet reaped: as good as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): existence is all we know
+        return True
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -391,9 +396,9 @@ def stop_server(path: str, timeout: float = 30.0) -> bool:
         return True
     _kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def server_pid(path: str) -> int | None:
