@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -43,6 +44,7 @@ import torch  # noqa: E402
 from precswitch import flops, gpu, measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
+from precswitch.train.engine import cls_only_last_layer, forward_loss  # noqa: E402
 
 # ------------------------------------------------------------------ peak FLOP/s, dense, TFLOP/s
 #: One table: the peak each precision's MFU is measured against, per GPU (matched by name).
@@ -104,6 +106,11 @@ def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4)
     return out
 
 
+def _head_rows(b: dict) -> int:
+    rows = int((b["labels"] != -100).sum())
+    return rows + (-rows) % 16
+
+
 def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[dict], peaks: dict) -> dict:
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
@@ -133,6 +140,9 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         bcfg = BertConfig(**cfg, num_labels=2, attn_implementation=args.attn)
         model = (BertForMaskedLM if args.mlm else BertForSequenceClassification)(bcfg)
         model = prec.prepare_model(model).to(device)
+        cls_only = args.step == "engine" and not args.mlm and not prec.fp8_linear
+        if cls_only:
+            cls_only_last_layer(model)  # the engine's classification step (fp8 keeps full shapes, as there)
         model.train()
         decay = [p for p in model.parameters() if p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -141,11 +151,17 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
                                 lr=args.lr, eps=eps, **opt_kw)
         opt = prec.wrap_optimizer(opt, seed=0)  # Kahan / stochastic rounding for the compensated bf16 variants
         scaler = prec.make_scaler(device.type)
-        step_model = torch.compile(model, mode=args.compile_mode) if variant == "compiled" else model
+        if args.step == "engine":
+            def loss_of(b):
+                return forward_loss(model, b, objective)
+        else:
+            def loss_of(b):
+                return model(**b).loss
+        step_model = torch.compile(loss_of, mode=args.compile_mode) if variant == "compiled" else loss_of
 
         def step(b):
             with prec.autocast(device.type):
-                loss = step_model(**b).loss
+                loss = step_model(b)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(opt)
@@ -177,7 +193,12 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         e1 = measure.nvml_energy_mj(device)
         final = float(losses[-1].float())
         mem = measure.peak_memory(device)
-        step_flops = flops.train_step_flops(bcfg, args.batch, args.seq, objective)
+        engine_kw = {}
+        if args.step == "engine" and args.mlm:  # rows the sparse head scored, averaged over the batches
+            engine_kw["head_rows"] = round(statistics.fmean(_head_rows(b) for b in batches))
+        elif cls_only:
+            engine_kw["cls_only_last_layer"] = True
+        step_flops = flops.train_step_flops(bcfg, args.batch, args.seq, objective, **engine_kw)
         key = peak_key(prec)
         peak = peaks.get(key)
         achieved = step_flops * args.steps / seconds
@@ -295,6 +316,9 @@ def parse_args(argv=None):
                         "only = compiled rows only")
     p.add_argument("--compile-mode", default="default", help="torch.compile mode (default 'default')")
     p.add_argument("--fused", choices=["auto", "on", "off"], default="auto", help="fused AdamW (default on, like the engine's optimizer_impl: fused; off = foreach)")
+    p.add_argument("--step", choices=["engine", "stock"], default="engine",
+                   help="engine (default): the study's step (masked-LM head on masked rows only, [CLS]-only "
+                        "last layer for classification; FLOPs counted as done); stock: model(**batch).loss")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--adam-eps", type=float, default=1e-8, help="AdamW eps of every precision but pure_fp16")
     p.add_argument("--pure-fp16-eps", type=float, default=1e-4, help="AdamW eps of pure_fp16 (1e-8 is 0 in fp16)")
@@ -384,6 +408,7 @@ def main(argv=None) -> int:
         "warmup": args.warmup,
         "timing": "one window of --steps steps per row, CUDA-synchronized at both ends; warm-up excluded",
         "attn_implementation": args.attn,
+        "step": args.step,
         "compile_mode": args.compile_mode if compile_on else None,
         "adam_eps": args.adam_eps,
         "pure_fp16_adam_eps": args.pure_fp16_eps,

@@ -84,3 +84,35 @@ def test_against_flop_counter_mode(objective, attn):
         ours_fwd, ours_step = ours_fwd - core, ours_step - 3 * core
     assert counted_fwd == pytest.approx(ours_fwd, rel=0.03)
     assert step.get_total_flops() == pytest.approx(ours_step, rel=0.03)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "classify"])
+def test_engine_step_against_flop_counter_mode(objective):
+    """The engine's cheaper step (sparse masked-LM head, [CLS]-only last layer) counted as done."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    from precswitch.train.engine import cls_only_last_layer, forward_loss
+
+    torch.manual_seed(0)
+    cfg = BertConfig(**TINY, attn_implementation="eager")
+    model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
+    model.train()
+    ids = torch.randint(0, TINY["vocab_size"], (B, S))
+    extra = {}
+    if objective == "mlm":
+        labels = torch.full_like(ids, -100)
+        labels[:, ::3] = ids[:, ::3]  # every third token scored
+        rows = int((labels != -100).sum())
+        extra["head_rows"] = rows + (-rows) % 16
+    else:
+        labels = torch.randint(0, 3, (B,))
+        assert cls_only_last_layer(model)
+        extra["cls_only_last_layer"] = True
+    kw = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long), "labels": labels}
+    with FlopCounterMode(display=False) as step:
+        forward_loss(model, kw, objective).backward()
+    ours = flops.train_step_flops(cfg, B, S, objective, **extra)
+    assert step.get_total_flops() == pytest.approx(ours, rel=0.03)
+    assert ours < flops.train_step_flops(cfg, B, S, objective)  # less than the stock step
+    assert flops.engine_head_rows(32, 128) == 624  # 614.4 -> 614 -> padded to 624

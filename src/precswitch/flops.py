@@ -27,6 +27,14 @@ Heads:
 
 Training step = 3 x forward (backward = 2 x forward: gradients with respect to the inputs and to
 the weights, each a matmul of the forward's size).
+
+The study's engine does less than the stock forward for the same loss and gradients, and its FLOPs
+are counted as done (``head_rows``, ``cls_only_last_layer``):
+
+* masked LM: the head scores only the labelled rows (``engine.mlm_forward``; ~15% of the tokens,
+  padded to a multiple of 16): ``head_rows * (2h^2 + 2hV)`` instead of every token's.
+* classification: the last encoder layer computes keys and values for every token, but queries,
+  attention, output projection and FFN for [CLS] only (``engine.cls_only_last_layer``).
 """
 
 from __future__ import annotations
@@ -79,25 +87,46 @@ def layer_forward_flops_per_token(config: Any, seq_len: int) -> dict[str, int]:
     }
 
 
-def forward_flops(config: Any, batch: int, seq_len: int, objective: str) -> dict[str, int]:
-    """Forward matmul FLOPs of one batch, by part (``encoder``, ``head``) and ``total``."""
+def forward_flops(config: Any, batch: int, seq_len: int, objective: str, *, head_rows: int | None = None,
+                  cls_only_last_layer: bool = False) -> dict[str, int]:
+    """Forward matmul FLOPs of one batch, by part (``encoder``, ``head``) and ``total``.
+
+    ``head_rows`` (mlm): token rows the vocabulary head scores per batch (default: every token, as
+    ``BertForMaskedLM`` does). ``cls_only_last_layer`` (classify): the engine's last layer.
+    """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r}: allowed {', '.join(OBJECTIVES)}")
     d = BertDims.of(config)
-    h = d.hidden_size
-    tokens = int(batch) * int(seq_len)
+    h, f, s = d.hidden_size, d.intermediate_size, int(seq_len)
+    tokens = int(batch) * s
     per_layer = sum(layer_forward_flops_per_token(d, seq_len).values())
     encoder = tokens * d.num_hidden_layers * per_layer
+    if objective == "classify" and cls_only_last_layer:
+        last = layer_forward_flops_per_token(d, seq_len)
+        encoder -= tokens * per_layer  # the last layer, counted anew:
+        encoder += tokens * 2 * (2 * h * h)  # K and V for every token
+        encoder += int(batch) * (2 * h * h + last["attention_scores"] + last["attention_weighted_sum"]
+                                 + last["attention_output"] + last["ffn"])  # Q, attention, out, FFN for [CLS]
     if objective == "mlm":
-        head = tokens * (2 * h * h + 2 * h * d.vocab_size)
+        rows = tokens if head_rows is None else int(head_rows)
+        head = rows * (2 * h * h + 2 * h * d.vocab_size)
     else:
         head = int(batch) * (2 * h * h + 2 * h * d.num_labels)
     return {"encoder": encoder, "head": head, "total": encoder + head}
 
 
-def train_step_flops(config: Any, batch: int, seq_len: int, objective: str) -> int:
-    """Model FLOPs of one training step (forward + backward = 3 x forward) of ``batch`` sequences."""
-    return TRAIN_MULTIPLIER * forward_flops(config, batch, seq_len, objective)["total"]
+def train_step_flops(config: Any, batch: int, seq_len: int, objective: str, **engine) -> int:
+    """Model FLOPs of one training step (forward + backward = 3 x forward) of ``batch`` sequences.
+
+    ``engine``: ``head_rows`` / ``cls_only_last_layer`` as in :func:`forward_flops`.
+    """
+    return TRAIN_MULTIPLIER * forward_flops(config, batch, seq_len, objective, **engine)["total"]
+
+
+def engine_head_rows(batch: int, seq_len: int, mlm_probability: float = 0.15) -> int:
+    """Expected rows the engine's masked-LM head scores per batch (labelled tokens, padded to 16)."""
+    rows = round(int(batch) * int(seq_len) * float(mlm_probability))
+    return rows + (-rows) % 16
 
 
 def train_flops_per_token(config: Any, seq_len: int, objective: str) -> float:
