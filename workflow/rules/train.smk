@@ -20,11 +20,11 @@ rule pretrain:
         f"{LOGS}/pretrain/{{precision}}/seed{{seed}}.log",
     benchmark:
         f"{BENCHMARKS}/pretrain/{{precision}}/seed{{seed}}.tsv"
-    conda:
-        "../../envs/precswitch.yaml"
     # stage-1 jobs gate every fine-tuning job: run them first, so that the short stage-2 jobs fill
     # the end of the study instead of one late stage 1 leaving slots idle
     priority: 1
+    conda:
+        "../../envs/precswitch.yaml"
     threads: config["threads"]
     resources:
         mem_mb=config["resources"]["mem_mb"],
