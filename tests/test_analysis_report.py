@@ -67,7 +67,7 @@ def test_verdict_text(study, tmp_path):
     assert text.startswith("# ")
     head = text.split("## Answer")[0]
     assert "If BERT is pre-trained in low precision" in head
-    for needle in ("`cpu`", "2.13.0+cpu", "5.24.0", "`0000000`", "cafe1234"):
+    for needle in ("`cpu`", "2.13.0+cpu", "5.24.0", "`0000000`", "cafe1234", "memory measured as `cpu_peak_rss` in `warm`-started"):
         assert needle in head
     answer = text.split("## Answer")[1].split("## Per schedule")[0]
     assert "After amp_fp16 pre-training, fine-tuning in fp32 instead of amp_fp16 raises accuracy" in answer

@@ -129,7 +129,7 @@ RUN_COUNTERS = [
 
 PROVENANCE_COLUMNS = [
     "device", "device_name", "memory_kind", "torch_version", "transformers_version", "datasets_version",
-    "cuda_version", "python_version", "threads", "git_commit", "config_hash", "hostname",
+    "cuda_version", "python_version", "threads", "git_commit", "config_hash", "hostname", "process_start",
 ]
 
 

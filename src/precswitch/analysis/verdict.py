@@ -167,7 +167,8 @@ def render(stats: dict) -> str:
                f"transformers {pv('transformers_version')}"
                + (f", CUDA {pv('cuda_version')}" if prov.get("cuda_version") else "")
                + f"; git commit {pv('git_commit')}; "
-               f"config hash {pv('config_hash')}; threads {pv('threads')}; memory measured as {pv('memory_kind')}. "
+               f"config hash {pv('config_hash')}; threads {pv('threads')}; memory measured as {pv('memory_kind')}"
+               + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
                f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
                f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
                f"(paired t-tests, Holm-adjusted over schedules); {conf}% CIs.")
