@@ -591,6 +591,9 @@ _WARM = {}
 def _warm_off_reason():
     if not config["warm_start"]:
         return "warm_start: false"
+    if not sys.platform.startswith("linux"):
+        # fork after importing torch is only safe where it is tested (macOS frameworks object to it)
+        return f"platform {sys.platform}: jobs start cold"
     if config["device"] != "cpu":
         # a child forked after the parent touched CUDA cannot use it; a GPU job is long anyway
         return f"device {config['device']}: GPU jobs start cold"
