@@ -106,11 +106,6 @@ def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4)
     return out
 
 
-def _head_rows(b: dict) -> int:
-    rows = int((b["labels"] != -100).sum())
-    return rows + (-rows) % 16
-
-
 def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[dict], peaks: dict) -> dict:
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
@@ -195,7 +190,8 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         mem = measure.peak_memory(device)
         engine_kw = {}
         if args.step == "engine" and args.mlm:  # rows the sparse head scored, averaged over the batches
-            engine_kw["head_rows"] = round(statistics.fmean(_head_rows(b) for b in batches))
+            engine_kw["head_rows"] = round(statistics.fmean(
+                flops.padded_head_rows(int((b["labels"] != -100).sum())) for b in batches))
         elif cls_only:
             engine_kw["cls_only_last_layer"] = True
         step_flops = flops.train_step_flops(bcfg, args.batch, args.seq, objective, **engine_kw)

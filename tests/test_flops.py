@@ -104,7 +104,7 @@ def test_engine_step_against_flop_counter_mode(objective):
         labels = torch.full_like(ids, -100)
         labels[:, ::3] = ids[:, ::3]  # every third token scored
         rows = int((labels != -100).sum())
-        extra["head_rows"] = rows + (-rows) % 16
+        extra["head_rows"] = flops.padded_head_rows(rows)
     else:
         labels = torch.randint(0, 3, (B,))
         assert cls_only_last_layer(model)

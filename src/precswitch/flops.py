@@ -123,10 +123,18 @@ def train_step_flops(config: Any, batch: int, seq_len: int, objective: str, **en
     return TRAIN_MULTIPLIER * forward_flops(config, batch, seq_len, objective, **engine)["total"]
 
 
+#: the engine pads the rows its masked-LM head scores to a multiple of this (tensor-core shapes)
+HEAD_ROW_MULTIPLE = 16
+
+
+def padded_head_rows(labelled: int) -> int:
+    """Rows the engine's masked-LM head scores for ``labelled`` labelled tokens (engine.mlm_forward)."""
+    return int(labelled) + (-int(labelled)) % HEAD_ROW_MULTIPLE
+
+
 def engine_head_rows(batch: int, seq_len: int, mlm_probability: float = 0.15) -> int:
-    """Expected rows the engine's masked-LM head scores per batch (labelled tokens, padded to 16)."""
-    rows = round(int(batch) * int(seq_len) * float(mlm_probability))
-    return rows + (-rows) % 16
+    """Expected rows the engine's masked-LM head scores per batch (labelled tokens, padded)."""
+    return padded_head_rows(round(int(batch) * int(seq_len) * float(mlm_probability)))
 
 
 def train_flops_per_token(config: Any, seq_len: int, objective: str) -> float:

@@ -152,12 +152,7 @@ def delegate(argv: list[str]) -> int | None:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, forward)
     sock.settimeout(None)
-    while True:
-        try:
-            msg, _ = _recv(sock)
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            continue
+    msg, _ = _recv(sock)  # signals above interrupt it; PEP 475 resumes the wait
     sock.close()
     if not msg or "status" not in msg:
         print(f"precswitch: warm-start server {path} went away while running pid {child}", file=sys.stderr)

@@ -528,12 +528,14 @@ def fetch_config_json():
     return json.dumps(spec, sort_keys=True)
 
 
-# Environment prefix for jobs that must not download (compute nodes): everything is in the cache.
-OFFLINE_ENV = (
-    "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
+# Environment of jobs that must not download (compute nodes): everything is in the cache. The rules
+# put OFFLINE_ENV in front of their command; the warm-start server gets OFFLINE_VARS.
+OFFLINE_VARS = (
+    {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if fetch_needed()
-    else ""
+    else {}
 )
+OFFLINE_ENV = "".join(f"{k}={v} " for k, v in OFFLINE_VARS.items())
 
 
 def caption(name):
@@ -618,9 +620,7 @@ def start_warm_server():
     sock_dir = tempfile.mkdtemp(prefix="precswitch-warm-")
     sock = os.path.join(sock_dir, "socket")
     env = dict(os.environ)
-    env.update(
-        kv.split("=", 1) for kv in OFFLINE_ENV.split()
-    )  # what every job's shell line sets
+    env.update(OFFLINE_VARS)  # what every job's shell line sets
     env.update(
         {k: "1" for k in precswitch_warm.THREAD_ENV}
     )  # no thread pools in the server; children set their own

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import METRICS_SCHEMA_VERSION
-from .. import gpu, measure, warm
+from .. import flops, gpu, measure, warm
 from .. import precision as P
 from ..errors import EXIT_PREEMPTED, PrecisionUnsupported, PrecswitchError
 from ..telemetry import ActivationTelemetry
@@ -222,7 +222,7 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
     labels = batch["labels"]
     hidden = model.bert(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state
     idx = (labels.view(-1) != -100).nonzero().squeeze(1)
-    pad = (-idx.numel()) % 16
+    pad = flops.padded_head_rows(idx.numel()) - idx.numel()
     rows_labels = labels.view(-1)[idx]
     if pad:
         idx = torch.cat([idx, idx.new_zeros(pad)])
