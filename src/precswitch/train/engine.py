@@ -167,12 +167,20 @@ def _build_model(hp: dict, tokenizer, meta: dict):
 
 
 # ====================================================================== batching
+def step_seed(seed: int, step: int) -> int:
+    """The RNG seed of training step ``step``'s masked-LM masks: a pure function of (seed, step)."""
+    return int(np.random.SeedSequence([seed, step, 0x6D61736B]).generate_state(1)[0])
+
+
 class Batches:
     """Deterministic batches: epoch e is a fixed permutation seeded by (seed, e); position = step.
 
-    Because the order is a pure function of (seed, step), a resumed run sees exactly the batches
-    the uninterrupted run would have seen, without saving a sampler. Rows stay in the Arrow
-    dataset (memory-mapped) and are fetched per batch, so a large corpus costs no Python memory.
+    Both the order and the masked-LM masks are pure functions of (seed, step) (the collator runs
+    under ``step_seed``), so a resumed run sees exactly the batches the uninterrupted run would have
+    seen without saving a sampler, every precision of seed s masks the same tokens whatever its
+    dropout draws, and batches can be built ahead in worker processes (``stream``) with identical
+    results. Rows stay in the Arrow dataset (memory-mapped) and are fetched per batch, so a large
+    corpus costs no Python memory.
     """
 
     def __init__(self, ds, batch_size: int, seed: int, collate):
@@ -186,7 +194,73 @@ class Batches:
         if epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm, self._epoch = torch.randperm(self.n, generator=g).tolist(), epoch
-        return self.collate(_features(self.ds, self._perm[pos * self.bs : (pos + 1) * self.bs]))
+        feats = _features(self.ds, self._perm[pos * self.bs : (pos + 1) * self.bs])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(step_seed(self.seed, step))
+            return self.collate(feats)
+
+    def stream(self, start: int, stop: int, workers: int = 0, pin_memory: bool = False) -> "BatchStream":
+        """The batches of steps start..stop-1, in order: see ``BatchStream``."""
+        return BatchStream(self, start, stop, workers, pin_memory)
+
+
+class BatchStream:
+    """Iterator of ``(step, batch)`` for steps start..stop-1, in step order.
+
+    ``workers`` > 0 builds batches ahead in that many DataLoader worker processes, started at once
+    (worker w builds steps start+w, start+w+W, ...; the loader returns them in step order), so
+    collation overlaps the training step instead of adding to it; ``pin_memory`` pins each batch
+    for an asynchronous host-to-GPU copy. ``close()`` stops the workers. Workers ignore SIGTERM: on
+    preemption the training process saves its state and stops them itself.
+    """
+
+    def __init__(self, batches: Batches, start: int, stop: int, workers: int, pin_memory: bool):
+        if workers > 0:
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(_StepStream(batches, start, stop), batch_size=None, num_workers=workers,
+                                pin_memory=pin_memory, worker_init_fn=_data_worker_init, prefetch_factor=4,
+                                generator=torch.Generator())  # its worker seeds must not draw from the global RNG
+            self._it = iter(loader)  # forks the workers now, so they work ahead during set-up
+        else:
+            pin = (lambda b: {k: v.pin_memory() for k, v in b.items()}) if pin_memory else (lambda b: b)
+            self._it = ((step, pin(batches.get(step))) for step in range(start, stop))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[int, dict]:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it = None  # the DataLoader iterator's last reference: its finalizer stops the workers
+
+
+class _StepStream(torch.utils.data.IterableDataset):
+    """Steps start..stop-1 of ``Batches``, split round-robin between DataLoader workers."""
+
+    def __init__(self, batches: Batches, start: int, stop: int):
+        self.batches, self.start, self.stop = batches, start, stop
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        for step in range(self.start + w, self.stop, n):
+            yield step, self.batches.get(step)
+
+
+def _data_worker_init(worker_id: int) -> None:  # noqa: ARG001
+    # A batch scheduler's SIGTERM goes to every process of the job: the trainer saves its state and
+    # stops its workers; a worker killed first would make the DataLoader raise instead.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def data_workers(spec, device) -> int:
+    """``data_workers`` hparam: an integer, or auto = 2 on CUDA (collation off the step's critical path), 0 on CPU."""
+    if spec == "auto":
+        return 2 if device.type == "cuda" else 0
+    return int(spec)
 
 
 def _model_columns(ds, objective: str):
@@ -522,6 +596,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except ValueError:  # not the main thread
         pass
 
+    workers = data_workers(hp["data_workers"], device)
+    stream = batches.stream(st["step"], total_steps, workers=workers, pin_memory=device.type == "cuda")
     setup_seconds = time.perf_counter() - t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
@@ -547,7 +623,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                     scaler = cur.make_scaler(device.type)
                 elif not cur.loss_scaling:
                     scaler = None
-            batch = batches.get(step)
+            got, batch = next(stream)
+            assert got == step, f"input stream out of step: batch {got} at step {step}"
+            n_samples, n_tokens = int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with tel.step(step), cur.autocast(device.type):
                 loss = forward_loss(model, batch, hp["objective"])
@@ -576,8 +654,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
 
             st["train_seconds"] += dt
             st["step_times"].append(dt)
-            st["samples"] += int(batch["input_ids"].shape[0])
-            st["tokens"] += int(batch["attention_mask"].sum())
+            st["samples"] += n_samples
+            st["tokens"] += n_tokens
             st["skipped"] += int(skipped)
             if scale_before is not None:
                 st["scales"].append(scale_before)
@@ -609,6 +687,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 if stop["sigterm"]:
                     raise Preempted(f"SIGTERM at step {st['step']}: state saved to {state_path}")
     finally:
+        stream.close()  # stops the DataLoader workers, if any
         bar.close()
         try:
             signal.signal(signal.SIGTERM, old_handler)
@@ -722,6 +801,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **ev,
         **prov,
         "threads": hp["threads"],
+        "data_workers": workers,
         **flags,
         "resumed": resumed,
         "attempts": st["attempts"],
