@@ -14,7 +14,12 @@ MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "precswitch.cli", *args], check=True, capture_output=True, text=True)
+    """Run `precswitch ARGS`; on failure print the end of its stderr (the reason) before raising."""
+    try:
+        return subprocess.run([PY, "-m", "precswitch.cli", *args], check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as e:
+        print(f"# precswitch {args[0]} failed (exit {e.returncode}):\n{(e.stderr or '')[-3000:]}", file=sys.stderr)
+        raise
 
 
 def prepare(root: Path, n_corpus: int = 6000, n_train: int = 2000, max_length: int = 64) -> dict[str, Path]:

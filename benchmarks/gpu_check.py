@@ -222,11 +222,14 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         row.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500])
     finally:
         del model, opt, step_model
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if variant == "compiled":
-            torch._dynamo.reset()
+        try:  # after a sticky CUDA error these raise again: the row already says what failed
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if variant == "compiled":
+                torch._dynamo.reset()
+        except Exception as e:  # noqa: BLE001
+            row.setdefault("cleanup_error", f"{type(e).__name__}: {e}"[:300])
     return row
 
 
@@ -369,6 +372,47 @@ def main(argv=None) -> int:
     batches = make_batches(cfg, args.batch, args.seq, args.mlm, device)
 
     rows = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from precswitch.io import atomic_write_json
+
+    def result(final: bool) -> dict:
+        ratios, checks = checks_from(rows, device)
+        return {
+            "schema": "precswitch-gpu-check/1",
+            "complete": final,  # false: written after a row, more rows were to come
+            "started_at": started,
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "wall_seconds": time.perf_counter() - t_start,
+            "device": device.type,
+            "device_name": dev_name,
+            "provenance": prov,
+            "gpu_slot": gpu.claim_info(),
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "git_commit": measure.git_commit(),
+            "objective": "mlm" if args.mlm else "classify",
+            "model": cfg,
+            "quick": args.quick,
+            "batch": args.batch,
+            "seq_len": args.seq,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "timing": "one window of --steps steps per row, CUDA-synchronized at both ends; warm-up excluded",
+            "attn_implementation": args.attn,
+            "step": args.step,
+            "compile_mode": args.compile_mode if compile_on else None,
+            "adam_eps": args.adam_eps,
+            "pure_fp16_adam_eps": args.pure_fp16_eps,
+            "peaks_table": PEAKS_TFLOPS,
+            "peak_labels": PEAK_LABELS,
+            "peaks_key": key,
+            "peaks_used": peaks,
+            "results": rows,
+            "ratios": ratios,
+            "checks": checks,
+        }
+
     compile_cost = None
     for variant in variants:
         for name in names:
@@ -380,46 +424,15 @@ def main(argv=None) -> int:
             print(f"gpu_check: {name} ({variant}) ...", file=sys.stderr, flush=True)
             row = measure_one(name, variant, args, cfg, device, batches, peaks)
             rows.append(row)
+            print(f"gpu_check: {name} ({variant}): {row['status']}"
+                  + (f", {row['steps_per_second']:.2f} steps/s" if row.get("steps_per_second") else "")
+                  + (f", MFU {row['mfu']:.1%}" if row.get("mfu") else "")
+                  + (f", {row['reason']}" if row.get("reason") else ""), file=sys.stderr, flush=True)
+            atomic_write_json(out, result(final=False))  # a run cut off by a time limit keeps its rows
             if variant == "compiled" and row.get("warmup_seconds"):
                 compile_cost = max(compile_cost or 0.0, row["warmup_seconds"] + row.get("seconds", 0.0))
-    ratios, checks = checks_from(rows, device)
-    res = {
-        "schema": "precswitch-gpu-check/1",
-        "started_at": started,
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "wall_seconds": time.perf_counter() - t_start,
-        "device": device.type,
-        "device_name": dev_name,
-        "provenance": prov,
-        "gpu_slot": gpu.claim_info(),
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "git_commit": measure.git_commit(),
-        "objective": "mlm" if args.mlm else "classify",
-        "model": cfg,
-        "quick": args.quick,
-        "batch": args.batch,
-        "seq_len": args.seq,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "timing": "one window of --steps steps per row, CUDA-synchronized at both ends; warm-up excluded",
-        "attn_implementation": args.attn,
-        "step": args.step,
-        "compile_mode": args.compile_mode if compile_on else None,
-        "adam_eps": args.adam_eps,
-        "pure_fp16_adam_eps": args.pure_fp16_eps,
-        "peaks_table": PEAKS_TFLOPS,
-        "peak_labels": PEAK_LABELS,
-        "peaks_key": key,
-        "peaks_used": peaks,
-        "results": rows,
-        "ratios": ratios,
-        "checks": checks,
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    from precswitch.io import atomic_write_json
-
+    res = result(final=True)
+    checks = res["checks"]
     atomic_write_json(out, res)
     print_table(res)
     print(f"\nresults: {out}  ({res['wall_seconds']:.0f} s)")

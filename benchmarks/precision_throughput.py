@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,10 +46,17 @@ def main() -> None:
             for prec in a.precisions.split(","):
                 runs = []
                 for _ in range(a.repeats):
-                    runs.append(engine_run(data[obj], obj, prec, steps=a.steps, threads=a.threads,
-                                           timing_warmup_steps=a.warmup, device=a.device,
-                                           adam_eps=1e-4 if prec == "pure_fp16" else 1e-8))
+                    try:
+                        runs.append(engine_run(data[obj], obj, prec, steps=a.steps, threads=a.threads,
+                                               timing_warmup_steps=a.warmup, device=a.device,
+                                               adam_eps=1e-4 if prec == "pure_fp16" else 1e-8))
+                    except subprocess.CalledProcessError as e:  # its stderr is printed; go on with the rest
+                        runs.append({"objective": obj, "precision": prec, "status": "failed",
+                                     "status_reason": f"exit {e.returncode}: "
+                                     + ((e.stderr or "").strip().splitlines() or [""])[-1][:300]})
                 every += runs
+                if a.metrics_out:  # after every precision: a run cut off by a time limit keeps what it measured
+                    Path(a.metrics_out).write_text(json.dumps(every, indent=1, default=str))
                 ok = [r for r in runs if r.get("steps_per_second")]
                 if not ok:
                     print(f"{obj:<9} {prec:<10} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>7} {runs[0]['status']:>8}  "

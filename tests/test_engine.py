@@ -17,6 +17,7 @@ from engine_fixtures import make_prepared  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.cli import main as cli_main  # noqa: E402
 from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
+from precswitch.train import config as C  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
 
 TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
@@ -67,7 +68,11 @@ def test_every_precision_both_objectives(data, tmp_path, prec):
     assert m["nonfinite_losses"] == 0 and m["first_nonfinite_step"] is None
     assert m["tf32_matmul"] is False and m["float32_matmul_precision"] == "highest"
     if P.get(prec).loss_scaling:
-        assert m["loss_scale_start"] == 65536.0 and m["loss_scale_min"] <= m["loss_scale_start"]
+        # pure_fp16: the loss is fp16, so the scale (the gradient backward starts from) stays <= 2**15
+        assert m["loss_scale_start"] == (32768.0 if P.get(prec).is_pure else 65536.0)
+        assert m["loss_scale_min"] <= m["loss_scale_start"]
+        if P.get(prec).is_pure:
+            assert m["skipped_steps"] == 0  # the stock 2**16 made the first step's gradients inf
     else:
         assert m["loss_scale_start"] is None and m["skipped_steps"] == 0
     steps = (tmp_path / "pre" / "steps.csv").read_text().splitlines()
@@ -324,3 +329,42 @@ def test_cls_only_last_layer_equals_the_full_model(attn):
     for name in g1:
         torch.testing.assert_close(g2[name], g1[name], rtol=1e-4, atol=1e-6, msg=name)
     assert fast.state_dict().keys() == full.state_dict().keys()
+
+
+def test_pure_fp16_scaler_keeps_the_fp16_loss_gradient_finite():
+    """In pure_fp16 the loss is fp16: backward starts from the scale itself, so it must stay <= 65504."""
+    assert torch.isinf(torch.tensor(65536.0).half())  # the stock initial scale, as an fp16 gradient
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    opt = torch.optim.SGD([w], lr=0.0)
+    scaler = P.get("pure_fp16").make_scaler("cpu")
+    assert scaler.get_scale() == 32768.0
+    grower = type(scaler)("cpu", init_scale=2.0**16, growth_interval=1)  # asks for 2**16, doubles every step
+    for s in (scaler, grower):
+        for _ in range(3):
+            s.scale((w * 0.5).sum()).backward()
+            assert torch.isfinite(w.grad).all()
+            s.step(opt)
+            s.update()
+            opt.zero_grad()
+            assert s.get_scale() == 32768.0  # never grown past 2**15, never backed off (no inf)
+
+
+def test_fp8_stage_cannot_claim_another_eval_precision(data):
+    with pytest.raises(PrecswitchError, match="eval_precision 'fp32' after an fp8 stage"):
+        C.resolve({"data": str(data["mlm"]), "steps": 1, "precision": "fp8", "eval_precision": "fp32"})
+    assert C.resolve({"data": "x", "steps": 1, "precision": "fp8", "eval_precision": "same"})["eval_precision"] == "same"
+    assert C.resolve({"data": "x", "steps": 1, "precision": "amp_bf16", "eval_precision": "fp8"})  # into fp8 is real
+
+
+def test_fp8_stage_pads_batches_to_multiples_of_16(data):
+    from precswitch.train.engine import _load_data, _load_tokenizer, _make_collator, _model_columns
+
+    hp = C.resolve({"data": str(data["classify"]), "steps": 1, "objective": "classify"})
+    train, _, meta = _load_data(hp)
+    rows = _model_columns(train, "classify")
+    feats = [dict(zip(rows[:5], v)) for v in zip(*rows[:5].values())]
+    feats = [{k: (v[: 7 + i] if isinstance(v, list) else v) for k, v in f.items()} for i, f in enumerate(feats)]  # 7..11 tokens
+    tok = _load_tokenizer(hp, meta)
+    plain = _make_collator("classify", tok, 0.15)(feats)["input_ids"].shape[1]
+    padded = _make_collator("classify", tok, 0.15, 16)(feats)["input_ids"].shape[1]
+    assert plain % 16 and padded % 16 == 0 and padded >= plain  # the fixture's rows are not already a multiple

@@ -221,6 +221,8 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     assert checks["mfu_amp_bf16"]["result"] == "n/a"
     assert "speedup_amp_bf16_over_fp32" in r.stdout and "n/a" in r.stdout  # no PASS/FAIL on a CPU
     assert res["peaks_table"]["H200"]["bf16"] == 790
+    assert res["complete"] is True and "gpu_check: fp32 (eager): ok" in r.stderr  # rows reported as they finish
+    assert by["pure_fp16"]["loss_scale_end"] == 32768.0  # fp16 loss: the scale never exceeds 2**15
 
 
 def _load_gpu_check():
@@ -277,3 +279,29 @@ def test_slurm_jobs_lock_in_their_own_dir(monkeypatch):
     assert gpu.default_lock_dir() == node / "slurm-4242"
     monkeypatch.setenv(gpu.LOCK_DIR_ENV, "/x/locks")
     assert str(gpu.default_lock_dir()) == "/x/locks"
+
+
+def test_nvml_readings_come_from_the_gpu_cuda_means(monkeypatch):
+    """NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES: energy and memory must come
+    from the GPU that CUDA device 0 is (matched by UUID), not from NVML's GPU 0."""
+    import types
+
+    import torch
+
+    from precswitch import measure
+
+    gpus = {"GPU-aaaa": ("nvml0", 111_000, 1 << 30), "GPU-cccc": ("nvml2", 333_000, 3 << 30)}
+    handles = {h: (e, m) for h, e, m in gpus.values()}
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: f"nvml{i}",
+        nvmlDeviceGetHandleByUUID=lambda u: gpus[u][0],
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: handles[h][0],
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=handles[h][1]),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="cccc"))
+    monkeypatch.setattr(measure, "_NVML_HANDLES", {})
+    dev = torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES=2: CUDA's 0 is NVML's 2
+    assert measure.nvml_energy_mj(dev) == 333_000
+    assert measure.nvml_memory_used(dev) == 3 << 30

@@ -99,6 +99,9 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
          "data.finetune", "missing/train.tsv"),
         ({"data": {"finetune": {"kind": "xlsx"}}}, "data.finetune.kind", "parquet"),
         ({"device": "tpu"}, "device", "cuda"),
+        ({"data_workers": -1}, "data_workers", ""),
+        ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},
+          "train": {"finetune": {"eval_precision": "fp32"}}}, "train.finetune.eval_precision", "fp8"),
     ],
 )
 def test_config_error_names_the_key(tmp_path, cfg, key, allowed):

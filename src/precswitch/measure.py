@@ -58,12 +58,21 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
     return {"peak_memory_bytes": _read_vm("VmHWM"), "memory_kind": "cpu_peak_rss", "cuda_max_reserved_bytes": None}
 
 
+_NVML_HANDLES: dict[int, Any] = {}
+
+
 def _nvml_handle(device: torch.device):
+    """NVML handle of the CUDA device ``device`` (matched by UUID/PCI: NVML numbers GPUs its own way)."""
     try:
         import pynvml  # nvidia-ml-py
 
-        pynvml.nvmlInit()
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        from .gpu import _nvml_handle_for
+
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in _NVML_HANDLES:
+            pynvml.nvmlInit()
+            _NVML_HANDLES[idx] = _nvml_handle_for(pynvml, idx, torch)
+        return pynvml, _NVML_HANDLES[idx]
     except Exception:  # noqa: BLE001 - NVML is optional
         return None, None
 

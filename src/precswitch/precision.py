@@ -126,11 +126,24 @@ class PureFP16GradScaler(torch.amp.GradScaler):
 
     The stock scaler refuses to unscale fp16 gradients (it assumes AMP with fp32 master weights).
     Everything else — dynamic scale growth/back-off, inf/NaN detection, step skipping — is the
-    library's own; we only allow fp16 gradients in its unscale kernel.
+    library's own; we only allow fp16 gradients in its unscale kernel, and keep the scale at or
+    below 2**15: here the loss itself is fp16, so the gradient backward starts from *is* the scale,
+    and the stock 2**16 is above fp16's maximum (65504): it would be inf, and skip the first step
+    and one step after every growth back to 2**16, whatever the loss.
     """
+
+    MAX_SCALE = 2.0**15
+
+    def __init__(self, device: str = "cuda", init_scale: float = MAX_SCALE, **kwargs):
+        super().__init__(device, init_scale=min(init_scale, self.MAX_SCALE), **kwargs)
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # noqa: D401
         return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
+
+    def update(self, new_scale=None) -> None:
+        super().update(new_scale)
+        if self._enabled and self._scale is not None:
+            self._scale.clamp_(max=self.MAX_SCALE)
 
 
 CATALOG: dict[str, Precision] = {

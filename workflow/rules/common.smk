@@ -259,6 +259,16 @@ def check_config(cfg):
                     f"unknown stage; allowed: {', '.join(STAGES)}",
                 )
             check_stage(value, f"schedules.{name}.{stage}")
+    for name, stages in schedules.items():
+        for stage, value in stages.items():
+            ev = cfg["train"][stage]["eval_precision"]
+            fp8 = CATALOG[stage_spec(value)["precision"]].fp8_linear
+            if fp8 and ev != "same" and not CATALOG[ev].fp8_linear:
+                raise config_error(
+                    f"train.{stage}.eval_precision",
+                    f"{ev} cannot evaluate the fp8 {stage} stage of schedule {name}: its Linear "
+                    "layers stay fp8 (torchao Float8Linear); use same (or fp8)",
+                )
     seeds = cfg["seeds"]
     if not seeds:
         raise config_error("seeds", "needs at least one seed")

@@ -273,12 +273,15 @@ def _features(ds, idx) -> list[dict]:
     return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
 
 
-def _make_collator(objective: str, tokenizer, mlm_probability: float):
+def _make_collator(objective: str, tokenizer, mlm_probability: float, pad_to_multiple_of: int | None = None):
+    """``pad_to_multiple_of``: fp8 stages pad every batch's length to a multiple of 16, because fp8
+    matmuls (torch._scaled_mm) need every dimension, the tokens of the weight gradient included, divisible by 16."""
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
     if objective == "mlm":
-        return DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability)
-    return DataCollatorWithPadding(tokenizer)
+        return DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
+                                               pad_to_multiple_of=pad_to_multiple_of)
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
 # ====================================================================== the forward pass
@@ -457,6 +460,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except OSError as e:
         raise PrecswitchError(f"output dir {str(out)!r} is not writable: {e.strerror}") from None
 
+    if hp["deterministic"]:  # cuBLAS refuses deterministic mode without a fixed workspace (read at first use)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(hp["threads"])
     # One timed job per GPU: a bare `cuda` takes the first free GPU slot (a lock file per GPU, held
     # until this process exits); `cuda:N` waits for GPU N. CPU: unchanged. See precswitch.gpu.
@@ -529,7 +534,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **({"fused": True} if hp["optimizer_impl"] == "fused" else {"foreach": True}),
     )
     optimizer = prec.wrap_optimizer(optimizer, seed=hp["seed"])  # Kahan / SR variants; else unchanged
-    collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"])
+    collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"], 16 if fp8_in_stage else None)
     train_rows = _model_columns(train_ds, hp["objective"])
     eval_rows = _model_columns(eval_ds, hp["objective"])
     batches = Batches(train_rows, hp["batch_size"], hp["seed"], collate)
@@ -557,7 +562,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     resumed = False
     if state_path.is_file():
         try:
-            saved = torch.load(state_path, weights_only=False, map_location=device)
+            # to the CPU: the RNG states must stay CPU byte tensors, and a GPU copy of the whole state
+            # would sit in the peak memory; load_state_dict copies onto the model's/optimizer's device
+            saved = torch.load(state_path, weights_only=False, map_location="cpu")
         except Exception as e:  # noqa: BLE001
             raise PrecswitchError(f"resume state {str(state_path)!r} is corrupt: {e}; delete it to start over") from None
         if saved.get("config_hash") != chash:
@@ -575,6 +582,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         if saved.get("telemetry"):
             tel.load_state_dict(saved["telemetry"])
         _set_rng_state(saved["rng"])
+        del saved
         resumed = True
     st["attempts"] += 1
 
