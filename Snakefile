@@ -29,6 +29,15 @@ except WorkflowError as e:
     allowed = ""
     if error.validator == "additionalProperties":
         allowed = f"; allowed keys: {', '.join(error.schema.get('properties', {}))}"
+    if (
+        error.validator == "type"
+        and "number" in str(error.validator_value)
+        and isinstance(error.instance, str)
+    ):
+        try:  # YAML 1.1 reads 1e-3 (no dot) as a string
+            allowed = f" (YAML reads it as text: write {float(error.instance):.1e})"
+        except ValueError:
+            pass
     raise WorkflowError(f"config key {key}: {error.message}{allowed}") from None
 
 
@@ -58,8 +67,8 @@ onerror:
 rule all:
     default_target: True
     input:
-        "results/runs.csv",
-        "results/schedules.csv",
-        "results/summary.csv",
-        "results/verdict.md",
-        expand("results/plots/{name}.{ext}", name=PLOTS, ext=["png", "svg"]),
+        f"{RESULTS}/runs.csv",
+        f"{RESULTS}/schedules.csv",
+        f"{RESULTS}/summary.csv",
+        f"{RESULTS}/verdict.md",
+        expand(f"{RESULTS}/plots/{{name}}.{{ext}}", name=PLOTS, ext=["png", "svg"]),

@@ -67,6 +67,7 @@ def test_every_precision_both_objectives(data, tmp_path, prec):
     assert m["memory_kind"] == "cpu_peak_rss" and m["peak_memory_bytes"] > 50e6
     assert m["nonfinite_losses"] == 0 and m["first_nonfinite_step"] is None
     assert m["tf32_matmul"] is False and m["float32_matmul_precision"] == "highest"
+    assert m["load_avg_1m_start"] >= 0 and m["load_avg_1m_end"] >= 0 and m["cpu_count"] >= 1  # Linux
     if P.get(prec).loss_scaling:
         # pure_fp16: the loss is fp16, so the scale (the gradient backward starts from) stays <= 2**15
         assert m["loss_scale_start"] == (32768.0 if P.get(prec).is_pure else 65536.0)

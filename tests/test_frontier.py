@@ -24,6 +24,7 @@ from precswitch.analysis.verdict import write_verdict
 
 FRONTIER = ROOT / "config" / "frontier.yaml"
 FRONTIER_CFG = yaml.safe_load(FRONTIER.read_text())
+RES = FRONTIER_CFG["results_dir"]  # results/frontier: apart from the default study
 
 
 def _dry(tmp_path, *args, cfg=None):
@@ -52,9 +53,9 @@ def test_frontier_dry_run_counts_and_sharing(tmp_path):
     assert counts["finetune"] == n_sched * n_seeds, counts
     for rule in ("synth", "aggregate", "stats", "plots", "verdict"):
         assert counts[rule] == 1
-    stage1 = set(re.findall(r"results/runs/pretrain/([\w.+-]+)/seed(\d+)/metrics\.json", out))
+    stage1 = set(re.findall(RES + r"/runs/pretrain/([\w.+-]+)/seed(\d+)/metrics\.json", out))
     assert {p for p, _ in stage1} == {"fp32", "amp_fp16", "amp_bf16", "pure_bf16", "amp_fp16-to-fp32-at80"}
-    stage2 = {n for n, _ in re.findall(r"results/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out)}
+    stage2 = {n for n, _ in re.findall(RES + r"/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out)}
     assert {"fp16-ft-at0", "fp16-ft-at50", "fp16-ft-at100", "bf16-fp8", "fp16x80-fp32"} <= stage2
 
 
@@ -69,7 +70,7 @@ def test_frontier_hparams(tmp_path):
     assert h["tags"] == {} and h["telemetry_every"] == FRONTIER_CFG["train"]["pretrain"]["telemetry_every"]
     assert "switch_to" not in by_id["pretrain-amp_fp16-seed1"]
     fin = by_id["finetune-fp16x80-fp32-seed1"]
-    assert fin["init"] == "results/runs/pretrain/amp_fp16-to-fp32-at80/seed1/checkpoint"
+    assert fin["init"] == f"{RES}/runs/pretrain/amp_fp16-to-fp32-at80/seed1/checkpoint"
     assert "telemetry_every" not in fin  # 0 = off: left to the engine's default
     # sweep points: 1.0 = no switch, 0.0 = all in switch_to, else a switch
     at50, at100, at0 = (by_id[f"finetune-fp16-ft-at{p}-seed2"] for p in (50, 100, 0))
@@ -78,7 +79,7 @@ def test_frontier_hparams(tmp_path):
     assert at0["precision"] == "fp32" and "switch_to" not in at0
     assert at50["tags"] == {"schedule": "fp16-ft-at50", "sweep": "fp16-ft", "sweep_at": 0.5,
                             "sweep_stage": "finetune"}
-    assert at50["init"] == "results/runs/pretrain/amp_fp16/seed2/checkpoint"
+    assert at50["init"] == f"{RES}/runs/pretrain/amp_fp16/seed2/checkpoint"
     assert by_id["finetune-bf16-fp8-seed1"]["on_unsupported"] == "skip"
 
 
@@ -91,7 +92,7 @@ def test_stage1_sweep_and_baseline_from_a_sweep(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert job_counts(out)["pretrain"] == 3 and job_counts(out)["finetune"] == 3
-    stage1 = set(re.findall(r"results/runs/pretrain/([\w.+-]+)/seed1/metrics\.json", out))
+    stage1 = set(re.findall(RES + r"/runs/pretrain/([\w.+-]+)/seed1/metrics\.json", out))
     assert stage1 == {"fp32", "amp_bf16-to-fp32-at25", "amp_bf16-to-fp32-at75"}
 
 
@@ -299,7 +300,7 @@ def test_frontier_end_to_end(tmp_path):
     proc = snakemake(tmp_path, "--cores", "2", "--configfile", write_config(tmp_path / "short.yaml", cfg),
                      timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    res = tmp_path / "results"
+    res = tmp_path / RES
     runs = read_table(res / "runs.csv")
     sched = read_table(res / "schedules.csv")
     n_seeds = 1

@@ -55,6 +55,7 @@ def test_schema_valid_and_complete(name):
     got = {k: (v["pretrain"], v["finetune"]) for k, v in raw["schedules"].items()}
     assert got == SCHEDULES
     assert len(raw["seeds"]) >= 10 and raw["device"] == "cuda"
+    assert raw["results_dir"] == f"results/{name.removesuffix('.yaml')}"  # its own: never the default study's
     assert raw["analysis"]["baseline"] == "fp32-fp32"
     for a, b in raw["analysis"]["contrasts"]:
         assert a in SCHEDULES and b in SCHEDULES
@@ -117,7 +118,7 @@ def job_counts(stdout: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_dry_run_as_written(tmp_path, name):
-    r = snakemake(tmp_path, ROOT / "config" / name, "all", "results/data/fetch-manifest.json")
+    r = snakemake(tmp_path, ROOT / "config" / name, "all", f"{load(name)['results_dir']}/data/fetch-manifest.json")
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     c = job_counts(r.stdout)
     assert c["pretrain"] == 6 * 10  # 6 stage-1 precisions x 10 seeds, shared by the schedules
@@ -160,7 +161,7 @@ def test_dry_run_with_local_standins(tmp_path, name):
     assert (c["pretrain"], c["finetune"], c["tokenizer"], c["prepare"]) == (60, 80, 1, 2)
     assert "fetch" not in c  # nothing from the hub: no download job is pulled in
     # the fetch rule still validates local paths when asked for
-    r = snakemake(tmp_path, cfgfile, "results/data/fetch-manifest.json")
+    r = snakemake(tmp_path, cfgfile, f"{load(name)['results_dir']}/data/fetch-manifest.json")
     assert r.returncode == 0 and job_counts(r.stdout) == {"fetch": 1}
     if name == "bert-base-mrpc.yaml":
         assert str(tmp_path / "models" / "tiny-bert") in r.stdout
@@ -175,18 +176,19 @@ def _fetch_registered() -> bool:
 @pytest.mark.skipif(not _fetch_registered(), reason="precswitch.fetch not yet in cli.COMMAND_MODULES")
 def test_fetch_rule_runs_local_and_fails_clearly_offline(tmp_path):
     cfgfile = local_standins(tmp_path, "bert-base-mrpc.yaml")
-    r = snakemake(tmp_path, cfgfile, "results/data/fetch-manifest.json", dry=False,
+    res = load("bert-base-mrpc.yaml")["results_dir"]
+    r = snakemake(tmp_path, cfgfile, f"{res}/data/fetch-manifest.json", dry=False,
                   env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    m = json.loads((tmp_path / "results" / "data" / "fetch-manifest.json").read_text())
+    m = json.loads((tmp_path / res / "data" / "fetch-manifest.json").read_text())
     assert [i["kind"] for i in m["items"]] == ["local_dir", "local_files", "local_files"]
     # the study as written, offline with an empty cache: the job fails and its log names the model
     other = tmp_path / "offline"
     other.mkdir()
-    r = snakemake(other, ROOT / "config" / "bert-base-mrpc.yaml", "results/data/fetch-manifest.json", dry=False,
+    r = snakemake(other, ROOT / "config" / "bert-base-mrpc.yaml", f"{res}/data/fetch-manifest.json", dry=False,
                   env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert r.returncode != 0
-    log = (other / "results" / "logs" / "data" / "fetch.log").read_text()
+    log = (other / res / "logs" / "data" / "fetch.log").read_text()
     assert "hub model 'bert-base-cased' is not available offline" in log
     assert "hub dataset 'nyu-mll/glue'" in log
-    assert not (other / "results" / "data" / "fetch-manifest.json").exists()
+    assert not (other / res / "data" / "fetch-manifest.json").exists()

@@ -47,6 +47,19 @@ def test_default_dry_run_shares_stage1(tmp_path):
         assert sum(1 for _, s in stage2 if s == seed) == 4
 
 
+def test_every_output_is_under_results_dir(tmp_path):
+    """Two studies run from one directory never share a file: each writes under its results_dir."""
+    proc = dry_run(tmp_path, {"results_dir": "studies/mine/"}, "--printshellcmds")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    outputs = [p.strip() for block in re.findall(r"^\s+(?:output|log|benchmark): (.*)$", out, re.M)
+               for p in block.split(",")]
+    assert len(outputs) > 60
+    assert all(p.startswith("studies/mine/") for p in outputs), [p for p in outputs if not p.startswith("studies/")]
+    assert "--out-dir studies/mine " in out  # aggregate writes its tables there too
+    assert '"init": "studies/mine/runs/pretrain/' in out  # stage 2 starts from this study's stage 1
+
+
 def test_finetune_starts_from_its_schedules_stage1(tmp_path):
     proc = dry_run(tmp_path, None, "--printshellcmds", "results/runs/finetune/fp16-fp32/seed2/metrics.json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -100,6 +113,8 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"data": {"finetune": {"kind": "xlsx"}}}, "data.finetune.kind", "parquet"),
         ({"device": "tpu"}, "device", "cuda"),
         ({"data_workers": -1}, "data_workers", ""),
+        ({"train": {"finetune": {"lr": "2e-5"}}}, "train.finetune.lr", "write 2.0e-05"),  # YAML 1.1 text
+        ({"analysis": {"contrasts": [["fp16-fp32", "fp16-fp61"]]}}, "analysis.contrasts[0]", "'fp16-fp61'"),
         ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},
           "train": {"finetune": {"eval_precision": "fp32"}}}, "train.finetune.eval_precision", "fp8"),
     ],

@@ -42,6 +42,15 @@ def reset_peak_memory(device: torch.device) -> None:
             pass
 
 
+def load_avg_1m() -> float | None:
+    """The machine's 1-minute load average (runnable processes), or None where the OS has none.
+    Above the CPU count, jobs compete for cores and CPU clocks stretch (caveat in the verdict)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
 def current_rss() -> int | None:
     return _read_vm("VmRSS")
 

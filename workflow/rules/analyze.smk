@@ -7,19 +7,19 @@ rule aggregate:
         finetune_metrics(),
     output:
         runs=report(
-            "results/runs.csv",
+            f"{RESULTS}/runs.csv",
             caption=caption("runs"),
             category="Tables",
             labels={"table": "runs (one row per stage run)"},
         ),
-        runs_parquet="results/runs.parquet",
+        runs_parquet=f"{RESULTS}/runs.parquet",
         schedules=report(
-            "results/schedules.csv",
+            f"{RESULTS}/schedules.csv",
             caption=caption("schedules"),
             category="Tables",
             labels={"table": "schedules (one row per schedule and seed)"},
         ),
-        schedules_parquet="results/schedules.parquet",
+        schedules_parquet=f"{RESULTS}/schedules.parquet",
     log:
         f"{LOGS}/analysis/aggregate.log",
     benchmark:
@@ -27,30 +27,32 @@ rule aggregate:
     localrule: True
     conda:
         "../../envs/precswitch.yaml"
+    params:
+        out_dir=lambda w, output: os.path.dirname(output.runs),
     shell:
-        "precswitch aggregate --metrics {input} --out-dir results > {log} 2>&1"
+        "precswitch aggregate --metrics {input} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule stats:
     input:
-        runs="results/runs.csv",
-        schedules="results/schedules.csv",
+        runs=f"{RESULTS}/runs.csv",
+        schedules=f"{RESULTS}/schedules.csv",
     output:
-        settings="results/analysis.json",
+        settings=f"{RESULTS}/analysis.json",
         summary_csv=report(
-            "results/summary.csv",
+            f"{RESULTS}/summary.csv",
             caption=caption("summary"),
             category="Tables",
             labels={"table": "summary (per schedule, mean and CI)"},
         ),
-        summary_md="results/summary.md",
+        summary_md=f"{RESULTS}/summary.md",
         deltas_csv=report(
-            "results/deltas.csv",
+            f"{RESULTS}/deltas.csv",
             caption=caption("deltas"),
             category="Tables",
             labels={"table": "deltas (paired contrasts)"},
         ),
-        stats_json="results/stats.json",
+        stats_json=f"{RESULTS}/stats.json",
     log:
         f"{LOGS}/analysis/stats.log",
     benchmark:
@@ -70,20 +72,20 @@ rule stats:
 
 rule plots:
     input:
-        runs="results/runs.csv",
-        schedules="results/schedules.csv",
-        stats="results/stats.json",
+        runs=f"{RESULTS}/runs.csv",
+        schedules=f"{RESULTS}/schedules.csv",
+        stats=f"{RESULTS}/stats.json",
     output:
         [
             report(
-                f"results/plots/{name}.svg",
+                f"{RESULTS}/plots/{name}.svg",
                 caption=caption(name),
                 category=PLOTS[name]["category"],
                 labels=PLOTS[name]["labels"],
             )
             for name in PLOTS
         ],
-        [f"results/plots/{name}.png" for name in PLOTS],
+        [f"{RESULTS}/plots/{name}.png" for name in PLOTS],
     log:
         f"{LOGS}/analysis/plots.log",
     benchmark:
@@ -98,10 +100,10 @@ rule plots:
 
 rule verdict:
     input:
-        stats="results/stats.json",
+        stats=f"{RESULTS}/stats.json",
     output:
         report(
-            "results/verdict.md",
+            f"{RESULTS}/verdict.md",
             caption=caption("verdict"),
             category="Verdict",
             labels={"document": "verdict"},

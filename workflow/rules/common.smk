@@ -34,7 +34,10 @@ NOT_HPARAMS = {
 
 
 # --- paths (docs/contracts.md, "Results layout") --------------------------------------------------
-SYNTH_DIR = "results/data/synth"
+# every output of a study is under its results_dir: two studies run from one checkout never share
+# (or overwrite) a file
+RESULTS = os.path.normpath(config["results_dir"])
+SYNTH_DIR = f"{RESULTS}/data/synth"
 SYNTH_FILES = [
     f"{SYNTH_DIR}/corpus.txt",
     f"{SYNTH_DIR}/train.tsv",
@@ -42,12 +45,25 @@ SYNTH_FILES = [
 ]
 # one tokenizer, trained on the stage-1 source, serves both stages (a fine-tuned model must read the
 # token ids it was pre-trained on)
-TOKENIZER_DIR = "results/data/pretrain/tokenizer"
-PREPARED_DIR = "results/data/{stage}/prepared"
-PRETRAIN_DIR = "results/runs/pretrain/{precision}/seed{seed}"
-FINETUNE_DIR = "results/runs/finetune/{schedule}/seed{seed}"
-LOGS = "results/logs"
-BENCHMARKS = "results/benchmarks"
+TOKENIZER_DIR = f"{RESULTS}/data/pretrain/tokenizer"
+PREPARED_DIR = f"{RESULTS}/data/{{stage}}/prepared"
+PRETRAIN_DIR = f"{RESULTS}/runs/pretrain/{{precision}}/seed{{seed}}"
+FINETUNE_DIR = f"{RESULTS}/runs/finetune/{{schedule}}/seed{{seed}}"
+LOGS = f"{RESULTS}/logs"
+BENCHMARKS = f"{RESULTS}/benchmarks"
+
+
+def _schema_default(*keys):
+    import yaml
+
+    with open(os.path.join(WORKFLOW_DIR, "schemas", "config.schema.yaml")) as f:
+        node = yaml.safe_load(f)
+    for key in keys:
+        node = node["properties"][key]
+    return node["default"]
+
+
+DEFAULT_CONTRASTS = _schema_default("analysis", "contrasts")
 
 
 def config_error(key, message):
@@ -283,6 +299,15 @@ def check_config(cfg):
             "analysis.baseline",
             f"{analysis['baseline']!r} is not a schedule; allowed: {', '.join(schedules)}",
         )
+    for i, pair in enumerate(analysis["contrasts"]):
+        missing = [name for name in pair if name not in schedules]
+        # the schema's default pair is dropped quietly by studies without those schedules; a pair
+        # written in the config must name schedules that run
+        if missing and analysis["contrasts"] != DEFAULT_CONTRASTS:
+            raise config_error(
+                f"analysis.contrasts[{i}]",
+                f"{', '.join(map(repr, missing))} is not a schedule; allowed: {', '.join(schedules)}",
+            )
     model = cfg["model"]
     for stage in STAGES:
         hp = cfg["train"][stage]
@@ -509,7 +534,7 @@ def analysis_json():
 
 
 # --- hub downloads (rule fetch, workflow/rules/download.smk) --------------------------------------
-FETCH_MANIFEST = "results/data/fetch-manifest.json"
+FETCH_MANIFEST = f"{RESULTS}/data/fetch-manifest.json"
 
 
 def _hub_model_init():

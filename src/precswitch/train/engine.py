@@ -610,6 +610,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
     energy0 = measure.nvml_energy_mj(device)
+    load0 = measure.load_avg_1m()
     # Time per step = wall from the end of the previous step to the end of this one (GPU-synchronized):
     # batch collation, transfer, forward, backward, step and bookkeeping; resumable-state saves excluded.
     t_prev = time.perf_counter()
@@ -703,6 +704,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             pass
     mem = measure.peak_memory(device)
     energy1 = measure.nvml_energy_mj(device)
+    load1 = measure.load_avg_1m()
 
     # ------------------------------------------------------------ evaluation
     t_eval = time.perf_counter()
@@ -810,6 +812,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **prov,
         "threads": hp["threads"],
         "data_workers": workers,
+        "load_avg_1m_start": load0,  # machine load around the timed loop: above cpu_count, clocks stretch
+        "load_avg_1m_end": load1,
         **flags,
         "resumed": resumed,
         "attempts": st["attempts"],
