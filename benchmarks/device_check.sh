@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The prepared GPU session: everything issue 6 measures on a GPU, in one command of at most ~9
-# minutes on one H200 (docs/gpu.md, "Running the checks on a lent GPU"). Writes to $OUT (or
-# ./gpu-results): env.txt, gpu_check.{json,txt} (classification steps, eager + compiled rows while
-# the time budget lasts), gpu_check_mlm.{json,txt} (masked-LM steps, eager), engine_cuda.txt (the
-# study's own engine on CUDA, one fresh process per precision: synchronized clocks, CUDA peak
-# memory, NVML energy in metrics.json) and engine_cuda_metrics.json.
-# Needs python3 with CUDA torch and transformers; wheels in .whl/ (benchmarks/device_wheels.sh) add
-# datasets (the engine's data) and torchao (fp8). Device tool call, e.g.:
-#   run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=600)
+# Every GPU check in one command of at most ~9 minutes on one H200 (docs/gpu.md, "Running all GPU
+# checks in one go"). Writes to $OUT (or ./gpu-results): env.txt, gpu_check.{json,txt}
+# (classification steps, eager + compiled rows while the time budget lasts), gpu_check_mlm.{json,txt}
+# (masked-LM steps, eager), engine_cuda.txt (the study's own engine on CUDA, one fresh process per
+# precision: synchronized clocks, CUDA peak memory, NVML energy in metrics.json) and
+# engine_cuda_metrics.json. JSON files are rewritten after every row, so a cut-off run keeps its rows.
+# Needs python3 with CUDA torch and transformers; on a machine without pip access, wheels in .whl/
+# (benchmarks/device_wheels.sh, fetched elsewhere) add datasets (the engine's data) and torchao (fp8).
+#   bash benchmarks/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Wheels for a lent GPU machine that has CUDA torch, transformers, pandas, scikit-learn, nvidia-ml-py
-# but lacks what the engine and the fp8 rows need (the H200 image of /work/.library/device/KINDS.md:
-# no datasets, no torchao). Run here, in the repository root, where pip reaches PyPI; the device
-# command (benchmarks/device_check.sh) installs them from .whl/ without any network.
+# Wheels for a GPU machine without pip access that has CUDA torch, transformers, pandas,
+# scikit-learn and nvidia-ml-py but lacks what the engine and the fp8 rows need (datasets, torchao).
+# Run it, in the repository root, on a machine where pip reaches PyPI; copy the repository with .whl/
+# to the GPU machine, where benchmarks/device_check.sh installs them without any network.
 #   bash benchmarks/device_wheels.sh            # -> .whl/*.whl (ignored by git through .git/info/exclude)
-# Versions: datasets as pinned here; torchao 0.18 is the release built for torch 2.11 (the image's).
+# Versions: datasets as pinned here; torchao 0.18 is the release built for torch 2.11
+# (PY_VERSION: the GPU machine's python, default 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

@@ -48,7 +48,7 @@ from precswitch.train.engine import cls_only_last_layer, forward_loss  # noqa: E
 
 # ------------------------------------------------------------------ peak FLOP/s, dense, TFLOP/s
 #: One table: the peak each precision's MFU is measured against, per GPU (matched by name).
-#: H200 SXM: bf16/fp16 = 790, the dense bf16 matmul rate measured on an H200 (FACTS.md: 769-798;
+#: H200 SXM: bf16/fp16 = 790, the dense bf16 matmul rate measured on an H200 (769-798 TFLOP/s;
 #: the data sheet says 989); tf32 = 395 (half of it, as on the data sheet: 494.5 = 989/2);
 #: fp32 = 67 (CUDA cores, no tensor cores; data sheet). H100 SXM: the same silicon and clocks.
 PEAKS_TFLOPS: dict[str, dict[str, float]] = {
