@@ -288,6 +288,12 @@ def test_sparse_mlm_scoring_equals_the_dense_loss_and_gradients(n_masked):
     g_sparse = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     assert scores.shape[0] % 16 == 0 and int((rows != -100).sum()) == n_masked
+    # rows selected on the host beforehand (as the training loop does): the same loss
+    from precswitch.train.engine import mlm_head_rows
+
+    idx, lab = mlm_head_rows(labels)
+    pre, _, _ = mlm_forward(model, {**batch, "head_rows": idx, "head_labels": lab})
+    torch.testing.assert_close(pre, sparse, rtol=0, atol=0)
     torch.testing.assert_close(sparse, dense, rtol=1e-6, atol=1e-6)
     assert g_sparse.keys() == g_dense.keys()
     for name in g_dense:

@@ -112,7 +112,6 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
          "data.finetune", "missing/train.tsv"),
         ({"data": {"finetune": {"kind": "xlsx"}}}, "data.finetune.kind", "parquet"),
         ({"device": "tpu"}, "device", "cuda"),
-        ({"data_workers": -1}, "data_workers", ""),
         ({"train": {"finetune": {"lr": "2e-5"}}}, "train.finetune.lr", "write 2.0e-05"),  # YAML 1.1 text
         ({"analysis": {"contrasts": [["fp16-fp32", "fp16-fp61"]]}}, "analysis.contrasts[0]", "'fp16-fp61'"),
         ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},

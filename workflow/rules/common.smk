@@ -492,9 +492,6 @@ def _hparams(stage, spec, seed, init, tags):
         threads=config["threads"],
         device=config["device"],
     )
-    # auto: the engine's default (keeps old runs' params)
-    if config["data_workers"] != "auto":
-        hp["data_workers"] = config["data_workers"]
     if spec["switch_to"] is not None:
         hp.update(switch_to=spec["switch_to"], switch_at=spec["switch_at"])
     if stage == "pretrain":

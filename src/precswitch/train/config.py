@@ -50,7 +50,6 @@ DEFAULTS: dict[str, Any] = {
     "max_nonfinite": 10,  # K consecutive non-finite losses end the stage as "diverged"
     "timing_warmup_steps": 5,  # excluded from steady-state throughput
     "threads": 1,  # torch intra-op threads (pinned: results depend on it)
-    "data_workers": "auto",  # processes building batches ahead: auto (2 on CUDA, 0 on CPU) | N (results do not depend on it)
     "device": "auto",  # auto | cpu | cuda | cuda:N
     "on_unsupported": "error",  # error | skip: precision the device can't run
     "log_every": 1,
@@ -123,9 +122,6 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         raise PrecswitchError(f"warmup_ratio must be in [0, 1), got {hp['warmup_ratio']!r}")
     if not 0 < hp["mlm_probability"] < 1:
         raise PrecswitchError(f"mlm_probability must be in (0, 1), got {hp['mlm_probability']!r}")
-    dw = hp["data_workers"]
-    if dw != "auto" and (not isinstance(dw, int) or isinstance(dw, bool) or dw < 0):
-        raise PrecswitchError(f"data_workers must be 'auto' or a non-negative integer, got {dw!r}")
     if hp["timing_warmup_steps"] < 0:
         raise PrecswitchError("timing_warmup_steps must be >= 0")
     if not isinstance(hp["telemetry_every"], int) or isinstance(hp["telemetry_every"], bool) or hp["telemetry_every"] < 0:
@@ -156,7 +152,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
 def config_hash(hp: dict[str, Any]) -> str:
     """Hash of the hyper-parameters that determine the result (not of run-time plumbing)."""
     ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags",
-              "telemetry_every", "data_workers"}
+              "telemetry_every"}
     canonical = json.dumps({k: v for k, v in hp.items() if k not in ignore}, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -176,11 +176,11 @@ class Batches:
     """Deterministic batches: epoch e is a fixed permutation seeded by (seed, e); position = step.
 
     Both the order and the masked-LM masks are pure functions of (seed, step) (the collator runs
-    under ``step_seed``), so a resumed run sees exactly the batches the uninterrupted run would have
-    seen without saving a sampler, every precision of seed s masks the same tokens whatever its
-    dropout draws, and batches can be built ahead in worker processes (``stream``) with identical
-    results. Rows stay in the Arrow dataset (memory-mapped) and are fetched per batch, so a large
-    corpus costs no Python memory.
+    under ``step_seed``, not the global RNG), so a resumed run sees exactly the batches the
+    uninterrupted run would have seen without saving a sampler, every precision of seed s masks the
+    same tokens whatever its dropout draws, and the loop can build step t+1's batch while the GPU
+    still runs step t without changing any result. Rows stay in the Arrow dataset (memory-mapped)
+    and are fetched per batch, so a large corpus costs no Python memory.
     """
 
     def __init__(self, ds, batch_size: int, seed: int, collate):
@@ -198,69 +198,6 @@ class Batches:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(step_seed(self.seed, step))
             return self.collate(feats)
-
-    def stream(self, start: int, stop: int, workers: int = 0, pin_memory: bool = False) -> "BatchStream":
-        """The batches of steps start..stop-1, in order: see ``BatchStream``."""
-        return BatchStream(self, start, stop, workers, pin_memory)
-
-
-class BatchStream:
-    """Iterator of ``(step, batch)`` for steps start..stop-1, in step order.
-
-    ``workers`` > 0 builds batches ahead in that many DataLoader worker processes, started at once
-    (worker w builds steps start+w, start+w+W, ...; the loader returns them in step order), so
-    collation overlaps the training step instead of adding to it; ``pin_memory`` pins each batch
-    for an asynchronous host-to-GPU copy. ``close()`` stops the workers. Workers ignore SIGTERM: on
-    preemption the training process saves its state and stops them itself.
-    """
-
-    def __init__(self, batches: Batches, start: int, stop: int, workers: int, pin_memory: bool):
-        if workers > 0:
-            from torch.utils.data import DataLoader
-
-            loader = DataLoader(_StepStream(batches, start, stop), batch_size=None, num_workers=workers,
-                                pin_memory=pin_memory, worker_init_fn=_data_worker_init, prefetch_factor=4,
-                                generator=torch.Generator())  # its worker seeds must not draw from the global RNG
-            self._it = iter(loader)  # forks the workers now, so they work ahead during set-up
-        else:
-            pin = (lambda b: {k: v.pin_memory() for k, v in b.items()}) if pin_memory else (lambda b: b)
-            self._it = ((step, pin(batches.get(step))) for step in range(start, stop))
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> tuple[int, dict]:
-        return next(self._it)
-
-    def close(self) -> None:
-        self._it = None  # the DataLoader iterator's last reference: its finalizer stops the workers
-
-
-class _StepStream(torch.utils.data.IterableDataset):
-    """Steps start..stop-1 of ``Batches``, split round-robin between DataLoader workers."""
-
-    def __init__(self, batches: Batches, start: int, stop: int):
-        self.batches, self.start, self.stop = batches, start, stop
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        w, n = (info.id, info.num_workers) if info is not None else (0, 1)
-        for step in range(self.start + w, self.stop, n):
-            yield step, self.batches.get(step)
-
-
-def _data_worker_init(worker_id: int) -> None:  # noqa: ARG001
-    # A batch scheduler's SIGTERM goes to every process of the job: the trainer saves its state and
-    # stops its workers; a worker killed first would make the DataLoader raise instead.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def data_workers(spec, device) -> int:
-    """``data_workers`` hparam: an integer, or auto = 2 on CUDA (collation off the step's critical path), 0 on CPU."""
-    if spec == "auto":
-        return 2 if device.type == "cuda" else 0
-    return int(spec)
 
 
 def _model_columns(ds, objective: str):
@@ -296,17 +233,31 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
     cross-entropy over labelled tokens) run on those rows: equal loss and gradients (tests/test_engine.py),
     less work. The row count is padded to a multiple of 16 with ignored rows (tensor-core shapes).
     """
-    labels = batch["labels"]
-    hidden = model.bert(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state
+    if "head_rows" in batch:  # selected on the host with the batch (no device-to-host sync mid-forward)
+        idx, rows_labels = batch["head_rows"], batch["head_labels"]
+    else:
+        idx, rows_labels = mlm_head_rows(batch["labels"])
+    hidden = model.bert(**{k: v for k, v in batch.items() if k not in MLM_EXTRA_KEYS}).last_hidden_state
+    scores = model.cls(hidden.reshape(-1, hidden.size(-1))[idx])
+    loss = torch.nn.functional.cross_entropy(scores, rows_labels, ignore_index=-100)
+    return loss, scores, rows_labels
+
+
+#: batch keys mlm_forward reads itself (not passed to the encoder)
+MLM_EXTRA_KEYS = ("labels", "head_rows", "head_labels")
+
+
+def mlm_head_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flat positions the masked-LM head scores and their labels, padded with ignored rows to a
+    multiple of 16 (``flops.padded_head_rows``). On a CPU tensor this is host work: the training loop
+    does it while building the batch, because ``nonzero`` on a GPU tensor waits for the GPU."""
     idx = (labels.view(-1) != -100).nonzero().squeeze(1)
     pad = flops.padded_head_rows(idx.numel()) - idx.numel()
     rows_labels = labels.view(-1)[idx]
     if pad:
         idx = torch.cat([idx, idx.new_zeros(pad)])
         rows_labels = torch.cat([rows_labels, rows_labels.new_full((pad,), -100)])
-    scores = model.cls(hidden.reshape(-1, hidden.size(-1))[idx])
-    loss = torch.nn.functional.cross_entropy(scores, rows_labels, ignore_index=-100)
-    return loss, scores, rows_labels
+    return idx, rows_labels
 
 
 def _cls_only_layer_forward(layer, hidden_states, attention_mask=None, *args, **kwargs):
@@ -604,8 +555,6 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except ValueError:  # not the main thread
         pass
 
-    workers = data_workers(hp["data_workers"], device)
-    stream = batches.stream(st["step"], total_steps, workers=workers, pin_memory=device.type == "cuda")
     setup_seconds = time.perf_counter() - t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
@@ -622,6 +571,13 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     # ------------------------------------------------------------ the loop
     cur = active(st["step"])
     cur.apply_backend_flags()
+    def host_batch(step: int) -> dict:
+        b = batches.get(step)
+        if hp["objective"] == "mlm":
+            b["head_rows"], b["head_labels"] = mlm_head_rows(b["labels"])
+        return b
+
+    pending = None  # the next step's batch, built while the device runs this step's forward and backward
     try:
         while st["step"] < total_steps:
             step = st["step"]
@@ -632,8 +588,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                     scaler = cur.make_scaler(device.type)
                 elif not cur.loss_scaling:
                     scaler = None
-            got, batch = next(stream)
-            assert got == step, f"input stream out of step: batch {got} at step {step}"
+            batch, pending = (pending if pending is not None else host_batch(step)), None
             n_samples, n_tokens = int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with tel.step(step), cur.autocast(device.type):
@@ -643,6 +598,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 scaler.unscale_(optimizer)
             else:
                 loss.backward()
+            if step + 1 < total_steps:  # host work while the GPU runs the queued kernels (no sync above)
+                pending = host_batch(step + 1)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), hp["max_grad_norm"] or math.inf)
             if scaler is not None:
                 scale_before = scaler.get_scale()
@@ -696,7 +653,6 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 if stop["sigterm"]:
                     raise Preempted(f"SIGTERM at step {st['step']}: state saved to {state_path}")
     finally:
-        stream.close()  # stops the DataLoader workers, if any
         bar.close()
         try:
             signal.signal(signal.SIGTERM, old_handler)
@@ -811,7 +767,6 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **ev,
         **prov,
         "threads": hp["threads"],
-        "data_workers": workers,
         "load_avg_1m_start": load0,  # machine load around the timed loop: above cpu_count, clocks stretch
         "load_avg_1m_end": load1,
         **flags,
