@@ -1,12 +1,16 @@
 """Plots and verdict: files exist, explicit outputs, verdict text carries the classifications."""
 
+import json
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.plots import PLOT_NAMES, make_plots
 from precswitch.analysis.stats import load_settings, run_stats
-from precswitch.analysis.verdict import write_verdict
+from precswitch.analysis.verdict import render, write_verdict
 from precswitch.cli import main
 from precswitch.errors import PrecswitchError
 
@@ -67,7 +71,7 @@ def test_verdict_text(study, tmp_path):
     assert text.startswith("# ")
     head = text.split("## Answer")[0]
     assert "If BERT is pre-trained in low precision" in head
-    for needle in ("`cpu`", "2.13.0+cpu", "5.24.0", "`0000000`", "cafe1234", "memory measured as `cpu_peak_rss` in `warm`-started"):
+    for needle in ("`cpu`", "2.13.0+cpu", "5.24.0", "`0000000`", "memory measured as `cpu_peak_rss` in `warm`-started"):
         assert needle in head
     answer = text.split("## Answer")[1].split("## Per schedule")[0]
     assert "After amp_fp16 pre-training, fine-tuning in fp32 instead of amp_fp16 raises accuracy" in answer
@@ -132,3 +136,257 @@ def test_verdict_all_degenerate_is_not_informative(tmp_path):
               tmp_path / "t")
     text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
     assert "NOT INFORMATIVE" in text and "the task was not learnt" in text.split("## Per schedule")[0]
+
+
+# ---------------------------------------------------------------------------- audit fixes
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _small_study(tmp_path, seeds=(1, 2, 3), mutate=None, **kw):
+    """Fake study → aggregate → stats; ``mutate(metrics_dict, path)`` edits each metrics.json first."""
+    paths = write_fake_study(tmp_path / "s", seeds=list(seeds), **kw)
+    if mutate is not None:
+        for p in paths:
+            m = json.loads(p.read_text())
+            mutate(m, p)
+            p.write_text(json.dumps(m))
+    aggregate(paths, tmp_path / "t")
+    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+                      load_settings(bootstrap_resamples=200), tmp_path / "t")
+    return tmp_path / "t", stats
+
+
+def _answer(text: str) -> list[str]:
+    return text.split("## Answer")[1].split("## Per schedule")[0].split("\n\n")[1].split(". ")
+
+
+def _row(stats, family, a, b, metric):
+    return next(r for r in stats["deltas"] if (r["family"], r["a"], r["b"], r["metric"]) == (family, a, b, metric))
+
+
+def test_shared_stage1_contrast_reports_stage2_time_and_memory(tmp_path):
+    from precswitch.analysis.verdict import _ratio
+
+    out, stats = _small_study(tmp_path)
+    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
+    answer = text.split("## Answer")[1].split("## Per schedule")[0]
+    shared = next(s for s in answer.split(". ") if "fine-tuning in fp32 instead of amp_fp16" in s)
+    t2 = _row(stats, "named", "fp16-fp32", "fp16-fp16", "stage2_train_seconds")
+    m2 = _row(stats, "named", "fp16-fp32", "fp16-fp16", "stage2_peak_memory_bytes")
+    # the stage-2 ratios of deltas.csv (family named), said to be stage 2, never the totals
+    assert f"{_ratio(t2)} the stage-2 (fine-tuning) training time" in shared
+    assert f"{_ratio(m2)} the stage-2 peak memory" in shared
+    assert "same stage-1 runs" in shared and "total training time" not in shared
+    deltas = pd.read_csv(out / "deltas.csv")
+    d = deltas[(deltas["family"] == "named") & (deltas["a"] == "fp16-fp32") & (deltas["b"] == "fp16-fp16")
+               & (deltas["metric"] == "stage2_train_seconds")].iloc[0]
+    assert d["mean"] == pytest.approx(t2["mean"])
+    # contrasts whose stage 1 differs keep the totals
+    other = next(s for s in answer.split(". ") if "Pre-training in amp_fp16 instead of fp32" in s)
+    tt = _row(stats, "named", "fp16-fp32", "fp32-fp32", "total_train_seconds")
+    assert f"{_ratio(tt)} the total training time" in other and "stage-2" not in other
+
+
+def test_no_stage1_contrast_reports_stage2(tmp_path):
+    sched = {"fp32-fp32": ("fp32", "fp32"), "ft-fp32": (None, "fp32"), "ft-fp16": (None, "amp_fp16")}
+    paths = write_fake_study(tmp_path / "s", schedules=sched, seeds=[1, 2, 3])
+    aggregate(paths, tmp_path / "t")
+    run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+              load_settings(bootstrap_resamples=0, contrasts=[["ft-fp16", "ft-fp32"], ["ft-fp32", "fp32-fp32"]]),
+              tmp_path / "t")
+    text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
+    answer = text.split("## Answer")[1].split("## Per schedule")[0]
+    assert answer.count("the stage-2 (fine-tuning) training time") == 2
+    assert "`ft-fp16` and `ft-fp32` have no stage 1" in answer and "`ft-fp32` has no stage 1" in answer
+    assert "total training time" not in answer
+
+
+def _mini_stats(deltas, **extra):
+    """A hand-made stats.json: one schedule against the baseline, the rows given."""
+    info = {"stage1_precision": "amp_fp16", "stage2_precision": "fp32", "n_runs": 3, "n_used": 3,
+            "n_failed": 0, "n_degenerate": 0, "seeds": [1, 2, 3], "accuracy_points": {"n": 3, "mean": 80.0}}
+    base = dict(info, stage1_precision="fp32")
+    stats = {"question": "Q?", "settings": {"margin": 1.0, "alpha": 0.05, "power": 0.8, "bootstrap_resamples": 0},
+             "baseline": "fp32-fp32", "provenance": {"device": ["cpu"]},
+             "schedules": {"fp32-fp32": base, "fp16-fp32": info}, "named_contrasts": [], "missing_contrasts": [],
+             "deltas": deltas, "stage1_relation": {"fp16-fp32 vs fp32-fp32": "different"}}
+    stats.update(extra)
+    return stats
+
+
+def _ratio_row(metric, mean, lo, hi, p_holm, cls, family="vs_baseline", a="fp16-fp32", b="fp32-fp32"):
+    return {"family": family, "a": a, "b": b, "metric": metric, "kind": "ratio", "n_pairs": 3, "mean": mean,
+            "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls}
+
+
+def test_labels_name_unadjusted_ci_and_holm_p():
+    rows = [_ratio_row("stage1_train_seconds", 1.19, 1.05, 1.35, 0.081, "inconclusive"),
+            _ratio_row("stage2_train_seconds", 0.91, 0.32, 2.57, 1.0, "inconclusive"),
+            _ratio_row("stage1_peak_memory_bytes", 1.12, 1.11, 1.14, 0.0016, "worse")]
+    text = render(_mini_stats(rows))
+    para = next(p for p in text.split("\n\n") if p.startswith("**fp16-fp32**"))
+    # the CI excludes ×1 but Holm does not: the text says both, so nothing contradicts
+    assert ("stage 1 ×1.19 [1.05, 1.35] (not significant after Holm, p 0.081; only the unadjusted CI "
+            "excludes ×1)") in para
+    assert "stage 2 ×0.91 [0.32, 2.57] (not significant after Holm, p 1.000)" in para
+    assert "stage 1 ×1.12 [1.11, 1.14] (12% more memory, Holm p 0.002)" in para
+    assert "geometric-mean ratio [unadjusted 95% CI]" in para
+    assert "unadjusted 95% t CIs" in text.split("## Answer")[0]
+
+
+def test_ratio_gets_decimals_when_two_would_hide_the_interval():
+    from precswitch.analysis.verdict import _ratio
+
+    assert _ratio({"mean": 0.96923, "ci_low": 0.96686, "ci_high": 0.97162}) == "×0.969 [0.967, 0.972]"
+    assert _ratio({"mean": 1.19, "ci_low": 1.05, "ci_high": 1.35}) == "×1.19 [1.05, 1.35]"
+    assert _ratio({"mean": 1.0, "ci_low": 1.0, "ci_high": 1.0}) == "×1.00 [1.00, 1.00]"
+
+
+def _stage1_rows(mean, lo, hi, p_holm, cls):
+    return [{"family": "stage1", "a": "amp_fp16", "b": "fp32", "metric": "eval_loss", "kind": "difference",
+             "n_pairs": 3, "mean": mean, "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls}]
+
+
+def test_stage1_tiny_loss_difference_in_significant_digits_and_negligible():
+    extra = {"stage1_baseline_precision": "fp32", "stage1_summary": {"fp32": {"eval_loss": {"n": 3, "mean": 2.152}}}}
+    text = render(_mini_stats(_stage1_rows(-6.634e-5, -1.0205e-4, -3.064e-5, 0.031, "better"), **extra))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
+    assert "−0.000" not in line
+    assert "eval loss −6.6e−5 nats [−1.0e−4, −3.1e−5]" in line
+    assert "−0.0031% of fp32's 2.15 nats" in line
+    assert "better, Holm p 0.031 — negligible: the whole CI is within ±0.1% of the loss" in line
+    # a difference of 2% of the loss is reported, not called negligible
+    text = render(_mini_stats(_stage1_rows(0.043, 0.03, 0.056, 0.01, "worse"), **extra))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
+    assert "eval loss +0.043 nats [+0.030, +0.056]" in line and "+2.0% of fp32's 2.15 nats" in line
+    assert "negligible" not in line
+    # older stats.json without stage1_summary: no relative size, still significant digits
+    text = render(_mini_stats(_stage1_rows(-6.634e-5, -1.0205e-4, -3.064e-5, 0.031, "better"),
+                              stage1_baseline_precision="fp32"))
+    assert "eval loss −6.6e−5 nats" in text and "negligible:" not in text
+
+
+def test_stage1_numbers_agree_between_verdict_summary_and_deltas(tmp_path):
+    def tiny(m, p):  # amp_fp16 stage 1: the fp32 loss of the same seed minus ~7e-5
+        if m["stage"] == "pretrain":
+            m["eval_loss"] = 2.0 + 0.001 * m["seed"] - (6.6e-5 + 1e-5 * (m["seed"] % 2)
+                                                        if m["precision"] == "amp_fp16" else 0.0)
+
+    out, _ = _small_study(tmp_path, seeds=range(1, 6), mutate=tiny)
+    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
+    md = (out / "summary.md").read_text()
+    from precswitch.analysis.stats import fmt_triple
+
+    d = pd.read_csv(out / "deltas.csv")
+    el = d[(d["family"] == "stage1") & (d["a"] == "amp_fp16") & (d["metric"] == "eval_loss")].iloc[0]
+    m, lo, hi = fmt_triple(el["mean"], el["ci_low"], el["ci_high"])
+    assert "e−5" in m
+    assert f"eval loss {m} nats [{lo}, {hi}]" in text
+    row = next(ln for ln in md.splitlines() if ln.startswith("| amp_fp16 |") and "Holm" in ln)
+    assert f"{m} [{lo}, {hi}]" in row and "negligible" in row
+    assert "negligible" in next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
+
+
+def test_bootstrap_left_out_below_min_pairs_verdict_and_forest(tmp_path):
+    out, stats = _small_study(tmp_path)
+    assert all(r["boot_low"] is None for r in stats["deltas"])
+    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
+    assert "bootstrap CI" not in text.split("## Caveats")[0]
+    assert "Bootstrap CIs are only computed from 8 paired seeds on" in text.split("## Caveats")[1]
+    make_plots(out / "runs.csv", out / "schedules.csv", out / "stats.json", outputs=[tmp_path / "forest.svg"])
+    svg = (tmp_path / "forest.svg").read_text()
+    assert "no bootstrap CI below 8 paired seeds" in svg and "thin: bootstrap" not in svg
+
+
+def test_bootstrap_drawn_from_min_pairs(study, tmp_path):
+    root, _, stats = study  # 8 seeds (7 pairs where a seed diverged)
+    acc = [r for r in stats["deltas"] if r["metric"] == "accuracy" and r["family"] == "vs_baseline"]
+    assert {r["a"]: r["boot_low"] is not None for r in acc} == {"bf16-fp32": True, "fp16-fp32": True,
+                                                                 "fp16-fp16": False}
+    make_plots(root / "results" / "runs.csv", root / "results" / "schedules.csv", root / "results" / "stats.json",
+               outputs=[tmp_path / "forest.svg"])
+    svg = (tmp_path / "forest.svg").read_text()
+    assert "bootstrap CI where" in svg and "no bootstrap CI below 8" in svg
+
+
+def test_holds_for_has_no_per_run_config_hash(study, tmp_path):
+    root, _, stats = study
+    text = write_verdict(root / "results" / "stats.json", tmp_path / "verdict.md")
+    head = text.split("## Answer")[0]
+    assert "config hash" not in head and "distinct values" not in head and "cafe1234" not in head
+    assert "config_hash" not in stats["provenance"]
+
+
+def _load_mutator(over: set[str]):
+    def mutate(m, p):
+        m["cpu_count"] = 2
+        m["load_avg_1m_start"] = 3.2 if m["run_id"] in over else 0.9
+        m["load_avg_1m_end"] = None if m["run_id"] in over else 1.4
+    return mutate
+
+
+def test_oversubscribed_cpu_caveat(tmp_path):
+    over = {"pretrain-fp32-seed1", "finetune-fp16-fp32-seed2"}
+    out, stats = _small_study(tmp_path, mutate=_load_mutator(over))
+    runs = pd.read_csv(out / "runs.csv")
+    assert {"load_avg_1m_start", "load_avg_1m_end", "cpu_count"} <= set(runs.columns)
+    assert stats["load"]["n_oversubscribed"] == 2 and stats["load"]["n_runs_checked"] == len(runs)
+    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
+    cav = text.split("## Caveats")[1]
+    assert f"oversubscribed during 2 of {len(runs)} CPU runs" in cav
+    assert "time and throughput ratios are unreliable" in cav and "exceeded the CPU count (2" in cav
+
+
+def test_no_load_caveat_when_idle_or_not_recorded(tmp_path):
+    out, stats = _small_study(tmp_path / "a", mutate=_load_mutator(set()))
+    assert stats["load"]["n_oversubscribed"] == 0
+    assert "oversubscribed" not in write_verdict(out / "stats.json", tmp_path / "a.md")
+    out, stats = _small_study(tmp_path / "b")  # metrics.json from before the load averages
+    assert stats["load"] is None
+    assert "oversubscribed" not in write_verdict(out / "stats.json", tmp_path / "b.md")
+    # an old stats.json without the key at all renders too
+    s = json.loads((out / "stats.json").read_text())
+    del s["load"]
+    assert "oversubscribed" not in render(s)
+
+
+def _render_rst(name: str, config: dict) -> str:
+    import types
+
+    import jinja2
+
+    return jinja2.Environment().from_string((REPO / "workflow" / "report" / name).read_text()).render(
+        snakemake=types.SimpleNamespace(config=config))
+
+
+def _config(**analysis):
+    import yaml
+    from snakemake.utils import validate
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg["analysis"].update(analysis)
+    validate(cfg, str(REPO / "workflow" / "schemas" / "config.schema.yaml"), set_default=True)
+    return cfg
+
+
+def test_report_captions_render_and_match_the_rules():
+    from docutils.core import publish_parts
+
+    cfg = _config()
+    for f in sorted((REPO / "workflow" / "report").glob("*.rst")):
+        text = _render_rst(f.name, cfg)
+        publish_parts(text, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})
+        assert "95.0%" not in text and "{{" not in text, f.name
+    wf = " ".join(_render_rst("workflow.rst", cfg).split())
+    assert "no change" not in wf.replace("*equivalent* (no change)", "")
+    assert "*equivalent* when the difference is not significant and its whole 95% confidence interval lies within ±1 accuracy points" in wf
+    assert "Holm-adjusted" in wf and "TOST" in wf and "*inconclusive*" in wf
+    forest = " ".join(_render_rst("forest.rst", cfg).split())
+    assert "at least 8 paired seeds" in forest and "unadjusted 95% t confidence interval" in forest
+    assert "configuration hash" not in _render_rst("verdict.rst", cfg)
+    # the confidence level follows analysis.alpha
+    cfg90 = _config(alpha=0.1, margin=0.5)
+    wf90 = " ".join(_render_rst("workflow.rst", cfg90).split())
+    assert "90% confidence interval lies within ±0.5 accuracy points" in wf90 and "p < 0.1" in wf90
+    for name in ("accuracy.rst", "forest.rst", "stage1.rst", "summary.rst", "switch_point.rst", "deltas.rst"):
+        assert "90%" in _render_rst(name, cfg90) and "95%" not in _render_rst(name, cfg90), name

@@ -163,3 +163,120 @@ def test_run_stats_writes_outputs_and_lists_missing_contrasts(tmp_path):
     assert {"schedule", "stage1", "stage2"} <= set(summary["level"])
     md = (out / "summary.md").read_text()
     assert "fp16-fp32" in md and "Stage 1" in md
+
+
+# ---------------------------------------------------------------------------- audit fixes
+def test_bootstrap_only_from_min_pairs():
+    from precswitch.analysis.stats import MIN_BOOTSTRAP_PAIRS
+
+    assert MIN_BOOTSTRAP_PAIRS == 8
+    rng = np.random.default_rng(3)
+    for n, finite in ((3, False), (5, False), (7, False), (8, True), (12, True)):
+        b = rng.normal(80, 2, n)
+        r = paired_contrast(b + rng.normal(0.5, 1.0, n), b, margin=1.0, n_boot=200)
+        assert math.isfinite(r["boot_low"]) == finite and math.isfinite(r["boot_high"]) == finite, n
+        assert math.isfinite(r["ci_low"])  # the t interval stays
+
+
+def test_bootstrap_columns_empty_in_deltas_below_min_pairs(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 4))
+    _, deltas, stats = compute(runs, sched, load_settings(**FAST))
+    assert deltas["boot_low"].isna().all() and deltas["boot_high"].isna().all()
+    assert stats["bootstrap_min_pairs"] == 8
+
+
+def test_stage1_relation_shared_different_none(tmp_path):
+    sched_def = {"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32"),
+                 "fp16-fp16": ("amp_fp16", "amp_fp16"), "ft-fp32": (None, "fp32")}
+    runs, sched = _study(tmp_path, seeds=range(1, 4), schedules=sched_def)
+    s = load_settings(**FAST, contrasts=[["fp16-fp32", "fp16-fp16"], ["fp16-fp32", "fp32-fp32"],
+                                         ["ft-fp32", "fp16-fp32"]])
+    _, deltas, stats = compute(runs, sched, s)
+    rel = stats["stage1_relation"]
+    assert rel["fp16-fp32 vs fp16-fp16"] == "shared"
+    assert rel["fp16-fp32 vs fp32-fp32"] == "different"
+    assert rel["ft-fp32 vs fp16-fp32"] == "none" and rel["ft-fp32 vs fp32-fp32"] == "none"
+    assert rel["fp16-fp16 vs fp32-fp32"] == "different"
+    assert stats["schedules"]["ft-fp32"]["has_stage1"] is False
+    assert stats["schedules"]["fp16-fp16"]["has_stage1"] is True
+    # what the verdict then uses: the shared stage 1 is exactly ×1, stage 2 differs (fakes: amp_fp16 is faster)
+    s1 = _acc(deltas, "fp16-fp32", "fp16-fp16", family="named", metric="stage1_train_seconds")
+    s2 = _acc(deltas, "fp16-fp32", "fp16-fp16", family="named", metric="stage2_train_seconds")
+    assert s1["mean"] == 1.0 and s2["mean"] == pytest.approx(1.05, rel=0.05)
+
+
+def _with_load(runs, start, end, cpu_count=2, device="cpu"):
+    runs = runs.copy()
+    runs["load_avg_1m_start"] = start
+    runs["load_avg_1m_end"] = end
+    runs["cpu_count"] = cpu_count
+    runs["device"] = device
+    return runs
+
+
+def test_load_check(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 4))
+    s = load_settings(**FAST)
+    # old runs: no load columns → nothing
+    assert "load_avg_1m_start" not in runs
+    assert compute(runs, sched, s)[2]["load"] is None
+    n = len(runs)
+    start = [0.5] * n
+    end = [1.0] * n
+    end[0], start[3] = 3.5, 2.5  # two runs above 2 CPUs (one at the end, one at the start)
+    start[5] = None  # unknown at one end: the other end decides
+    load = compute(_with_load(runs, start, end), sched, s)[2]["load"]
+    assert load["n_runs_checked"] == n and load["n_oversubscribed"] == 2
+    assert sorted(load["oversubscribed_runs"]) == sorted([runs["run_id"].iloc[0], runs["run_id"].iloc[3]])
+    assert load["max_load"] == 3.5 and load["cpu_count"] == [2]
+    # load exactly equal to the CPU count is not oversubscribed; all null → not checked
+    assert compute(_with_load(runs, 2.0, 2.0), sched, s)[2]["load"]["n_oversubscribed"] == 0
+    assert compute(_with_load(runs, None, None), sched, s)[2]["load"] is None
+    # GPU runs are not checked (the caveat is about CPU timings)
+    assert compute(_with_load(runs, 9.0, 9.0, device="cuda"), sched, s)[2]["load"] is None
+
+
+def test_fmt_num_and_triple_never_print_tiny_as_zero():
+    from precswitch.analysis.stats import fmt_num, fmt_triple
+
+    assert fmt_num(-6.634e-5) == "−6.6e−5"
+    assert fmt_num(0.0121, 2, 2, True) == "+0.012"
+    assert fmt_num(78.884) == "78.88" and fmt_num(2.1523, 3, 3) == "2.152"
+    assert fmt_num(0.004, 3, 3) == "0.00400"
+    assert fmt_triple(-6.634e-5, -1.0205e-4, -3.064e-5) == ("−6.6e−5", "−1.0e−4", "−3.1e−5")
+    assert fmt_triple(-1.5589e-4, -1.1892e-3, 8.774e-4) == ("−1.6e−4", "−1.2e−3", "+8.8e−4")
+    assert fmt_triple(0.0, -0.02, 0.02) == ("+0.000", "−0.020", "+0.020")
+    assert fmt_triple(0.0121, -0.1255, 0.1497) == ("+0.012", "−0.126", "+0.150")
+    assert fmt_triple(-1.0417, -5.7951, 3.7117) == ("−1.04", "−5.80", "+3.71")  # at least 2 decimals
+
+
+def _tiny_stage1_loss(runs, delta=-6.6e-5, sd=1.5e-5):
+    """amp_fp16 stage-1 eval loss = fp32's (same seed) + a tiny, consistent difference."""
+    runs = runs.copy()
+    pre = runs["stage"] == "pretrain"
+    fp32 = runs[pre & (runs["precision"] == "fp32")].set_index("seed")["eval_loss"]
+    rng = np.random.default_rng(0)
+    for i in runs.index[pre & (runs["precision"] == "amp_fp16")]:
+        runs.loc[i, "eval_loss"] = fp32[runs.loc[i, "seed"]] + delta + rng.normal(0, sd)
+    return runs
+
+
+def test_summary_md_stage1_differences_significant_but_negligible(tmp_path):
+    from precswitch.analysis.stats import render_summary_md
+
+    runs, sched = _study(tmp_path, seeds=range(1, 6))
+    s = load_settings(**FAST)
+    summary, deltas, stats = compute(_tiny_stage1_loss(runs), sched, s)
+    el = _acc(deltas, "amp_fp16", "fp32", family="stage1", metric="eval_loss")
+    assert el["classification"] == "better" and abs(el["mean"]) < 1e-4
+    md = render_summary_md(summary, s, deltas, stats["stage1_baseline_precision"])
+    block = md.split("## Stage 1: paired differences against fp32")[1]
+    row = next(ln for ln in block.splitlines() if ln.startswith("| amp_fp16 |"))
+    assert "e−5" in row and "negligible" in row and "better, Holm p" in row
+    assert "0.000 " not in row and "−0.000]" not in row
+    # a real stage-1 difference (fakes: amp_bf16 −3 points of masked-token accuracy) is not negligible
+    runs2, sched2 = _study(tmp_path / "b", seeds=range(1, 6), stage1_effects={"amp_bf16": -3.0})
+    summary2, deltas2, _ = compute(runs2, sched2, s)
+    md2 = render_summary_md(summary2, s, deltas2, "fp32")
+    row2 = next(ln for ln in md2.split("paired differences")[1].splitlines() if ln.startswith("| amp_bf16 |"))
+    assert "negligible" not in row2

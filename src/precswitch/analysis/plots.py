@@ -167,17 +167,24 @@ def plot_forest(stats: dict, plt, sns):
     ax.axvspan(-margin, margin, color="tab:green", alpha=0.12, label=f"equivalence band ±{margin:g} points")
     ax.axvline(0, color="0.3", lw=1)
     colors = {"better": "tab:blue", "worse": "tab:red", "equivalent": "tab:green"}
+
+    def fin(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    n_boot = 0
     for y, r in zip(ys, d.to_dict("records")):
         c = colors.get(r.get("classification"), "0.35")
         m = r.get("mean")
-        if m is None:
+        if not fin(m):
             continue
         lo, hi = r.get("ci_low"), r.get("ci_high")
-        if lo is not None and hi is not None:
+        if fin(lo) and fin(hi):
             ax.plot([lo, hi], [y, y], color=c, lw=2.5, solid_capstyle="butt")
+        # bootstrap CIs are null below stats.MIN_BOOTSTRAP_PAIRS pairs: nothing is drawn then
         blo, bhi = r.get("boot_low"), r.get("boot_high")
-        if blo is not None and bhi is not None:
+        if fin(blo) and fin(bhi):
             ax.plot([blo, bhi], [y - 0.18, y - 0.18], color=c, lw=1, alpha=0.7)
+            n_boot += 1
         ax.plot([m], [y], "o", color=c, ms=7)
     labels = [f"{r['a']} vs {r['b']}  (n={r['n_pairs']}, {r['classification']})" for r in d.to_dict("records")]
     ax.set_yticks(ys)
@@ -185,7 +192,17 @@ def plot_forest(stats: dict, plt, sns):
     conf = int(round((1 - alpha) * 100))
     ax.set_ylim(-0.7, len(d) - 0.4)
     ax.set_xlabel("paired accuracy difference A − B (percentage points)")
-    ax.set_title(f"Accuracy deltas, paired by seed (thick: {conf}% t CI, thin: bootstrap CI)", fontsize=11)
+    bmin = stats.get("bootstrap_min_pairs")
+    if n_boot == len(d):
+        title = f"thick: {conf}% t CI, thin: bootstrap CI"
+    elif n_boot:
+        title = f"thick: {conf}% t CI, thin: bootstrap CI where ≥ {bmin or '?'} pairs"
+    else:
+        title = f"bars: {conf}% t CI"
+    ax.set_title(f"Accuracy deltas, paired by seed ({title})", fontsize=11)
+    if n_boot < len(d) and bmin:
+        ax.text(0.99, 0.01, f"no bootstrap CI below {bmin} paired seeds (too few distinct resamples)",
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5, color="0.4")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.9 / (1.8 + 0.6 * n)), ncol=1,
               frameon=False)
     fig.tight_layout()

@@ -22,6 +22,11 @@ Classification of a contrast A − B (accuracy and F1 in points = fraction × 10
   with the configured power (statsmodels TTestPower), ``seeds_needed_equivalence`` how many would put the
   CI inside ±margin if the observed mean and SD held.
 * ``insufficient data``: fewer than 2 pairs.
+
+Intervals (``ci_low``/``ci_high``) are unadjusted (1 − alpha) t intervals of one comparison; the labels use
+the Holm-adjusted p-value, so an interval can exclude 0 (or ×1) while the row is not significant. Bootstrap
+intervals are only computed from ``MIN_BOOTSTRAP_PAIRS`` paired seeds on (fewer pairs have too few distinct
+resamples for an interval worth showing).
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "bootstrap_resamples": 10000,
     "seed": 0,
 }
+#: bootstrap CIs only from this many pairs on: n pairs have C(2n−1, n) distinct resamples (10 for n = 3,
+#: 35 for 4, 126 for 5, 1716 for 7, 6435 for 8), too few below 8 for a percentile/BCa interval to mean much
+MIN_BOOTSTRAP_PAIRS = 8
 _SETTING_ALIASES = {"n_boot": "bootstrap_resamples", "bootstrap": "bootstrap_resamples",
                     "equivalence_margin": "margin"}
 
@@ -129,8 +137,19 @@ RUN_COUNTERS = [
 
 PROVENANCE_COLUMNS = [
     "device", "device_name", "memory_kind", "torch_version", "transformers_version", "datasets_version",
-    "cuda_version", "python_version", "threads", "git_commit", "config_hash", "hostname", "process_start",
+    "cuda_version", "python_version", "threads", "git_commit", "hostname", "process_start",
 ]
+# (config_hash is not provenance of the study: it hashes each run's hyper-parameters, seed and run_id
+# included, so it differs between every two runs; it stays in runs.csv)
+
+#: a stage-1 eval-loss difference is called negligible (verdict, summary.md) when its whole CI lies within
+#: ± this fraction of the baseline precision's mean eval loss. 0.1%: for a loss near 2 nats that is 0.002
+#: nats, a 0.1% change in perplexity, far below the seed-to-seed spread of a pre-training run. Paired seeds
+#: share data and masks, so such a tiny but consistent difference can be significant without mattering.
+NEGLIGIBLE_LOSS_FRACTION = 0.001
+
+#: runs.csv columns with the 1-minute load average at the start and end of each run's training loop
+LOAD_COLUMNS = ("load_avg_1m_start", "load_avg_1m_end")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,7 +278,7 @@ def _bootstrap_ci(d, alpha: float, n_boot: int, seed: int) -> tuple[float, float
     import numpy as np
     from scipy import stats
 
-    if n_boot <= 0 or d.size < 3:  # two pairs give 3 possible resample means: no interval worth the name
+    if n_boot <= 0 or d.size < MIN_BOOTSTRAP_PAIRS:  # too few distinct resamples: no interval worth the name
         return math.nan, math.nan
     if np.all(d == d[0]):
         return float(d[0]), float(d[0])
@@ -578,6 +597,72 @@ def _provenance(runs) -> dict:
     return out
 
 
+def _has_stage1(sub) -> bool:
+    if "stage1_run_id" in sub:
+        v = sub["stage1_run_id"]
+        return bool((v.notna() & (v.astype(str) != "")).any())
+    return bool(sub["stage1_train_seconds"].astype(float).notna().any()) if "stage1_train_seconds" in sub else False
+
+
+def _stage1_relation(sched, a: str, b: str) -> str:
+    """How the stage 1 of schedules A and B relate, seed by seed.
+
+    ``shared``: every seed both have starts from the very same stage-1 run (same ``stage1_run_id``), so
+    stage 1 adds identical time to both and its peak memory is the same measurement;
+    ``none``: A or B has no stage-1 run at all (fine-tunes ``model.init``);
+    ``different``: otherwise.
+    """
+    col = "stage1_run_id"
+    if not all(_has_stage1(sched[sched["schedule"] == s]) for s in (a, b)):
+        return "none"
+    if col not in sched:  # older schedules table: the same stage-1 spec means the same runs
+        spec = "stage1_spec" if "stage1_spec" in sched else "stage1_precision"
+        sa, sb = _first(sched[sched["schedule"] == a], spec), _first(sched[sched["schedule"] == b], spec)
+        return "shared" if sa is not None and sa == sb else "different"
+    ids = {}
+    for s in (a, b):
+        sub = sched[sched["schedule"] == s]
+        v = sub.set_index("seed")[col]
+        v = v[~v.index.duplicated()]
+        v = v[v.notna() & (v.astype(str) != "")]
+        if v.empty:
+            return "none"
+        ids[s] = v
+    seeds = sorted(set(ids[a].index) & set(ids[b].index), key=str)
+    if seeds and all(str(ids[a][k]) == str(ids[b][k]) for k in seeds):
+        return "shared"
+    return "different"
+
+
+def _load_check(runs) -> dict | None:
+    """Runs on a CPU whose 1-minute load average (start or end of the training loop) exceeded the
+    machine's CPU count: the machine was oversubscribed and their timings are distorted. None when the
+    runs table has no load-average or cpu_count columns (runs from before they were recorded)."""
+    import pandas as pd
+
+    cols = [c for c in LOAD_COLUMNS if c in runs]
+    if not cols or "cpu_count" not in runs or runs.empty:
+        return None
+    df = runs
+    if "device" in df:
+        df = df[df["device"].astype(str).str.startswith("cpu")]
+    if df.empty:
+        return None
+    load = df[cols].apply(pd.to_numeric, errors="coerce").max(axis=1)
+    cpus = pd.to_numeric(df["cpu_count"], errors="coerce")
+    known = load.notna() & cpus.notna() & (cpus > 0)
+    if not known.any():
+        return None
+    over = known & (load > cpus)
+    return {
+        "n_runs_checked": int(known.sum()),
+        "n_oversubscribed": int(over.sum()),
+        "oversubscribed_runs": sorted(str(r) for r in df.loc[over, "run_id"]) if "run_id" in df else [],
+        "max_load": float(load[known].max()),
+        "cpu_count": sorted({int(c) for c in cpus[known]}),
+    }
+
+
 def _jsonable(o: Any) -> Any:
     if isinstance(o, dict):
         return {str(k): _jsonable(v) for k, v in o.items()}
@@ -669,6 +754,14 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         summary_rows += _summary_rows(fin, "stage2", "precision", STAGE2_METRICS + RUN_COUNTERS, alpha,
                                       stage2_counts)
     delta_rows += stage_rows
+    stage1_summary = {}
+    if len(pre):
+        for p, sub in pre.groupby("precision", sort=True):
+            used = sub[sub["used"]]
+            stage1_summary[p] = {m.column: describe(used[m.column].astype(float) * m.scale, alpha)
+                                 for m in STAGE1_METRICS if m.column in used}
+    stage1_relation = {f"{a} vs {b}": _stage1_relation(sched, a, b)
+                       for a, b in [(s, baseline) for s in others] + named}
 
     summary = pd.DataFrame(summary_rows).reindex(columns=SUMMARY_COLUMNS)
     deltas = pd.DataFrame(delta_rows).reindex(columns=DELTA_COLUMNS)
@@ -683,6 +776,8 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         sched_info[s] = {
             # the spec (amp_fp16-to-fp32-at80 for an in-stage switch), else the precision
             "stage1_precision": _first(sub, "stage1_spec") or _first(sub, "stage1_precision"),
+            # a stage-1 run of its own (a finetune-only schedule names init_precision above, runs none)
+            "has_stage1": _has_stage1(sub),
             "stage2_precision": _first(sub, "stage2_spec") or _first(sub, "stage2_precision"),
             **counts[s],
             "failed": [{"seed": _jsonable(r["seed"]), "outcome": r["outcome"], "reason": _failure_reason(r)}
@@ -716,6 +811,14 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         "stage1_precisions": stage1_counts,
         "stage2_precisions": stage2_counts,
         "named_contrasts": [list(p) for p in named],
+        # "A vs B" → shared | different | none (see _stage1_relation): with a shared stage 1, or none on
+        # one side, the verdict reports stage-2 time and memory instead of the totals
+        "stage1_relation": stage1_relation,
+        # stage-1 mean, SD and CI per precision and metric (eval loss in nats): the verdict states
+        # stage-1 loss differences relative to the baseline precision's loss
+        "stage1_summary": stage1_summary,
+        "bootstrap_min_pairs": MIN_BOOTSTRAP_PAIRS,
+        "load": _load_check(runs),
         "missing_contrasts": missing,
         "deltas": deltas.to_dict("records"),
     }
@@ -725,11 +828,94 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
 # --------------------------------------------------------------------------------------------------
 # Rendering and I/O
 # --------------------------------------------------------------------------------------------------
-def _fmt(v: Any, nd: int = 2) -> str:
+def fmt_num(v: float, nd: int = 2, sig: int = 2, sign: bool = False, sci: bool = False) -> str:
+    """A number with at least ``nd`` decimals and at least ``sig`` significant digits, so a small value
+    never prints as 0.000: 0.0121 → ``0.012``, 78.88 → ``78.88``; below 0.001 (or with ``sci``) in
+    scientific notation (−6.6e−5). A minus sign is U+2212; ``sign`` adds + to positive values."""
+    if v == 0:
+        s = f"{0.0:.{nd}f}"
+    elif abs(v) < 1e-3 or sci:
+        mant, exp = f"{v:.{max(sig - 1, 0)}e}".split("e")
+        s = f"{mant}e{int(exp)}"
+    else:
+        mag = math.floor(math.log10(abs(v)))
+        dec = max(nd, sig - 1 - mag)
+        s = f"{v:.{dec}f}"
+    if sign and v > 0:
+        s = "+" + s
+    return s.replace("-", "−")
+
+
+def fmt_triple(mean: Any, lo: Any, hi: Any, nd: int = 2, sig: int = 2,
+               sign: bool = True) -> tuple[str, str, str]:
+    """A difference and its CI bounds in one style: all in scientific notation when the mean is below
+    0.001 (−6.6e−5 [−1.0e−4, −3.1e−5]; −1.6e−4 [−1.2e−3, +8.8e−4]), else with the decimals that give the
+    mean ``sig`` significant digits (at least ``nd``): +0.012 [−0.126, +0.150], −1.04 [−5.80, +3.71].
+    "n/a" for a missing value."""
+    def ok(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    vals = [float(v) for v in (mean, lo, hi) if ok(v)]
+    if not vals:
+        return "n/a", "n/a", "n/a"
+    ref = abs(mean) if ok(mean) and mean != 0 else max(abs(v) for v in vals)
+    if 0 < ref < 1e-3:
+        out = [fmt_num(float(v), nd, sig, sign, sci=True) if ok(v) else "n/a" for v in (mean, lo, hi)]
+    else:
+        dec = max(nd, sig - 1 - math.floor(math.log10(ref))) if ref > 0 else nd
+        out = [(f"{v:+.{dec}f}" if sign else f"{v:.{dec}f}").replace("-", "−") if ok(v) else "n/a"
+               for v in (mean, lo, hi)]
+    return out[0], out[1], out[2]
+
+
+def loss_negligible(lo: Any, hi: Any, base_loss: Any) -> bool:
+    """True when the whole CI [lo, hi] of a loss difference lies within ±NEGLIGIBLE_LOSS_FRACTION of the
+    baseline loss."""
+    try:
+        lo, hi, base_loss = float(lo), float(hi), float(base_loss)
+    except (TypeError, ValueError):
+        return False
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(base_loss)) or base_loss <= 0:
+        return False
+    return max(abs(lo), abs(hi)) < NEGLIGIBLE_LOSS_FRACTION * base_loss
+
+
+def diff_label(r: dict) -> str:
+    """'better, Holm p 0.031' / 'inconclusive: not significant after Holm, p 0.583' for a delta row."""
+    c = r.get("classification") or "insufficient data"
+    if isinstance(c, float):
+        c = "insufficient data"
+    if c in ("better", "worse", "higher", "lower"):
+        return f"{c}, Holm p {_pfmt(r.get('p_holm'))}"
+    return f"{c}: {not_significant(r)}"
+
+
+def not_significant(r: dict) -> str:
+    """'not significant after Holm, p 0.081', plus '; only the unadjusted CI excludes ×1' where the
+    unadjusted interval would suggest otherwise (the reason the two do not contradict each other)."""
+    c = r.get("classification") or "insufficient data"
+    if isinstance(c, float) or c == "insufficient data":
+        return "too few paired seeds to test"
+    s = f"not significant after Holm, p {_pfmt(r.get('p_holm'))}"
+    null = 1.0 if r.get("kind") == "ratio" else 0.0
+    lo, hi = r.get("ci_low"), r.get("ci_high")
+    if (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) and math.isfinite(hi)
+            and (lo > null or hi < null)):
+        s += f"; only the unadjusted CI excludes {'×1' if null else '0'}"
+    return s
+
+
+def _pfmt(v: Any) -> str:
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "n/a"
+    return "< 0.001" if v < 0.001 else f"{v:.3f}"
+
+
+def _fmt(v: Any, nd: int = 2, sig: int | None = None) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.{nd}f}"
+        return fmt_num(v, nd, sig) if sig else f"{v:.{nd}f}"
     return str(v)
 
 
@@ -743,21 +929,26 @@ def md_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _mean_ci(d: dict, nd: int = 2, scale: float = 1.0) -> str:
+def _mean_ci(d: dict, nd: int = 2, scale: float = 1.0, sig: int = 3) -> str:
     if not d or d.get("n", 0) == 0 or d.get("mean") is None or not math.isfinite(d.get("mean", math.nan)):
         return "–"
-    s = _fmt(d["mean"] * scale, nd)
+    s = _fmt(d["mean"] * scale, nd, sig)
     lo, hi = d.get("ci_low", math.nan), d.get("ci_high", math.nan)
     if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
-        s += f" [{_fmt(lo * scale, nd)}, {_fmt(hi * scale, nd)}]"
+        s += f" [{_fmt(lo * scale, nd, sig)}, {_fmt(hi * scale, nd, sig)}]"
     return s
 
 
-def render_summary_md(summary, settings: dict) -> str:
+def render_summary_md(summary, settings: dict, deltas=None, stage1_baseline: str | None = None) -> str:
+    """summary.md: the summary tables; with ``deltas`` and ``stage1_baseline`` also the stage-1 paired
+    differences (the verdict's "Stage 1 on its own" numbers, formatted alike)."""
     conf = int(round((1 - settings["alpha"]) * 100))
     out = ["# Summary per schedule and stage\n",
            (f"Mean [{conf}% t CI] over the runs used (ok and degenerate; failed runs excluded and counted). "
-            "Accuracy, F1 and masked-token accuracy in %, times in seconds of the training loop, memory in MiB.\n")]
+            "Accuracy, F1 and masked-token accuracy in %, times in seconds of the training loop, memory in MiB. "
+            "Values keep at least 3 significant digits (below 0.001 in scientific notation, e.g. 6.6e−5), "
+            "so a small number never reads as zero. Differences between schedules, paired by seed, are in "
+            "deltas.csv and the verdict.\n")]
 
     def block(level: str, title: str, metrics: list[Metric]):
         sub = summary[summary["level"] == level]
@@ -792,6 +983,46 @@ def render_summary_md(summary, settings: dict) -> str:
     block("stage1", "Stage 1 (pre-training) by precision", STAGE1_METRICS + RUN_COUNTERS)
     block("stage2", "Stage 2 (fine-tuning) by precision (all schedules pooled; inits differ)",
           STAGE2_METRICS + RUN_COUNTERS)
+    if deltas is not None and stage1_baseline and len(deltas):
+        st1 = deltas[deltas["family"] == "stage1"]
+        if len(st1):
+            bl = summary[(summary["level"] == "stage1") & (summary["group"] == stage1_baseline)
+                         & (summary["metric"] == "eval_loss")]
+            base_loss = float(bl["mean"].iloc[0]) if len(bl) else math.nan
+            pct = NEGLIGIBLE_LOSS_FRACTION * 100
+            out.append(f"## Stage 1: paired differences against {stage1_baseline}\n")
+            out.append(f"A − {stage1_baseline}, paired by seed (the same rows as deltas.csv, family `stage1`): mean "
+                       f"[unadjusted {conf}% t CI]; labels from the Holm-adjusted p over the stage-1 precisions. "
+                       f"The eval-loss difference is also given in % of {stage1_baseline}'s mean eval loss; "
+                       f"*negligible* = the whole CI lies within ±{pct:g}% of that loss.\n")
+            rows = []
+            for a, g in st1.groupby("a", sort=True):
+                el = g[g["metric"] == "eval_loss"]
+                ma = g[g["metric"] == "mlm_accuracy"]
+                el = el.iloc[0].to_dict() if len(el) else None
+                ma = ma.iloc[0].to_dict() if len(ma) else None
+                n = (el or ma or {}).get("n_pairs")
+                r = [a, int(n) if isinstance(n, (int, float)) and math.isfinite(n) else "–"]
+                if el is not None and math.isfinite(float(el.get("mean", math.nan))):
+                    m, lo, hi = fmt_triple(el["mean"], el.get("ci_low"), el.get("ci_high"))
+                    r.append(f"{m} [{lo}, {hi}]")
+                    rel = el["mean"] / base_loss * 100 if math.isfinite(base_loss) and base_loss > 0 else math.nan
+                    r.append(fmt_num(rel, 1, 2, True) + "%" if math.isfinite(rel) else "–")
+                    lab = diff_label(el)
+                    if loss_negligible(el.get("ci_low"), el.get("ci_high"), base_loss):
+                        lab += "; negligible"
+                    r.append(lab)
+                else:
+                    r += ["–", "–", "–"]
+                if ma is not None and math.isfinite(float(ma.get("mean", math.nan))):
+                    m, lo, hi = fmt_triple(ma["mean"], ma.get("ci_low"), ma.get("ci_high"))
+                    r += [f"{m} [{lo}, {hi}]", diff_label(ma)]
+                else:
+                    r += ["–", "–"]
+                rows.append(r)
+            out.append(md_table(["precision", "pairs", "eval loss Δ (nats)", f"Δ in % of {stage1_baseline}'s loss",
+                                 "eval loss label", "masked-token accuracy Δ (points)", "accuracy label"], rows)
+                       + "\n")
     return "\n".join(out)
 
 
@@ -820,7 +1051,8 @@ def run_stats(runs_path, schedules_path, settings: dict, out_dir=None, *, summar
         return out_dir / name
 
     atomic_write_text(target(summary_csv, "summary.csv"), summary.to_csv(index=False))
-    atomic_write_text(target(summary_md, "summary.md"), render_summary_md(summary, settings))
+    atomic_write_text(target(summary_md, "summary.md"),
+                      render_summary_md(summary, settings, deltas, stats.get("stage1_baseline_precision")))
     atomic_write_text(target(deltas_csv, "deltas.csv"), deltas.to_csv(index=False))
     atomic_write_json(target(stats_json, "stats.json"), stats)
     del pd

@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
+from .stats import (
+    NEGLIGIBLE_LOSS_FRACTION,
+    diff_label,
+    fmt_num,
+    fmt_triple,
+    loss_negligible,
+    not_significant,
+)
 
 TITLE = "Pre-train in low precision, fine-tune in fp32: does accuracy go up or down?"
 
@@ -34,26 +42,43 @@ def _p(v: Any) -> str:
     return "< 0.001" if v < 0.001 else f"{v:.3f}"
 
 
+def _n(v: Any, nd: int = 2, sig: int = 2, sign: bool = True) -> str:
+    """A difference with at least ``sig`` significant digits (a tiny value never prints as 0.000)."""
+    return fmt_num(v, nd, sig, sign) if _f(v) else "n/a"
+
+
 def _ratio(r: dict | None) -> str:
-    """×0.87 [0.86, 0.88]"""
+    """×0.87 [0.86, 0.88]; more decimals (up to 4) where 2 would print a CI as one number (×0.969 [0.967,
+    0.972], not ×0.97 [0.97, 0.97])."""
     if not r or not _f(r.get("mean")):
         return "n/a"
-    s = f"×{r['mean']:.2f}"
-    if _f(r.get("ci_low")) and _f(r.get("ci_high")):
-        s += f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+    lo, hi, dec = r.get("ci_low"), r.get("ci_high"), 2
+    ci = _f(lo) and _f(hi)
+    if ci:
+        while dec < 4 and lo != hi and f"{lo:.{dec}f}" == f"{hi:.{dec}f}":
+            dec += 1
+    s = f"×{r['mean']:.{dec}f}"
+    if ci:
+        s += f" [{lo:.{dec}f}, {hi:.{dec}f}]"
     return s
 
 
 def _saved(r: dict | None, what: str) -> str:
+    """The label of a time/memory ratio with its Holm-adjusted p: '13% time saved, Holm p 0.004' or
+    'not significant after Holm, p 0.081; only the unadjusted CI excludes ×1'."""
     if not r or not _f(r.get("mean")):
         return ""
     m = r["mean"]
     sig = r.get("classification") in ("better", "worse", "higher", "lower")
     if not sig:
-        return f"{what} difference not significant after Holm"
+        return not_significant(r)
     pct = abs(1 - m) * 100
-    pct_s = f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%"
-    return f"{pct_s} {what} saved" if m < 1 else f"{pct_s} more {what}"
+    pct_s = f"{pct:.0f}%" if pct >= 10 else (f"{pct:.1f}%" if pct >= 0.1 else f"{fmt_num(pct, 2, 2)}%")
+    if what == "throughput":  # higher is better: nothing is "saved"
+        lab = f"{pct_s} {'more' if m > 1 else 'less'} throughput"
+    else:
+        lab = f"{pct_s} {what} saved" if m < 1 else f"{pct_s} more {what}"
+    return f"{lab}, Holm p {_p(r.get('p_holm'))}"
 
 
 def _pm(margin: float) -> str:
@@ -78,13 +103,18 @@ class _Deltas:
         return (self.get("named", a, b, metric) or self.get("vs_baseline", a, b, metric))
 
 
-def _acc_phrase(r: dict | None, margin: float, conf: int) -> str:
-    """'+0.17 points [95% CI −0.74, +1.09], 8 paired seeds'"""
+def _acc_phrase(r: dict | None, margin: float, conf: int, with_p: bool = False) -> str:
+    """'+0.17 points [unadjusted 95% CI −0.74, +1.09], 8 paired seeds' (with_p: and the Holm/TOST p
+    the classification rests on)"""
     if not r or not _f(r.get("mean")):
         return "no paired seeds"
     s = f"{_pt(r['mean'])} points"
     if _f(r.get("ci_low")):
-        s += f" [{conf}% CI {_pt(r['ci_low'])}, {_pt(r['ci_high'])}]"
+        s += f" [unadjusted {conf}% CI {_pt(r['ci_low'])}, {_pt(r['ci_high'])}]"
+    if with_p and _f(r.get("p_holm")):
+        s += f", Holm p {_p(r['p_holm'])}"
+        if r.get("classification") == "equivalent" and _f(r.get("tost_p")):
+            s += f", TOST p {_p(r['tost_p'])}"
     s += f", {r.get('n_pairs')} paired seeds"
     return s
 
@@ -142,6 +172,79 @@ def _needs(r: dict | None, margin: float, power: float) -> str:
     return "; ".join(bits)
 
 
+def _loss_phrase(el: dict, base_loss: Any, b1: str) -> str:
+    """'eval loss −6.6e−5 nats [−1.0e−4, −3.1e−5] (−0.0031% of fp32's 2.15 nats; better, Holm p 0.031 —
+    negligible: the whole CI is within ±0.1% of the loss)'"""
+    lo, hi = el.get("ci_low"), el.get("ci_high")
+    m, l, h = fmt_triple(el["mean"], lo, hi)
+    s = f"eval loss {m} nats"
+    if _f(lo) and _f(hi):
+        s += f" [{l}, {h}]"
+    bits = []
+    rel = _f(base_loss) and base_loss > 0
+    if rel:
+        bits.append(f"{_n(el['mean'] / base_loss * 100, 1)}% of {b1}'s {base_loss:.3g} nats")
+    lab = diff_label(el)
+    if rel and loss_negligible(lo, hi, base_loss):
+        lab += (f" — negligible: the whole CI is within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of the loss"
+                if el.get("classification") in ("better", "worse") else
+                f"; negligible either way: the whole CI is within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of the loss")
+    bits.append(lab)
+    return s + f" ({'; '.join(bits)})"
+
+
+def _stage1_relation(stats: dict, a: str, b: str) -> str:
+    """shared | different | none (stats.json ``stage1_relation``; older files: from the precisions)."""
+    rel = (stats.get("stage1_relation") or {}).get(f"{a} vs {b}")
+    if rel:
+        return rel
+    info = stats.get("schedules", {})
+    a1, b1 = info.get(a, {}).get("stage1_precision"), info.get(b, {}).get("stage1_precision")
+    if not a1 or not b1:
+        return "none"
+    return "shared" if a1 == b1 else "different"
+
+
+def _cost_phrase(D: _Deltas, stats: dict, a: str, b: str) -> str:
+    """Time and memory of a named contrast: the totals when the two schedules' stage 1 differs, else
+    (shared stage-1 runs, or no stage 1 on one side) stage 2 alone, saying so."""
+    rel = _stage1_relation(stats, a, b)
+    if rel in ("shared", "none"):
+        t = D.get("named", a, b, "stage2_train_seconds")
+        mem = D.get("named", a, b, "stage2_peak_memory_bytes")
+        t_what, m_what = "the stage-2 (fine-tuning) training time", "the stage-2 peak memory"
+        if rel == "shared":
+            why = ("stage 2 only: both schedules start from the very same stage-1 runs, which add the same "
+                   "time to both totals and set both peak memories")
+        else:
+            lone = [x for x in (a, b) if not _has_stage1(stats, x)] or [a, b]
+            why = (f"stage 2 only: {' and '.join(f'`{x}`' for x in lone)} "
+                   f"{'has' if len(lone) == 1 else 'have'} no stage 1 (fine-tunes model.init), so the totals "
+                   "would not compare like with like")
+    else:
+        t = D.get("named", a, b, "total_train_seconds")
+        mem = D.get("named", a, b, "peak_memory_bytes")
+        t_what, m_what, why = "the total training time", "the peak memory over both stages", ""
+    tail = []
+    if t and _f(t.get("mean")):
+        tail.append(f"takes {_ratio(t)} {t_what} ({_saved(t, 'time')})")
+    if mem and _f(mem.get("mean")):
+        tail.append(f"{_ratio(mem)} {m_what} ({_saved(mem, 'memory')})")
+    if not tail:
+        return ""
+    return "; it " + " and ".join(tail) + (f" — {why}" if why else "")
+
+
+def _has_stage1(stats: dict, s: str) -> bool:
+    """Whether schedule ``s`` has a stage-1 run (stats.json ``has_stage1``; older files: whether a paired
+    stage-1 time exists for it)."""
+    i = stats.get("schedules", {}).get(s) or {}
+    if "has_stage1" in i:
+        return bool(i["has_stage1"])
+    return any(rr.get("metric") == "stage1_train_seconds" and s in (rr.get("a"), rr.get("b"))
+               and _f(rr.get("mean")) for rr in stats.get("deltas", []))
+
+
 def render(stats: dict) -> str:
     s = stats.get("settings", {})
     margin, alpha, power = s.get("margin", 1.0), s.get("alpha", 0.05), s.get("power", 0.8)
@@ -167,11 +270,14 @@ def render(stats: dict) -> str:
                f"transformers {pv('transformers_version')}"
                + (f", CUDA {pv('cuda_version')}" if prov.get("cuda_version") else "")
                + f"; git commit {pv('git_commit')}; "
-               f"config hash {pv('config_hash')}; threads {pv('threads')}; memory measured as {pv('memory_kind')}"
+               f"threads {pv('threads')}; memory measured as {pv('memory_kind')}"
                + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
                f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
                f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
-               f"(paired t-tests, Holm-adjusted over schedules); {conf}% CIs.")
+               f"(paired t-tests, Holm-adjusted over the schedules compared). Intervals in brackets are "
+               f"unadjusted {conf}% t CIs of one comparison; labels (better/worse, significant, saved) use "
+               f"the Holm-adjusted p shown beside them, so an interval can exclude 0 (or ×1) while the label "
+               f"says not significant. Per-run hyper-parameter hashes: `config_hash` in runs.csv.")
     out.append("")
 
     # ---------------- answer
@@ -180,17 +286,9 @@ def render(stats: dict) -> str:
     sentences = []
     for a, b in stats.get("named_contrasts", []):
         r = D.get("named", a, b, "accuracy")
-        t = D.get("named", a, b, "total_train_seconds")
         sent = (f"{_question_phrase(a, b, info)} {_effect_verb(r, margin)} "
-                f"(`{a}` − `{b}`: {_acc_phrase(r, margin, conf)})")
-        mem = D.get("named", a, b, "peak_memory_bytes")
-        tail = []
-        if t and _f(t.get("mean")):
-            tail.append(f"takes {_ratio(t)} the total training time ({_saved(t, 'time')})")
-        if mem and _f(mem.get("mean")):
-            tail.append(f"{_ratio(mem)} the peak memory ({_saved(mem, 'memory')})")
-        if tail:
-            sent += "; it " + " and ".join(tail)
+                f"(`{a}` − `{b}`: {_acc_phrase(r, margin, conf, with_p=True)})")
+        sent += _cost_phrase(D, stats, a, b)
         dead = [x for x in (a, b) if _all_degenerate(info.get(x, {}))]
         if dead:
             sent += (f" — but every finished run of {' and '.join(f'`{x}`' for x in dead)} predicts only the "
@@ -250,25 +348,31 @@ def render(stats: dict) -> str:
                     txt += f" To resolve it: {n}."
             parts.append(txt)
             # time and memory
+            shared1 = _stage1_relation(stats, name, baseline) == "shared"
             tm = []
             for col, lab in (("stage1_train_seconds", "stage 1"), ("stage2_train_seconds", "stage 2"),
                              ("total_train_seconds", "total")):
                 rr = D.get("vs_baseline", name, baseline, col)
-                if rr and _f(rr.get("mean")):
+                if shared1 and col == "stage1_train_seconds":
+                    tm.append("stage 1 shared with the baseline (the same runs)")
+                elif rr and _f(rr.get("mean")):
                     tm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'time')})")
             mm = []
             for col, lab in (("stage1_peak_memory_bytes", "stage 1"), ("stage2_peak_memory_bytes", "stage 2")):
                 rr = D.get("vs_baseline", name, baseline, col)
+                if shared1 and col == "stage1_peak_memory_bytes":
+                    continue
                 if rr and _f(rr.get("mean")):
                     mm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'memory')})")
             th = D.get("vs_baseline", name, baseline, "stage2_samples_per_second")
             line = []
             if tm:
-                line.append("Training time vs baseline (geometric-mean ratio, paired log-ratios): " + "; ".join(tm))
+                line.append(f"Training time vs baseline (geometric-mean ratio [unadjusted {conf}% CI], paired "
+                            "log-ratios): " + "; ".join(tm))
             if mm:
                 line.append("peak memory: " + "; ".join(mm))
             if th and _f(th.get("mean")):
-                line.append(f"stage-2 throughput {_ratio(th)}")
+                line.append(f"stage-2 throughput {_ratio(th)} ({_saved(th, 'throughput')})")
             if line:
                 parts.append(". ".join(line) + ".")
         # health
@@ -306,8 +410,13 @@ def render(stats: dict) -> str:
     if b1:
         out.append(f"## Stage 1 on its own (pre-training, against {b1})")
         out.append("")
+        base_loss = ((stats.get("stage1_summary") or {}).get(b1) or {}).get("eval_loss", {}).get("mean")
         out.append("Masked-LM eval metrics of the pre-trained models, paired by seed. At small scale a "
-                   "pre-training precision effect may show here without reaching fine-tuning accuracy.")
+                   "pre-training precision effect may show here without reaching fine-tuning accuracy. "
+                   f"Brackets: unadjusted {conf}% CIs; labels from Holm-adjusted p over the stage-1 precisions. "
+                   "Paired seeds share data and masks, so a loss difference far too small to matter can still be "
+                   f"significant: one whose whole CI lies within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of "
+                   f"{b1}'s eval loss is called negligible.")
         out.append("")
         for p in sorted({r["a"] for r in st1}):
             el = next((r for r in st1 if r["a"] == p and r["metric"] == "eval_loss"), None)
@@ -316,15 +425,15 @@ def render(stats: dict) -> str:
             pm = next((r for r in st1 if r["a"] == p and r["metric"] == "peak_memory_bytes"), None)
             bits = []
             if el and _f(el.get("mean")):
-                bits.append(f"eval loss {_pt(el['mean'], 3)} nats [{_pt(el.get('ci_low'), 3)}, "
-                            f"{_pt(el.get('ci_high'), 3)}] ({el.get('classification')}, Holm p {_p(el.get('p_holm'))})")
+                bits.append(_loss_phrase(el, base_loss, b1))
             if ma and _f(ma.get("mean")):
-                bits.append(f"masked-token accuracy {_pt(ma['mean'])} points [{_pt(ma.get('ci_low'))}, "
-                            f"{_pt(ma.get('ci_high'))}] ({ma.get('classification')})")
+                m, l, h = fmt_triple(ma["mean"], ma.get("ci_low"), ma.get("ci_high"))
+                ci = f" [{l}, {h}]" if _f(ma.get("ci_low")) and _f(ma.get("ci_high")) else ""
+                bits.append(f"masked-token accuracy {m} points{ci} ({diff_label(ma)})")
             if ts and _f(ts.get("mean")):
-                bits.append(f"train time {_ratio(ts)}")
+                bits.append(f"train time {_ratio(ts)} ({_saved(ts, 'time')})")
             if pm and _f(pm.get("mean")):
-                bits.append(f"peak memory {_ratio(pm)}")
+                bits.append(f"peak memory {_ratio(pm)} ({_saved(pm, 'memory')})")
             n = (el or ma or {}).get("n_pairs", 0)
             cnt = stats.get("stage1_precisions", {}).get(p, {})
             fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
@@ -354,6 +463,21 @@ def render(stats: dict) -> str:
     cav.append("Small scale: a tiny BERT, short training and few seeds. Effects that need long training or large "
                "models (e.g. fp16 overflow in activations of large bf16-pretrained models) will not show here, and "
                "the numbers need not transfer to BERT-base/large.")
+    load = stats.get("load") or {}
+    if any(str(d).startswith("cpu") for d in devices) and (load.get("n_oversubscribed") or 0) > 0:
+        cc = "/".join(map(str, load.get("cpu_count") or [])) or "?"
+        cav.append(f"The machine was oversubscribed during {load['n_oversubscribed']} of {load.get('n_runs_checked')} "
+                   f"CPU runs: their 1-minute load average at the start or end of the training loop exceeded the "
+                   f"CPU count ({cc}; highest load {load.get('max_load', math.nan):.1f}). Other work competed for the "
+                   "cores, so those runs' timings are distorted and the time and throughput ratios are unreliable "
+                   "(accuracy and peak memory are per process and not affected). Rerun with fewer parallel jobs (`--cores`) on an "
+                   "otherwise idle machine for timings.")
+    bmin = stats.get("bootstrap_min_pairs")
+    if bmin and s.get("bootstrap_resamples", 0) and any(
+            2 <= (r.get("n_pairs") or 0) < bmin for r in stats.get("deltas", [])):
+        cav.append(f"Bootstrap CIs are only computed from {bmin} paired seeds on (n pairs allow only C(2n−1, n) "
+                   "distinct resamples: 10 for n = 3); contrasts with fewer pairs show the t CI alone (empty "
+                   "boot_low/boot_high in deltas.csv, no thin bar in the forest plot).")
     small = [k for k, i in info.items() if (i.get("n_used") or 0) < 6]
     if small:
         cav.append(f"With fewer than 6 paired seeds the Wilcoxon signed-rank test cannot reach p < 0.05 "
