@@ -57,6 +57,7 @@ def test_frontier_dry_run_counts_and_sharing(tmp_path):
     assert {p for p, _ in stage1} == {"fp32", "amp_fp16", "amp_bf16", "pure_bf16", "amp_fp16-to-fp32-at80"}
     stage2 = {n for n, _ in re.findall(RES + r"/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out)}
     assert {"fp16-ft-at0", "fp16-ft-at50", "fp16-ft-at100", "bf16-fp8", "fp16x80-fp32"} <= stage2
+    assert f"{RES}/plots/switch_point.svg" in out and f"{RES}/plots/overflow.svg" in out  # a sweep, telemetry
 
 
 def test_frontier_hparams(tmp_path):

@@ -39,6 +39,7 @@ def test_default_dry_run_shares_stage1(tmp_path):
     }, counts
     stage1 = set(re.findall(r"results/runs/pretrain/(\w+)/seed(\d+)/metrics\.json", out))
     assert stage1 == {(p, s) for p in DEFAULT_STAGE1 for s in ("1", "2", "3")}
+    assert "plots/accuracy.svg" in out and "switch_point" not in out and "overflow" not in out  # nothing to draw
     stage2 = set(re.findall(r"results/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out))
     assert stage2 == {(n, s) for n in DEFAULT_SCHEDULES for s in ("1", "2", "3")}
     # per seed: 3 stage-1 jobs, 4 stage-2 jobs

@@ -100,6 +100,8 @@ def test_analysis_outputs(tiny_study):
     for name in ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1"):
         for ext in ("png", "svg"):
             assert (results / "plots" / f"{name}.{ext}").stat().st_size > 0
+    # no sweep and no telemetry in this study: the plots they would fill are not drawn (no empty figures)
+    assert not list((results / "plots").glob("switch_point.*")) and not list((results / "plots").glob("overflow.*"))
     # every job left a log and a benchmark
     for sub in ("data/synth", "data/tokenizer", "data/prepare-pretrain", "data/prepare-finetune",
                 "pretrain/fp32/seed1", "finetune/scratch-fp32/seed2", "analysis/aggregate", "analysis/stats",

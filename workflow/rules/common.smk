@@ -619,6 +619,14 @@ PLOTS = {
 }
 
 
+# a plot this config cannot fill is not drawn (nor put in the report): the switch-point plot needs a
+# sweep, the overflow plot stage-1 activation telemetry
+if not config.get("sweeps"):
+    del PLOTS["switch_point"]
+if not config["train"]["pretrain"].get("telemetry_every"):
+    del PLOTS["overflow"]
+
+
 # --- warm start (config warm_start; src/precswitch/warm.py) ---------------------------------------
 # One server per local run imports torch & co. once; every `precswitch` job forks from it. Started
 # by `onstart` in the Snakefile, stopped by `onsuccess`/`onerror`, and by itself if Snakemake dies.
