@@ -48,6 +48,21 @@ def test_default_dry_run_shares_stage1(tmp_path):
         assert sum(1 for _, s in stage2 if s == seed) == 4
 
 
+def test_cuda_study_on_a_machine_without_gpu_stops_before_any_job(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal cannot happen here")
+    cfg = write_config(tmp_path / "study.yaml", {"device": "cuda", "threads": 1})
+    proc = snakemake(tmp_path, "--cores", "1", "--configfile", cfg)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "config key device: cuda, but this machine has no CUDA GPU" in err and "21 training jobs" in err
+    assert not (tmp_path / "results").exists()  # not even the data jobs ran
+    # a dry run plans it as usual (GPU studies are planned on laptops and login nodes)
+    assert dry_run(tmp_path, {"device": "cuda", "threads": 1}).returncode == 0
+
+
 def test_every_output_is_under_results_dir(tmp_path):
     """Two studies run from one directory never share a file: each writes under its results_dir."""
     proc = dry_run(tmp_path, {"results_dir": "studies/mine/"}, "--printshellcmds")

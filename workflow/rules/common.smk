@@ -649,6 +649,26 @@ def _warm_off_reason():
     return None
 
 
+def check_gpu_here():
+    """onstart (real runs only): training jobs run here with device cuda need a GPU torch can see.
+    Said before any job starts, instead of after the data jobs, when the first training job fails."""
+    if not workflow.local_exec or not str(config["device"]).startswith("cuda"):
+        return
+    training = [
+        j for j in workflow.dag.needrun_jobs() if j.rule.name in ("pretrain", "finetune")
+    ]
+    if not training:
+        return  # e.g. only the fetch rule, on a login node
+    import torch
+
+    if not torch.cuda.is_available():
+        raise WorkflowError(
+            f"config key device: {config['device']}, but this machine has no CUDA GPU that torch "
+            f"{torch.__version__} can see, and {len(training)} training jobs would run here; run on "
+            "a GPU machine, install a CUDA build of torch (README), or set device: cpu"
+        )
+
+
 def start_warm_server():
     """onstart: start `precswitch warm serve` with the environment the jobs get; export its socket."""
     import subprocess
