@@ -150,6 +150,10 @@ NEGLIGIBLE_LOSS_FRACTION = 0.001
 
 #: runs.csv columns with the 1-minute load average at the start and end of each run's training loop
 LOAD_COLUMNS = ("load_avg_1m_start", "load_avg_1m_end")
+#: a CPU run counts as oversubscribed when the load average exceeds the CPU count by more than this
+#: share: each process then gets under 1/1.25 of a core, so its clock stretches by over 25%. A study
+#: running cores/threads jobs on all cores sits at ~1x by itself (plus a little background).
+LOAD_OVERSUBSCRIBED = 1.25
 
 
 # --------------------------------------------------------------------------------------------------
@@ -636,7 +640,8 @@ def _stage1_relation(sched, a: str, b: str) -> str:
 
 def _load_check(runs) -> dict | None:
     """Runs on a CPU whose 1-minute load average (start or end of the training loop) exceeded the
-    machine's CPU count: the machine was oversubscribed and their timings are distorted. None when the
+    machine's CPU count by more than LOAD_OVERSUBSCRIBED: the machine was oversubscribed and their
+    timings are distorted. None when the
     runs table has no load-average or cpu_count columns (runs from before they were recorded)."""
     import pandas as pd
 
@@ -653,13 +658,14 @@ def _load_check(runs) -> dict | None:
     known = load.notna() & cpus.notna() & (cpus > 0)
     if not known.any():
         return None
-    over = known & (load > cpus)
+    over = known & (load > LOAD_OVERSUBSCRIBED * cpus)
     return {
         "n_runs_checked": int(known.sum()),
         "n_oversubscribed": int(over.sum()),
         "oversubscribed_runs": sorted(str(r) for r in df.loc[over, "run_id"]) if "run_id" in df else [],
         "max_load": float(load[known].max()),
         "cpu_count": sorted({int(c) for c in cpus[known]}),
+        "threshold": LOAD_OVERSUBSCRIBED,
     }
 
 

@@ -468,7 +468,8 @@ def render(stats: dict) -> str:
         cc = "/".join(map(str, load.get("cpu_count") or [])) or "?"
         cav.append(f"The machine was oversubscribed during {load['n_oversubscribed']} of {load.get('n_runs_checked')} "
                    f"CPU runs: their 1-minute load average at the start or end of the training loop exceeded the "
-                   f"CPU count ({cc}; highest load {load.get('max_load', math.nan):.1f}). Other work competed for the "
+                   f"CPU count ({cc}) by more than {load.get('threshold', 1.25) - 1:.0%} (highest load "
+                   f"{load.get('max_load', math.nan):.1f}). Other work competed for the "
                    "cores, so those runs' timings are distorted and the time and throughput ratios are unreliable "
                    "(accuracy and peak memory are per process and not affected). Rerun with fewer parallel jobs (`--cores`) on an "
                    "otherwise idle machine for timings.")
