@@ -203,9 +203,9 @@ def plot_forest(stats: dict, plt, sns):
     if n_boot < len(d) and bmin:
         ax.text(0.99, 0.01, f"no bootstrap CI below {bmin} paired seeds (too few distinct resamples)",
                 transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5, color="0.4")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.9 / (1.8 + 0.6 * n)), ncol=1,
-              frameon=False)
-    fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))  # room for the legend row below the axis label
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=max(1, len(labels)), frameon=False)
     return fig
 
 
