@@ -223,14 +223,15 @@ def test_load_check(tmp_path):
     n = len(runs)
     start = [0.5] * n
     end = [1.0] * n
-    end[0], start[3] = 3.5, 2.5  # two runs above 2 CPUs (one at the end, one at the start)
+    end[0], start[3] = 3.5, 2.6  # two runs over 25% above 2 CPUs (one at the end, one at the start)
+    end[4] = 2.4  # 20% above: a study using both cores plus a little background, not flagged
     start[5] = None  # unknown at one end: the other end decides
     load = compute(_with_load(runs, start, end), sched, s)[2]["load"]
     assert load["n_runs_checked"] == n and load["n_oversubscribed"] == 2
     assert sorted(load["oversubscribed_runs"]) == sorted([runs["run_id"].iloc[0], runs["run_id"].iloc[3]])
     assert load["max_load"] == 3.5 and load["cpu_count"] == [2]
-    # load exactly equal to the CPU count is not oversubscribed; all null → not checked
-    assert compute(_with_load(runs, 2.0, 2.0), sched, s)[2]["load"]["n_oversubscribed"] == 0
+    # load exactly 1.25 x the CPU count is not oversubscribed; all null → not checked
+    assert compute(_with_load(runs, 2.5, 2.5), sched, s)[2]["load"]["n_oversubscribed"] == 0
     assert compute(_with_load(runs, None, None), sched, s)[2]["load"] is None
     # GPU runs are not checked (the caveat is about CPU timings)
     assert compute(_with_load(runs, 9.0, 9.0, device="cuda"), sched, s)[2]["load"] is None
