@@ -651,11 +651,14 @@ def _warm_off_reason():
 
 def check_gpu_here():
     """onstart (real runs only): training jobs run here with device cuda need a GPU torch can see.
-    Said before any job starts, instead of after the data jobs, when the first training job fails."""
+    Said before any job starts, instead of after the data jobs, when the first training job fails.
+    """
     if not workflow.local_exec or not str(config["device"]).startswith("cuda"):
         return
     training = [
-        j for j in workflow.dag.needrun_jobs() if j.rule.name in ("pretrain", "finetune")
+        j
+        for j in workflow.dag.needrun_jobs()
+        if j.rule.name in ("pretrain", "finetune")
     ]
     if not training:
         return  # e.g. only the fetch rule, on a login node
