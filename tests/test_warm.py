@@ -180,9 +180,10 @@ def _children_of(pid: int) -> list[int]:
 def test_server_killed_hard_fails_its_clients_and_children_and_frees_the_socket(tmp_path):
     sock = tmp_path / "s"
     server = _start_server(sock)
-    p, _ = _long_run(tmp_path, sock)
+    p, out = _long_run(tmp_path, sock)
     t = time.time()
-    while not (children := _children_of(server.pid)):
+    # the child is running the command (it writes its output dir), so its client knows its pid
+    while not ((children := _children_of(server.pid)) and out.exists()):
         assert p.poll() is None, p.communicate()
         assert time.time() - t < 60, "no forked child seen"
         time.sleep(0.05)
@@ -199,3 +200,23 @@ def test_server_killed_hard_fails_its_clients_and_children_and_frees_the_socket(
     r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
                        env=_env(**{warm.SOCKET_ENV: str(sock)}), timeout=60)
     assert r.returncode == 0 and "starting cold" in r.stderr and "Connection refused" in r.stderr
+
+
+def test_a_child_whose_client_never_learned_its_pid_does_not_run(server, tmp_path):
+    """A client that gets no answer starts cold; the server's child for that request must then not run
+    the command too (it waits for the server to have told the client its pid)."""
+    import socket as socketlib
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        s.connect(str(server))
+        warm._send(s, {"argv": ["--version"], "cwd": str(tmp_path), "env": _env(), "host": socketlib.gethostname()},
+                   [0, f.fileno(), f.fileno()])
+        s.close()  # gone before the server can answer: its reply fails
+    time.sleep(3)
+    assert out.read_text() == ""  # `precswitch --version` never ran
+    # the server goes on serving
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
+                       env=_env(**{warm.SOCKET_ENV: str(server)}), timeout=60)
+    assert r.returncode == 0 and "precswitch" in r.stdout and "cold" not in r.stderr

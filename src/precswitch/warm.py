@@ -319,12 +319,25 @@ def _accept(conn: socket.socket, base_env: dict, added: dict, host: str) -> int 
             return None
         sys.stdout.flush()
         sys.stderr.flush()
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             conn.close()
+            os.close(go_w)
+            # run only once the client knows this pid: a server killed before telling it leaves a
+            # client that starts cold, and this child must then not run the same command as well
+            go = os.read(go_r, 1)
+            if go != b"g":
+                os._exit(1)
+            os.close(go_r)
             req["env"] = {**added, **req["env"]}
             _child(req, fds)
-        _send(conn, {"pid": pid})
+        os.close(go_r)
+        try:
+            _send(conn, {"pid": pid})
+            os.write(go_w, b"g")
+        finally:
+            os.close(go_w)
         conn.settimeout(None)
         return pid
     except OSError as e:
