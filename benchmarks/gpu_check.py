@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from precswitch import flops, gpu, measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
-from precswitch.train.engine import cls_only_last_layer, forward_loss, mlm_head_rows  # noqa: E402
+from precswitch.train.engine import HEAD_KEYS, cls_only_last_layer, forward_loss, mlm_head_rows  # noqa: E402
 
 # ------------------------------------------------------------------ peak FLOP/s, dense, TFLOP/s
 #: One table: the peak each precision's MFU is measured against, per GPU (matched by name).
@@ -103,7 +103,7 @@ def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4)
         else:
             b["labels"] = torch.randint(0, 2, (batch,), generator=g)
         if mlm:  # the engine selects the head's rows on the host, with the batch (engine.host_batch)
-            b["head_rows"], b["head_labels"] = mlm_head_rows(b["labels"])
+            b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
         out.append({k: v.to(device) for k, v in b.items()})
     return out
 
@@ -153,7 +153,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
                 return forward_loss(model, b, objective)
         else:
             def loss_of(b):
-                return model(**{k: v for k, v in b.items() if k not in ("head_rows", "head_labels")}).loss
+                return model(**{k: v for k, v in b.items() if k not in HEAD_KEYS}).loss
         step_model = torch.compile(loss_of, mode=args.compile_mode) if variant == "compiled" else loss_of
 
         def step(b):

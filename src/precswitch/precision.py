@@ -216,6 +216,17 @@ def get(name: str) -> Precision:
         raise PrecswitchError(f"unknown precision {name!r}; allowed: {', '.join(NAMES)}") from None
 
 
+def eval_precision_problem(stage_precision: str, eval_precision: str) -> str | None:
+    """Why ``eval_precision`` cannot evaluate a stage trained in ``stage_precision`` (None: it can).
+
+    An fp8 stage's Linear layers stay torchao Float8Linear: an evaluation "in" another precision
+    would still run them in fp8 and be mislabelled. (The config check and the engine both ask here.)
+    """
+    if get(stage_precision).fp8_linear and eval_precision != "same" and not get(eval_precision).fp8_linear:
+        return "its Linear layers stay fp8 (torchao Float8Linear), so the evaluation would still be fp8; use same (or fp8)"
+    return None
+
+
 def check_supported(precision: Precision, device: torch.device) -> None:
     """Raise PrecisionUnsupported (naming the precision and the device) if it can't run there."""
     dev_type = device.type

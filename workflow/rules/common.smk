@@ -20,7 +20,7 @@ _SRC = os.path.join(os.path.dirname(WORKFLOW_DIR), "src")
 if os.path.isdir(_SRC) and _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 import precswitch.warm as precswitch_warm
-from precswitch.precision import CATALOG, NAMES
+from precswitch.precision import CATALOG, NAMES, eval_precision_problem
 
 PRECISIONS = list(NAMES)
 STAGES = ["pretrain", "finetune"]
@@ -278,12 +278,12 @@ def check_config(cfg):
     for name, stages in schedules.items():
         for stage, value in stages.items():
             ev = cfg["train"][stage]["eval_precision"]
-            fp8 = CATALOG[stage_spec(value)["precision"]].fp8_linear
-            if fp8 and ev != "same" and not CATALOG[ev].fp8_linear:
+            precision = stage_spec(value)["precision"]
+            why = eval_precision_problem(precision, ev)
+            if why:
                 raise config_error(
                     f"train.{stage}.eval_precision",
-                    f"{ev} cannot evaluate the fp8 {stage} stage of schedule {name}: its Linear "
-                    "layers stay fp8 (torchao Float8Linear); use same (or fp8)",
+                    f"{ev} cannot evaluate the {precision} {stage} stage of schedule {name}: {why}",
                 )
     seeds = cfg["seeds"]
     if not seeds:

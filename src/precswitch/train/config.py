@@ -138,12 +138,9 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
                 f"cannot switch from {a.name!r} to {b.name!r} inside a stage: their weights are stored differently "
                 f"({P.dtype_name(a.param_dtype)} vs {P.dtype_name(b.param_dtype)}); use two stages instead"
             )
-    ev = hp["eval_precision"]
-    if P.get(hp["precision"]).fp8_linear and ev != "same" and not P.get(ev).fp8_linear:
-        raise PrecswitchError(
-            f"eval_precision {ev!r} after an fp8 stage: its Linear layers stay fp8 (torchao Float8Linear), so the "
-            f"evaluation would still be fp8; use eval_precision 'same' (or fp8), or evaluate in a later stage"
-        )
+    why = P.eval_precision_problem(hp["precision"], hp["eval_precision"])
+    if why:
+        raise PrecswitchError(f"eval_precision {hp['eval_precision']!r} after an {hp['precision']} stage: {why}")
     if hp["run_id"] is None:
         hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
     return hp

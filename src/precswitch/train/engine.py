@@ -243,8 +243,10 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return loss, scores, rows_labels
 
 
+#: batch keys of the masked-LM rows selected on the host (mlm_head_rows); not model inputs
+HEAD_KEYS = ("head_rows", "head_labels")
 #: batch keys mlm_forward reads itself (not passed to the encoder)
-MLM_EXTRA_KEYS = ("labels", "head_rows", "head_labels")
+MLM_EXTRA_KEYS = ("labels", *HEAD_KEYS)
 
 
 def mlm_head_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -470,7 +472,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             f"lower max_length or raise model.max_position_embeddings"
         )
     model = prec.prepare_model(model).to(device)
-    fp8_in_stage = prec.fp8_linear or bool(hp["switch_to"] and P.get(hp["switch_to"]).fp8_linear)
+    fp8_in_stage = prec.fp8_linear  # an in-stage switch keeps it (config.resolve: same weight storage)
     if hp["objective"] == "classify" and not fp8_in_stage:
         cls_only_last_layer(model)  # same loss and gradients, less work (fp8 keeps full shapes)
     model.train()
@@ -571,10 +573,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     # ------------------------------------------------------------ the loop
     cur = active(st["step"])
     cur.apply_backend_flags()
+
     def host_batch(step: int) -> dict:
         b = batches.get(step)
         if hp["objective"] == "mlm":
-            b["head_rows"], b["head_labels"] = mlm_head_rows(b["labels"])
+            b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
         return b
 
     pending = None  # the next step's batch, built while the device runs this step's forward and backward
