@@ -43,9 +43,9 @@ from precswitch.train.engine import (  # noqa: E402
     Batches, _load_data, _load_tokenizer, _make_collator, _model_columns,
 )
 
-BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072, vocab_size=28996)
-H200_BF16 = 790e12
-TARGET_MFU = 0.35
+from gpu_check import BASE as BERT_BASE, PEAKS_TFLOPS, TARGET_MFU  # noqa: E402 - the GPU check's model and peak
+
+H200_BF16 = PEAKS_TFLOPS["H200"]["bf16"] * 1e12
 TARGET_OVERLAP = 1.05
 
 
@@ -102,7 +102,7 @@ def main() -> None:
         for obj in ("mlm", "classify"):
             f = flops.train_step_flops(BERT_BASE, 32, 128, obj, **({"head_rows": flops.engine_head_rows(32, 128)}
                                                                    if obj == "mlm" else {"cls_only_last_layer": True}))
-            print(f"# H200 estimate, BERT-base {obj} step at {TARGET_MFU:.0%} MFU of 790 TFLOP/s: "
+            print(f"# H200 estimate, BERT-base {obj} step at {TARGET_MFU:.0%} MFU of {H200_BF16 / 1e12:.0f} TFLOP/s: "
                   f"{f / 1e12:.2f} TFLOP -> {1e3 * f / (TARGET_MFU * H200_BF16):.1f} ms (not measured)")
 
         print(f"# 2. simulated GPU step: {a.device_ms:g} ms of device work, mlm batches, mean of {a.batches} steps")
