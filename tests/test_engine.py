@@ -375,3 +375,42 @@ def test_fp8_stage_pads_batches_to_multiples_of_16(data):
     plain = _make_collator("classify", tok, 0.15)(feats)["input_ids"].shape[1]
     padded = _make_collator("classify", tok, 0.15, 16)(feats)["input_ids"].shape[1]
     assert plain % 16 and padded % 16 == 0 and padded >= plain  # the fixture's rows are not already a multiple
+
+
+@pytest.mark.parametrize("objective", ["mlm", "classify"])
+def test_eval_loss_of_a_16bit_model_is_reduced_in_fp32(objective):
+    """pure_*: the model runs in bf16, but eval_loss is the fp32 cross-entropy of its logits (as autocast
+    computes amp_*'s loss), not a bf16-rounded per-batch mean (~0.4% resolution: larger than the effects
+    the study compares)."""
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    from precswitch.train.engine import evaluate, mlm_forward
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=32, num_labels=2)
+    model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg).to(torch.bfloat16)
+    batches, want, total = [], 0.0, 0
+    for _ in range(3):
+        ids = torch.randint(5, 97, (6, 24))
+        b = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        if objective == "mlm":
+            labels = torch.full_like(ids, -100)
+            labels[:, ::3] = ids[:, ::3]
+            b["labels"] = labels
+            with torch.no_grad():
+                _, scores, rows = mlm_forward(model.eval(), b)
+            n = int((rows != -100).sum())
+            ref = torch.nn.functional.cross_entropy(scores.float(), rows, ignore_index=-100)
+        else:
+            b["labels"] = torch.randint(0, 2, (6,))
+            with torch.no_grad():
+                logits = model.eval()(**b).logits
+            n = 6
+            ref = torch.nn.functional.cross_entropy(logits.float(), b["labels"])
+        batches.append(b)
+        want += float(ref) * n
+        total += n
+    meta = {"num_labels": 2, "majority_accuracy": 0.5}
+    ev = evaluate(model, batches, objective, P.get("pure_bf16"), torch.device("cpu"), meta)
+    assert ev["eval_loss"] == pytest.approx(want / total, rel=1e-6)

@@ -324,6 +324,8 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
         if objective == "mlm":
             with prec.autocast(device.type):
                 loss, scores, rows = mlm_forward(model, b)
+            if loss.dtype != torch.float32:  # pure_*: the metric in fp32, as autocast computes amp_*'s loss
+                loss = torch.nn.functional.cross_entropy(scores.float(), rows, ignore_index=-100)
             mask = rows != -100
             n = int(mask.sum())
             total_loss += float(loss.float()) * n
@@ -335,7 +337,10 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
                 out = model(**b)
             logits = out.logits.float()
             n = len(b["labels"])
-            total_loss += float(out.loss.float()) * n
+            loss = out.loss
+            if loss.dtype != torch.float32 and model.config.problem_type == "single_label_classification":
+                loss = torch.nn.functional.cross_entropy(logits, b["labels"].view(-1))  # pure_*: fp32 metric
+            total_loss += float(loss.float()) * n
             total_n += n
             nonfinite += int((~torch.isfinite(logits)).any(-1).sum())
             preds += logits.argmax(-1).tolist()
