@@ -457,7 +457,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     import sklearn.metrics  # noqa: F401 - imported in set-up, so eval_seconds times evaluation, not imports
     import transformers
 
-    # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in HF Trainer).
+    # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in PyTorch's AMP
+    # recipe; HF Trainer instead holds it back on a skipped step), so step t has the same LR in every precision.
     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
     train_ds, eval_ds, meta = _load_data(hp)
