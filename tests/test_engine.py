@@ -248,6 +248,37 @@ def test_switch_inside_a_stage(data, tmp_path):
                    "steps": 4, "model": TINY}, tmp_path / "x")
 
 
+def test_resumed_after_the_switch_records_the_switched_precisions_flags(data, tmp_path, monkeypatch):
+    """The backend flags in metrics.json are those the stage ended with, whether or not it was resumed
+    after its switch point (on CPU every precision's flags are equal: mark them by precision)."""
+    import signal
+
+    from precswitch.train import engine
+    from precswitch.train.engine import Preempted
+
+    real = P.Precision.apply_backend_flags
+    monkeypatch.setattr(P.Precision, "apply_backend_flags", lambda self: {**real(self), "flags_of": self.name})
+    hp = {"data": str(data["mlm"]), "precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
+          "model": TINY, "save_checkpoint": False}
+    whole = run_stage(hp, tmp_path / "whole")
+    assert whole["flags_of"] == "fp32" and whole["resumed"] is False
+    real_sync, calls = engine.measure.sync, []
+
+    def sync_then_sigterm(device):  # SIGTERM during step 3, past the switch (step 2)
+        real_sync(device)
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
+    with pytest.raises(Preempted):
+        run_stage(hp, tmp_path / "resumed")
+    monkeypatch.setattr(engine.measure, "sync", real_sync)
+    resumed = run_stage(hp, tmp_path / "resumed")
+    assert resumed["resumed"] is True and resumed["precision_final"] == "fp32"
+    assert resumed["flags_of"] == "fp32"
+
+
 def test_activation_telemetry_off_by_default_and_recorded_when_on(data, tmp_path):
     off = run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "steps": 4, "model": TINY}, tmp_path / "off")
     assert off["activation_telemetry"] is None and not (tmp_path / "off" / "activations.csv").exists()

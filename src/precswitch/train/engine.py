@@ -578,7 +578,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                disable=(not sys.stderr.isatty()) if hp["progress"] is None else not hp["progress"])
     # ------------------------------------------------------------ the loop
     cur = active(st["step"])
-    cur.apply_backend_flags()
+    flags = cur.apply_backend_flags()  # a run resumed past its switch point starts in the switched precision
 
     def host_batch(step: int) -> dict:
         b = batches.get(step)
