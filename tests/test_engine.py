@@ -126,6 +126,16 @@ def test_fp32_turns_tf32_off_even_if_it_was_on(data, tmp_path):
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.get_float32_matmul_precision() == "highest"
 
 
+def test_deterministic_is_set_every_run_not_left_on_by_an_earlier_one(data, tmp_path):
+    torch.use_deterministic_algorithms(True)  # e.g. an earlier deterministic stage in this process
+    try:
+        m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "r")
+        assert m["deterministic"] is False and m["hparams"]["deterministic"] is False
+        assert torch.are_deterministic_algorithms_enabled() is False
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_tf32_on_cpu_refused_or_skipped(data, tmp_path):
     hp = {"data": str(data["mlm"]), "precision": "tf32", "steps": 1, "model": TINY}
     with pytest.raises(PrecisionUnsupported, match=r"'tf32'.*'cpu'"):

@@ -449,9 +449,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                    "hparams": hp, "finished_at": measure.now_iso()}
         atomic_write_json(out / "metrics.json", metrics)
         return metrics
-    if hp["deterministic"]:
-        torch.use_deterministic_algorithms(True)
-        flags = P.backend_flags()
+    torch.use_deterministic_algorithms(hp["deterministic"])  # set every run, either way (as the TF32 switches)
+    flags = P.backend_flags()
 
     _quiet_transformers()
     import sklearn.metrics  # noqa: F401 - imported in set-up, so eval_seconds times evaluation, not imports
