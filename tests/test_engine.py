@@ -146,6 +146,20 @@ def test_tf32_on_cpu_refused_or_skipped(data, tmp_path):
     assert json.loads((tmp_path / "skipped" / "metrics.json").read_text())["status"] == "skipped"
 
 
+@pytest.mark.parametrize("prec", ["amp_bf16", "pure_bf16"])
+def test_bf16_refused_on_a_pre_ampere_gpu_even_where_torch_emulates_it(monkeypatch, prec):
+    """torch.cuda.is_bf16_supported() is True on a T4/V100 (emulated bf16): the study must still refuse."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tesla T4")
+    with pytest.raises(PrecisionUnsupported, match=r"needs bf16.*T4.*7\.5"):
+        P.check_supported(P.get(prec), torch.device("cuda:0"))
+    P.check_supported(P.get("amp_fp16"), torch.device("cuda:0"))  # fp16 runs there
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    P.check_supported(P.get(prec), torch.device("cuda:0"))
+
+
 def test_unknown_precision_clear_error_no_output(data, tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli_main(["train", "--hparams", json.dumps({"data": str(data["mlm"]), "precision": "fp8x", "steps": 1}),

@@ -252,7 +252,7 @@ def gpu_provenance(index: int | None = None) -> dict[str, Any] | None:
         "cuda_version": torch.version.cuda,
         "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "torch_version": torch.__version__,
-        "bf16_supported": bool(torch.cuda.is_bf16_supported()),
+        "bf16_supported": props.major >= 8 or bool(torch.version.hip),  # native (is_bf16_supported counts emulation)
         "driver_version": None,
         "nvml_cuda_driver_version": None,
         "uuid": None,

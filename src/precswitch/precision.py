@@ -243,7 +243,9 @@ def check_supported(precision: Precision, device: torch.device) -> None:
     uses_bf16 = torch.bfloat16 in (precision.param_dtype, precision.autocast_dtype)
     if dev_type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        if uses_bf16 and not torch.cuda.is_bf16_supported():
+        # not torch.cuda.is_bf16_supported(): it says True on pre-Ampere GPUs too (emulated bf16), and asks
+        # about the current device, not this one
+        if uses_bf16 and major < 8 and not torch.version.hip:
             raise PrecisionUnsupported(
                 f"precision {precision.name!r} needs bf16, which GPU {describe_device(device)!r} "
                 f"(compute capability {major}.{minor}) does not support (bf16 needs Ampere, 8.0, or newer)"
