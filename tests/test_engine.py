@@ -469,3 +469,27 @@ def test_eval_loss_of_a_16bit_model_is_reduced_in_fp32(objective):
     meta = {"num_labels": 2, "majority_accuracy": 0.5}
     ev = evaluate(model, batches, objective, P.get("pure_bf16"), torch.device("cpu"), meta)
     assert ev["eval_loss"] == pytest.approx(want / total, rel=1e-6)
+
+
+def test_batch_and_eval_masks_seed_only_the_cpu_generator(monkeypatch):
+    """Masks are f(seed, step) via the CPU generator; the CUDA generators (GPU dropout) are never reseeded."""
+    from datasets import Dataset
+
+    from precswitch.train.engine import Batches, _eval_batches
+
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda s: reseeded.append(s))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda s: reseeded.append(s))
+    ds = Dataset.from_dict({"input_ids": [[i, i + 1] for i in range(8)]})
+
+    def collate(feats):  # a stand-in for the masking collator: draws from the global CPU generator
+        return {"ids": torch.tensor([f["input_ids"] for f in feats]), "draw": torch.rand(len(feats))}
+
+    before = torch.get_rng_state()
+    b = Batches(ds, batch_size=4, seed=3, collate=collate)
+    first, again = b.get(1), Batches(ds, batch_size=4, seed=3, collate=collate).get(1)
+    evals = _eval_batches(ds, collate, 4, seed=7)
+    assert torch.equal(first["draw"], again["draw"]) and not torch.equal(first["draw"], b.get(0)["draw"])
+    assert torch.equal(evals[0]["draw"], _eval_batches(ds, collate, 4, seed=7)[0]["draw"])
+    assert reseeded == [], "a CUDA generator was reseeded by batch building"
+    assert torch.equal(torch.get_rng_state(), before), "the global CPU generator was left changed"

@@ -195,8 +195,10 @@ class Batches:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm, self._epoch = torch.randperm(self.n, generator=g).tolist(), epoch
         feats = _features(self.ds, self._perm[pos * self.bs : (pos + 1) * self.bs])
+        # Only the CPU generator the collator draws from: torch.manual_seed would also reseed every CUDA
+        # generator (and fork_rng(devices=[]) would not restore them), making GPU dropout f(seed, step).
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(step_seed(self.seed, step))
+            torch.random.default_generator.manual_seed(step_seed(self.seed, step))
             return self.collate(feats)
 
 
@@ -371,7 +373,7 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
 def _eval_batches(rows, collate, bs: int, seed: int) -> list[dict]:
     """Eval batches built once under a fixed RNG: every run is scored on the same MLM masks."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)  # CPU only, as in Batches.get
         return [collate(_features(rows, range(i, min(i + bs, len(rows))))) for i in range(0, len(rows), bs)]
 
 
