@@ -281,3 +281,22 @@ def test_summary_md_stage1_differences_significant_but_negligible(tmp_path):
     md2 = render_summary_md(summary2, s, deltas2, "fp32")
     row2 = next(ln for ln in md2.split("paired differences")[1].splitlines() if ln.startswith("| amp_bf16 |"))
     assert "negligible" not in row2
+
+
+def test_one_holm_family_per_metric_so_a_repeated_comparison_gets_one_label(tmp_path):
+    # fp16-fp32 vs fp32-fp32 is both a vs-baseline and a named contrast. Adjusted in two separate families
+    # it got Holm p 0.063 (inconclusive) in one and 0.031 (worse) in the other, so the verdict's answer and
+    # its per-schedule paragraph contradicted each other on the same numbers.
+    runs, sched = _study(tmp_path, seeds=range(1, 7), effects={"fp16-fp32": -1.0, "bf16-fp32": -0.6}, sd=0.7,
+                         rng_seed=4)
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    sch = deltas[deltas["family"].isin(["vs_baseline", "named"])]
+    for (metric, a, b), g in sch.groupby(["metric", "a", "b"]):
+        if len(g) > 1:
+            assert g["p_holm"].nunique(dropna=False) == 1 and g["classification"].nunique() == 1, (metric, a, b)
+    v, n = _acc(deltas, "fp16-fp32"), _acc(deltas, "fp16-fp32", family="named")
+    assert v["p_holm"] == n["p_holm"] and v["classification"] == n["classification"]
+    # the family is the 4 distinct comparisons (3 vs baseline + fp16-fp32 vs fp16-fp16), each counted once
+    acc = sch[sch["metric"] == "accuracy"].drop_duplicates(["a", "b"])
+    assert len(acc) == 4
+    assert sorted(acc["p_holm"]) == pytest.approx(sorted(holm(list(acc["p_t"]))))

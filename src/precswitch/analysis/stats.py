@@ -13,8 +13,9 @@ Failure rule (also written into stats.json, the verdict and docs/analysis.md):
 
 Classification of a contrast A − B (accuracy and F1 in points = fraction × 100):
 
-* ``better`` / ``worse``: the paired t-test's Holm-adjusted p-value < alpha (Holm over the schedules of
-  one family and metric); the (1 − alpha) CI then excludes 0. If the CI also lies inside ±margin the row
+* ``better`` / ``worse``: the paired t-test's Holm-adjusted p-value < alpha (Holm per metric over the
+  distinct schedule comparisons, vs-baseline and named together, a pair in both counted once; the stage-1
+  rows apart); the (1 − alpha) CI then excludes 0. If the CI also lies inside ±margin the row
   notes that the difference is smaller than the margin.
 * ``equivalent``: not significant, and the whole (1 − alpha) t CI lies inside (−margin, +margin) — which
   implies the TOST p-value < alpha/2 (TOST p is reported and also required < alpha).
@@ -541,34 +542,42 @@ def _pair(df, group_col: str, a: str, b: str, col: str):
     return sa.reindex(seeds).astype(float).to_numpy(), sb.reindex(seeds).astype(float).to_numpy(), seeds
 
 
-def _contrast_rows(df, group_col: str, pairs: list[tuple[str, str]], family: str, metrics: list[Metric],
+def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str, str]]]], metrics: list[Metric],
                    settings: dict) -> list[dict]:
+    """Paired contrasts, one row per (family, pair, metric). Holm runs per metric over the *distinct*
+    comparisons of all the given families together (A vs B and B vs A, or the same pair in two families,
+    count once and share one adjusted p): a comparison the verdict reports twice (a named contrast that is
+    also a vs-baseline one) then gets one p and one label, not two that may disagree."""
     alpha, margin = settings["alpha"], settings["margin"]
     rows = []
-    for m in metrics:
-        fam_rows = []
-        for a, b in pairs:
+    for family, pairs in families:
+        for m in metrics:
             if m.column not in df:
                 continue
-            xa, xb, seeds = _pair(df, group_col, a, b, m.column)
-            scale = 100.0 if m.delta_unit == "points" or m.delta_unit == "MCC x 100" else 1.0
-            r = paired_contrast(
-                xa, xb, kind=m.kind, scale=scale, margin=margin if m.margin else None, alpha=alpha,
-                power=settings["power"], n_boot=settings["bootstrap_resamples"], seed=settings["seed"],
-                with_power=True,
-            )
-            r.update({"family": family, "contrast": f"{a} vs {b}", "a": a, "b": b, "metric": m.column,
-                      "label": m.label, "unit": m.delta_unit,
-                      "higher_is_better": m.higher_is_better, "seeds": " ".join(str(s) for s in seeds)})
-            fam_rows.append(r)
-        ps = holm([r["p_t"] for r in fam_rows], alpha)
-        pw = holm([r["p_wilcoxon"] for r in fam_rows], alpha)
-        for r, p, q in zip(fam_rows, ps, pw):
-            r["p_holm"] = p
-            r["p_wilcoxon_holm"] = q
+            for a, b in pairs:
+                xa, xb, seeds = _pair(df, group_col, a, b, m.column)
+                scale = 100.0 if m.delta_unit == "points" or m.delta_unit == "MCC x 100" else 1.0
+                r = paired_contrast(
+                    xa, xb, kind=m.kind, scale=scale, margin=margin if m.margin else None, alpha=alpha,
+                    power=settings["power"], n_boot=settings["bootstrap_resamples"], seed=settings["seed"],
+                    with_power=True,
+                )
+                r.update({"family": family, "contrast": f"{a} vs {b}", "a": a, "b": b, "metric": m.column,
+                          "label": m.label, "unit": m.delta_unit,
+                          "higher_is_better": m.higher_is_better, "seeds": " ".join(str(s) for s in seeds)})
+                rows.append(r)
+    for m in metrics:
+        mrows = [r for r in rows if r["metric"] == m.column]
+        keys = list(dict.fromkeys(frozenset((r["a"], r["b"])) for r in mrows))
+        first = {k: next(r for r in mrows if frozenset((r["a"], r["b"])) == k) for k in keys}
+        ps = dict(zip(keys, holm([first[k]["p_t"] for k in keys], alpha)))
+        pw = dict(zip(keys, holm([first[k]["p_wilcoxon"] for k in keys], alpha)))
+        for r in mrows:
+            k = frozenset((r["a"], r["b"]))
+            r["p_holm"] = ps[k]
+            r["p_wilcoxon_holm"] = pw[k]
             r["classification"] = classify(r, alpha, m.higher_is_better)
             r["within_margin"] = within_margin(r)
-        rows.extend(fam_rows)
     return rows
 
 
@@ -716,15 +725,15 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
     summary_rows = _summary_rows(sched, "schedule", "schedule", SCHEDULE_METRICS + SCHEDULE_COUNTERS,
                                  alpha, counts)
     others = [s for s in available if s != baseline]
-    delta_rows = _contrast_rows(sched, "schedule", [(s, baseline) for s in others], "vs_baseline",
-                                SCHEDULE_METRICS, settings)
     named, missing = [], []
     for a, b in settings["contrasts"]:
         if a in available and b in available and a != b:
             named.append((a, b))
         else:
             missing.append([a, b])
-    delta_rows += _contrast_rows(sched, "schedule", named, "named", SCHEDULE_METRICS, settings)
+    # one Holm family per metric over every distinct schedule comparison reported (vs baseline and named)
+    delta_rows = _contrast_rows(sched, "schedule", [("vs_baseline", [(s, baseline) for s in others]),
+                                                    ("named", named)], SCHEDULE_METRICS, settings)
 
     # ---- stage 1 (pretrain runs by precision) and stage 2 (finetune runs by precision)
     stage_rows = []
@@ -753,7 +762,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             stage1_baseline = "fp32" if "fp32" in set(pre["precision"]) else None
         if stage1_baseline is not None:
             precs = sorted(p for p in pre["precision"].unique() if p != stage1_baseline)
-            stage_rows = _contrast_rows(pre, "precision", [(p, stage1_baseline) for p in precs], "stage1",
+            stage_rows = _contrast_rows(pre, "precision", [("stage1", [(p, stage1_baseline) for p in precs])],
                                         STAGE1_METRICS, settings)
     if len(fin):
         stage2_counts = _counts(fin, "precision")

@@ -274,7 +274,8 @@ def render(stats: dict) -> str:
                + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
                f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
                f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
-               f"(paired t-tests, Holm-adjusted over the schedules compared). Intervals in brackets are "
+               f"(paired t-tests, Holm-adjusted per metric over every schedule comparison below, each counted once). "
+               f"Intervals in brackets are "
                f"unadjusted {conf}% t CIs of one comparison; labels (better/worse, significant, saved) use "
                f"the Holm-adjusted p shown beside them, so an interval can exclude 0 (or ×1) while the label "
                f"says not significant. Per-run hyper-parameter hashes: `config_hash` in runs.csv.")
