@@ -300,3 +300,32 @@ def test_one_holm_family_per_metric_so_a_repeated_comparison_gets_one_label(tmp_
     acc = sch[sch["metric"] == "accuracy"].drop_duplicates(["a", "b"])
     assert len(acc) == 4
     assert sorted(acc["p_holm"]) == pytest.approx(sorted(holm(list(acc["p_t"]))))
+
+
+def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
+    # every pair differs by exactly the same amount (discrete accuracies on a small eval set: one example
+    # flipped in each of 2 seeds). The t statistic is undefined; p = 0 ("better, Holm p < 0.001" from two
+    # seeds) doubled the false-positive rate at 2 seeds. The exact sign test gives 2 · 0.5^n.
+    # accuracies k/N as the engine writes them: the differences agree only up to rounding (SD ~6e-15), which
+    # sent them through the t-test (p 1.7e-27, "better" from 3 seeds)
+    n_eval = 872
+    r = paired_contrast(np.array([700, 650, 690]) / n_eval, np.array([699, 649, 689]) / n_eval, scale=100,
+                        margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
+    assert r["ci_low"] == r["ci_high"] == pytest.approx(100 / n_eval)
+    r = paired_contrast([81.0, 71.0], [80.0, 70.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.5) and classify(r, 0.05) == "inconclusive"
+    assert r["seeds_needed"] == 6  # the fewest all-same-sign pairs for which the sign test reaches 0.05
+    r = paired_contrast([81.0] * 6, [80.0] * 6, margin=3.0)
+    r["p_holm"] = r["p_t"]
+    assert r["p_t"] == pytest.approx(2 * 0.5 ** 6) and classify(r, 0.05) == "better"
+    # identical accuracies: equivalence needs 0.5^n < alpha (n ≥ 5), not TOST p = 0 from two seeds
+    r = paired_contrast([80.0, 75.0], [80.0, 75.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["tost_p"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
+    assert r["seeds_needed_equivalence"] == 5
+    r = paired_contrast([80.0, 75.0, 70, 82, 79], [80.0, 75.0, 70, 82, 79], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["tost_p"] == pytest.approx(0.5 ** 5) and classify(r, 0.05) == "equivalent"

@@ -310,8 +310,8 @@ def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float) ->
     room = margin - abs(mean)
     if not (math.isfinite(room) and math.isfinite(sd)) or room <= 0:
         return math.nan
-    if sd == 0:
-        return 2.0
+    if sd == 0:  # the degenerate TOST is a sign test: 0.5^n < alpha
+        return _sign_seeds(alpha, "greater")
     ns = np.unique(np.concatenate([np.arange(2, 1001), np.geomspace(1001, 1e6, 400).astype(int)]))
     half = stats.t.ppf(1 - alpha / 2, ns - 1) * sd / np.sqrt(ns)
     hit = np.nonzero(half < room)[0]
@@ -356,10 +356,17 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
     if n < 2:
         return _ratio_back(res) if kind == "ratio" else res
     sd = float(d.std(ddof=1))
+    if sd <= 1e-9 * float(np.max(np.abs(d))):
+        # equal differences up to rounding: accuracies k/N give (k+1)/N − k/N that differ in the last bits,
+        # an SD of ~1e-15 and a t-test p of ~1e-27; such a spread is no measurement, the difference is exact
+        sd = 0.0
     res["sd"] = sd
     if sd == 0:
+        # degenerate: every pair differs by exactly the same amount (common with discrete accuracies on a
+        # small eval set), the t statistic is undefined. Not p = 0: under the null such ties happen (2 seeds
+        # with the same ±1-example difference), so the exact sign test decides (2 · 0.5^n, two-sided).
         res["ci_low"] = res["ci_high"] = mean
-        res["p_t"] = 1.0 if mean == 0 else 0.0  # degenerate: every pair differs by exactly the same
+        res["p_t"] = 1.0 if mean == 0 else _sign_p(n, "two-sided")
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -379,8 +386,8 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
             pass
     res["boot_low"], res["boot_high"] = _bootstrap_ci(d, alpha, n_boot, seed)
     if kind == "difference" and margin is not None and math.isfinite(margin):
-        if sd == 0:
-            res["tost_p"] = 0.0 if -margin < mean < margin else 1.0
+        if sd == 0:  # exact sign tests against both bounds: every pair inside → max of the two = 0.5^n
+            res["tost_p"] = _sign_p(n, "greater") if -margin < mean < margin else 1.0
         else:
             from statsmodels.stats.weightstats import ttost_paired
 
@@ -394,6 +401,21 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
     if kind == "ratio":
         res = _ratio_back(res)
     return res
+
+
+def _sign_p(n: int, alternative: str) -> float:
+    """Exact sign-test p-value when all n paired differences have the same sign (scipy binomtest)."""
+    from scipy.stats import binomtest
+
+    return float(binomtest(n, n, 0.5, alternative=alternative).pvalue)
+
+
+def _sign_seeds(alpha: float, alternative: str) -> float:
+    """Fewest pairs, all of one sign, for which the exact sign test reaches p < alpha (6 two-sided at 0.05)."""
+    n = 2
+    while _sign_p(n, alternative) >= alpha:
+        n += 1
+    return float(n)
 
 
 def _ratio_back(res: dict) -> dict:
@@ -426,8 +448,8 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
                 except Exception:  # noqa: BLE001 - root finding can fail for n=2
                     pass
         if margin is not None and math.isfinite(margin):
-            if sd == 0:
-                out["seeds_needed"] = 2.0
+            if sd == 0:  # the degenerate test is a sign test (see paired_contrast)
+                out["seeds_needed"] = _sign_seeds(alpha, "two-sided")
             else:
                 try:
                     nn = float(tp.solve_power(effect_size=margin / sd, nobs=None, alpha=alpha,
