@@ -329,3 +329,21 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
     r = paired_contrast([80.0, 75.0, 70, 82, 79], [80.0, 75.0, 70, 82, 79], margin=1.0)
     r["p_holm"] = r["p_t"]
     assert r["tost_p"] == pytest.approx(0.5 ** 5) and classify(r, 0.05) == "equivalent"
+
+
+def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():
+    from statsmodels.stats.power import TTestPower
+
+    from precswitch.analysis.stats import power_analysis
+
+    # 2 seeds, paired SD 0.1 point, mean 0.5: the CI (±0.9) crosses the margin, so the row is inconclusive and
+    # the verdict needs seeds_needed. solve_power gave NaN at SD 0.125 and 2 at SD 0.1 (power there: 0.73).
+    r = paired_contrast([80.43, 70.57], [80.0, 70.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert classify(r, 0.05) == "inconclusive" and r["seeds_needed"] == 3
+    for sd in (0.3, 0.2, 0.125, 0.1, 0.05, 0.01):
+        n = power_analysis(sd, 2, 0.05, 0.8, 1.0)["seeds_needed"]
+        assert math.isfinite(n) and n >= 2, sd
+        if n > 2:  # n − 1 pairs have too little power
+            assert not TTestPower().power(1 / sd, n - 1, 0.05) >= 0.8, sd  # (NaN at es 8, n 2: power ≈ 0.6)
+    assert power_analysis(1.0, 2, 0.05, 0.8, 1.0)["seeds_needed"] == 10  # the ordinary range is unchanged

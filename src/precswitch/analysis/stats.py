@@ -457,7 +457,27 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
                     out["seeds_needed"] = float(max(2, math.ceil(nn)))
                 except Exception:  # noqa: BLE001
                     pass
+                if not math.isfinite(out["seeds_needed"]) or out["seeds_needed"] <= 10:
+                    # few pairs: solve_power gives up (NaN from es ≈ 6) or stops at its bound (2.0 at
+                    # es = 10, where 2 pairs have power 0.73); scan the power curve instead
+                    out["seeds_needed"] = _seeds_by_scan(tp, margin / sd, alpha, power)
     return out
+
+
+def _seeds_by_scan(tp, es: float, alpha: float, power: float) -> float:
+    """Fewest pairs with power ≥ ``power`` at effect size ``es`` (statsmodels TTestPower.power), for the
+    small-n answers solve_power gets wrong: with a paired SD far below the margin (es ≳ 6) its noncentral t
+    is NaN at 2-3 pairs and the root finder gives up or stops at its bound. Power grows with the effect size, so a NaN is replaced by the power at es/2, es/4, ... (a lower
+    bound): the answer is exact or at most one pair too many."""
+    for n in range(2, 10_001):
+        e = es
+        pw = float(tp.power(e, n, alpha, alternative="two-sided"))
+        while not math.isfinite(pw) and e > 1e-3:
+            e /= 2
+            pw = float(tp.power(e, n, alpha, alternative="two-sided"))
+        if math.isfinite(pw) and pw >= power:
+            return float(n)
+    return math.inf
 
 
 def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
