@@ -347,3 +347,16 @@ def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():
         if n > 2:  # n − 1 pairs have too little power
             assert not TTestPower().power(1 / sd, n - 1, 0.05) >= 0.8, sd  # (NaN at es 8, n 2: power ≈ 0.6)
     assert power_analysis(1.0, 2, 0.05, 0.8, 1.0)["seeds_needed"] == 10  # the ordinary range is unchanged
+
+
+def test_deltas_seeds_are_the_pairs_used(tmp_path):
+    # a used run (finite accuracy) without F1, and a schedule without stage 1: the seeds column listed the
+    # seeds of both finished runs (4 and 3) while n_pairs counted the pairs with values (3 and 0)
+    runs, sched = _study(tmp_path, seeds=range(1, 5))
+    sched.loc[(sched["schedule"] == "fp16-fp32") & (sched["seed"] == 2), "f1"] = np.nan
+    sched.loc[sched["schedule"] == "bf16-fp32", "stage1_train_seconds"] = np.nan
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    for r in deltas.to_dict("records"):
+        seeds = r["seeds"].split() if isinstance(r["seeds"], str) else []
+        assert len(seeds) == r["n_pairs"], (r["family"], r["contrast"], r["metric"])
+    assert _acc(deltas, "fp16-fp32", metric="f1")["seeds"] == "1 3 4"

@@ -598,6 +598,11 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
                 continue
             for a, b in pairs:
                 xa, xb, seeds = _pair(df, group_col, a, b, m.column)
+                # ``seeds`` lists the pairs that enter the statistics (paired_contrast drops non-finite
+                # values and, for ratios, non-positive ones), so it always has n_pairs entries
+                keep = [math.isfinite(x) and math.isfinite(y) and (m.kind != "ratio" or (x > 0 and y > 0))
+                        for x, y in zip(xa, xb)]
+                seeds = [sd for sd, k in zip(seeds, keep) if k]
                 scale = 100.0 if m.delta_unit == "points" or m.delta_unit == "MCC x 100" else 1.0
                 r = paired_contrast(
                     xa, xb, kind=m.kind, scale=scale, margin=margin if m.margin else None, alpha=alpha,
