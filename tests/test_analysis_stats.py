@@ -360,3 +360,22 @@ def test_deltas_seeds_are_the_pairs_used(tmp_path):
         seeds = r["seeds"].split() if isinstance(r["seeds"], str) else []
         assert len(seeds) == r["n_pairs"], (r["family"], r["contrast"], r["metric"])
     assert _acc(deltas, "fp16-fp32", metric="f1")["seeds"] == "1 3 4"
+
+
+def test_power_is_for_the_holm_adjusted_test_the_label_uses(tmp_path):
+    from precswitch.analysis.stats import power_analysis
+
+    # the label needs Holm p < alpha; over m comparisons the strictest Holm step is alpha / m. Power at
+    # plain alpha promised "about 8 seeds" where the labelled test needs more.
+    runs, sched = _study(tmp_path, seeds=range(1, 7), effects={"fp16-fp32": -1.0, "bf16-fp32": -0.6}, sd=0.7,
+                         rng_seed=4)
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    r = _acc(deltas, "fp16-fp32")
+    m = deltas[(deltas["metric"] == "accuracy") & deltas["family"].isin(["vs_baseline", "named"])]
+    m = len(m.drop_duplicates(["a", "b"]))
+    assert m == 4
+    want = power_analysis(r["sd"], r["n_pairs"], 0.05 / m, 0.8, 1.0)
+    plain = power_analysis(r["sd"], r["n_pairs"], 0.05, 0.8, 1.0)
+    assert r["seeds_needed"] == want["seeds_needed"] > plain["seeds_needed"]
+    assert r["mde"] == pytest.approx(want["mde"]) and r["mde"] > plain["mde"]
+    assert _acc(deltas, "fp16-fp32", family="named")["seeds_needed"] == r["seeds_needed"]

@@ -20,7 +20,8 @@ Classification of a contrast A − B (accuracy and F1 in points = fraction × 10
 * ``equivalent``: not significant, and the whole (1 − alpha) t CI lies inside (−margin, +margin) — which
   implies the TOST p-value < alpha/2 (TOST p is reported and also required < alpha).
 * ``inconclusive``: neither; ``seeds_needed`` says how many paired seeds detect a margin-sized difference
-  with the configured power (statsmodels TTestPower), ``seeds_needed_equivalence`` how many would put the
+  with the configured power (statsmodels TTestPower, at alpha / the size of the Holm family: the strictest
+  Holm threshold), ``seeds_needed_equivalence`` how many would put the
   CI inside ±margin if the observed mean and SD held.
 * ``insufficient data``: fewer than 2 pairs.
 
@@ -467,8 +468,9 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
 def _seeds_by_scan(tp, es: float, alpha: float, power: float) -> float:
     """Fewest pairs with power ≥ ``power`` at effect size ``es`` (statsmodels TTestPower.power), for the
     small-n answers solve_power gets wrong: with a paired SD far below the margin (es ≳ 6) its noncentral t
-    is NaN at 2-3 pairs and the root finder gives up or stops at its bound. Power grows with the effect size, so a NaN is replaced by the power at es/2, es/4, ... (a lower
-    bound): the answer is exact or at most one pair too many."""
+    is NaN at 2-3 pairs and the root finder gives up or stops at its bound. Power grows with the effect size,
+    so a NaN is replaced by the power at es/2, es/4, ... (a lower bound): the answer is exact or at most one
+    pair too many."""
     for n in range(2, 10_001):
         e = es
         pw = float(tp.power(e, n, alpha, alternative="two-sided"))
@@ -619,10 +621,15 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
         first = {k: next(r for r in mrows if frozenset((r["a"], r["b"])) == k) for k in keys}
         ps = dict(zip(keys, holm([first[k]["p_t"] for k in keys], alpha)))
         pw = dict(zip(keys, holm([first[k]["p_wilcoxon"] for k in keys], alpha)))
+        # power for the test the label uses: Holm's strictest threshold is alpha / m (m comparisons with a p)
+        m_family = max(1, sum(math.isfinite(p) for p in ps.values()))
         for r in mrows:
             k = frozenset((r["a"], r["b"]))
             r["p_holm"] = ps[k]
             r["p_wilcoxon_holm"] = pw[k]
+            if r["kind"] == "difference" and m_family > 1:
+                r.update(power_analysis(r["sd"], r["n_pairs"], alpha / m_family, settings["power"],
+                                        margin if m.margin else None))
             r["classification"] = classify(r, alpha, m.higher_is_better)
             r["within_margin"] = within_margin(r)
     return rows

@@ -163,7 +163,7 @@ def _needs(r: dict | None, margin: float, power: float) -> str:
     bits = []
     if _f(r.get("seeds_needed")):
         bits.append(f"about {int(r['seeds_needed'])} paired seeds would detect a {margin:g}-point difference "
-                    f"with {power * 100:.0f}% power (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
+                    f"with {power * 100:.0f}% power after Holm (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
     if _f(r.get("seeds_needed_equivalence")):
         bits.append(f"about {int(r['seeds_needed_equivalence'])} would put the CI inside {_pm(margin)} "
                     "if the observed mean and SD held")
@@ -341,7 +341,7 @@ def render(stats: dict) -> str:
                 txt += (f"; paired t Holm p {_p(r.get('p_holm'))}, Wilcoxon p {_p(r.get('p_wilcoxon'))}, "
                         f"TOST p {_p(r.get('tost_p'))}")
                 if _f(r.get("mde")) and r["mde"] > 0:
-                    txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power"
+                    txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power after Holm"
             txt += "."
             if c == "inconclusive":
                 n = _needs(r, margin, power)
