@@ -281,3 +281,101 @@ def test_summary_md_stage1_differences_significant_but_negligible(tmp_path):
     md2 = render_summary_md(summary2, s, deltas2, "fp32")
     row2 = next(ln for ln in md2.split("paired differences")[1].splitlines() if ln.startswith("| amp_bf16 |"))
     assert "negligible" not in row2
+
+
+def test_one_holm_family_per_metric_so_a_repeated_comparison_gets_one_label(tmp_path):
+    # fp16-fp32 vs fp32-fp32 is both a vs-baseline and a named contrast. Adjusted in two separate families
+    # it got Holm p 0.063 (inconclusive) in one and 0.031 (worse) in the other, so the verdict's answer and
+    # its per-schedule paragraph contradicted each other on the same numbers.
+    runs, sched = _study(tmp_path, seeds=range(1, 7), effects={"fp16-fp32": -1.0, "bf16-fp32": -0.6}, sd=0.7,
+                         rng_seed=4)
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    sch = deltas[deltas["family"].isin(["vs_baseline", "named"])]
+    for (metric, a, b), g in sch.groupby(["metric", "a", "b"]):
+        if len(g) > 1:
+            assert g["p_holm"].nunique(dropna=False) == 1 and g["classification"].nunique() == 1, (metric, a, b)
+    v, n = _acc(deltas, "fp16-fp32"), _acc(deltas, "fp16-fp32", family="named")
+    assert v["p_holm"] == n["p_holm"] and v["classification"] == n["classification"]
+    # the family is the 4 distinct comparisons (3 vs baseline + fp16-fp32 vs fp16-fp16), each counted once
+    acc = sch[sch["metric"] == "accuracy"].drop_duplicates(["a", "b"])
+    assert len(acc) == 4
+    assert sorted(acc["p_holm"]) == pytest.approx(sorted(holm(list(acc["p_t"]))))
+
+
+def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
+    # every pair differs by exactly the same amount (discrete accuracies on a small eval set: one example
+    # flipped in each of 2 seeds). The t statistic is undefined; p = 0 ("better, Holm p < 0.001" from two
+    # seeds) doubled the false-positive rate at 2 seeds. The exact sign test gives 2 · 0.5^n.
+    # accuracies k/N as the engine writes them: the differences agree only up to rounding (SD ~6e-15), which
+    # sent them through the t-test (p 1.7e-27, "better" from 3 seeds)
+    n_eval = 872
+    r = paired_contrast(np.array([700, 650, 690]) / n_eval, np.array([699, 649, 689]) / n_eval, scale=100,
+                        margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
+    assert r["ci_low"] == r["ci_high"] == pytest.approx(100 / n_eval)
+    r = paired_contrast([81.0, 71.0], [80.0, 70.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.5) and classify(r, 0.05) == "inconclusive"
+    assert r["seeds_needed"] == 6  # the fewest all-same-sign pairs for which the sign test reaches 0.05
+    r = paired_contrast([81.0] * 6, [80.0] * 6, margin=3.0)
+    r["p_holm"] = r["p_t"]
+    assert r["p_t"] == pytest.approx(2 * 0.5 ** 6) and classify(r, 0.05) == "better"
+    # identical accuracies: equivalence needs 0.5^n < alpha (n ≥ 5), not TOST p = 0 from two seeds
+    r = paired_contrast([80.0, 75.0], [80.0, 75.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["tost_p"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
+    assert r["seeds_needed_equivalence"] == 5
+    r = paired_contrast([80.0, 75.0, 70, 82, 79], [80.0, 75.0, 70, 82, 79], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["tost_p"] == pytest.approx(0.5 ** 5) and classify(r, 0.05) == "equivalent"
+
+
+def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():
+    from statsmodels.stats.power import TTestPower
+
+    from precswitch.analysis.stats import power_analysis
+
+    # 2 seeds, paired SD 0.1 point, mean 0.5: the CI (±0.9) crosses the margin, so the row is inconclusive and
+    # the verdict needs seeds_needed. solve_power gave NaN at SD 0.125 and 2 at SD 0.1 (power there: 0.73).
+    r = paired_contrast([80.43, 70.57], [80.0, 70.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert classify(r, 0.05) == "inconclusive" and r["seeds_needed"] == 3
+    for sd in (0.3, 0.2, 0.125, 0.1, 0.05, 0.01):
+        n = power_analysis(sd, 2, 0.05, 0.8, 1.0)["seeds_needed"]
+        assert math.isfinite(n) and n >= 2, sd
+        if n > 2:  # n − 1 pairs have too little power
+            assert not TTestPower().power(1 / sd, n - 1, 0.05) >= 0.8, sd  # (NaN at es 8, n 2: power ≈ 0.6)
+    assert power_analysis(1.0, 2, 0.05, 0.8, 1.0)["seeds_needed"] == 10  # the ordinary range is unchanged
+
+
+def test_deltas_seeds_are_the_pairs_used(tmp_path):
+    # a used run (finite accuracy) without F1, and a schedule without stage 1: the seeds column listed the
+    # seeds of both finished runs (4 and 3) while n_pairs counted the pairs with values (3 and 0)
+    runs, sched = _study(tmp_path, seeds=range(1, 5))
+    sched.loc[(sched["schedule"] == "fp16-fp32") & (sched["seed"] == 2), "f1"] = np.nan
+    sched.loc[sched["schedule"] == "bf16-fp32", "stage1_train_seconds"] = np.nan
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    for r in deltas.to_dict("records"):
+        seeds = r["seeds"].split() if isinstance(r["seeds"], str) else []
+        assert len(seeds) == r["n_pairs"], (r["family"], r["contrast"], r["metric"])
+    assert _acc(deltas, "fp16-fp32", metric="f1")["seeds"] == "1 3 4"
+
+
+def test_power_is_for_the_holm_adjusted_test_the_label_uses(tmp_path):
+    from precswitch.analysis.stats import power_analysis
+
+    # the label needs Holm p < alpha; over m comparisons the strictest Holm step is alpha / m. Power at
+    # plain alpha promised "about 8 seeds" where the labelled test needs more.
+    runs, sched = _study(tmp_path, seeds=range(1, 7), effects={"fp16-fp32": -1.0, "bf16-fp32": -0.6}, sd=0.7,
+                         rng_seed=4)
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    r = _acc(deltas, "fp16-fp32")
+    m = deltas[(deltas["metric"] == "accuracy") & deltas["family"].isin(["vs_baseline", "named"])]
+    m = len(m.drop_duplicates(["a", "b"]))
+    assert m == 4
+    want = power_analysis(r["sd"], r["n_pairs"], 0.05 / m, 0.8, 1.0)
+    plain = power_analysis(r["sd"], r["n_pairs"], 0.05, 0.8, 1.0)
+    assert r["seeds_needed"] == want["seeds_needed"] > plain["seeds_needed"]
+    assert r["mde"] == pytest.approx(want["mde"]) and r["mde"] > plain["mde"]
+    assert _acc(deltas, "fp16-fp32", family="named")["seeds_needed"] == r["seeds_needed"]

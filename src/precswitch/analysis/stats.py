@@ -13,13 +13,15 @@ Failure rule (also written into stats.json, the verdict and docs/analysis.md):
 
 Classification of a contrast A − B (accuracy and F1 in points = fraction × 100):
 
-* ``better`` / ``worse``: the paired t-test's Holm-adjusted p-value < alpha (Holm over the schedules of
-  one family and metric); the (1 − alpha) CI then excludes 0. If the CI also lies inside ±margin the row
+* ``better`` / ``worse``: the paired t-test's Holm-adjusted p-value < alpha (Holm per metric over the
+  distinct schedule comparisons, vs-baseline and named together, a pair in both counted once; the stage-1
+  rows apart); the (1 − alpha) CI then excludes 0. If the CI also lies inside ±margin the row
   notes that the difference is smaller than the margin.
 * ``equivalent``: not significant, and the whole (1 − alpha) t CI lies inside (−margin, +margin) — which
   implies the TOST p-value < alpha/2 (TOST p is reported and also required < alpha).
 * ``inconclusive``: neither; ``seeds_needed`` says how many paired seeds detect a margin-sized difference
-  with the configured power (statsmodels TTestPower), ``seeds_needed_equivalence`` how many would put the
+  with the configured power (statsmodels TTestPower, at alpha / the size of the Holm family: the strictest
+  Holm threshold), ``seeds_needed_equivalence`` how many would put the
   CI inside ±margin if the observed mean and SD held.
 * ``insufficient data``: fewer than 2 pairs.
 
@@ -309,8 +311,8 @@ def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float) ->
     room = margin - abs(mean)
     if not (math.isfinite(room) and math.isfinite(sd)) or room <= 0:
         return math.nan
-    if sd == 0:
-        return 2.0
+    if sd == 0:  # the degenerate TOST is a sign test: 0.5^n < alpha
+        return _sign_seeds(alpha, "greater")
     ns = np.unique(np.concatenate([np.arange(2, 1001), np.geomspace(1001, 1e6, 400).astype(int)]))
     half = stats.t.ppf(1 - alpha / 2, ns - 1) * sd / np.sqrt(ns)
     hit = np.nonzero(half < room)[0]
@@ -355,10 +357,17 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
     if n < 2:
         return _ratio_back(res) if kind == "ratio" else res
     sd = float(d.std(ddof=1))
+    if sd <= 1e-9 * float(np.max(np.abs(d))):
+        # equal differences up to rounding: accuracies k/N give (k+1)/N − k/N that differ in the last bits,
+        # an SD of ~1e-15 and a t-test p of ~1e-27; such a spread is no measurement, the difference is exact
+        sd = 0.0
     res["sd"] = sd
     if sd == 0:
+        # degenerate: every pair differs by exactly the same amount (common with discrete accuracies on a
+        # small eval set), the t statistic is undefined. Not p = 0: under the null such ties happen (2 seeds
+        # with the same ±1-example difference), so the exact sign test decides (2 · 0.5^n, two-sided).
         res["ci_low"] = res["ci_high"] = mean
-        res["p_t"] = 1.0 if mean == 0 else 0.0  # degenerate: every pair differs by exactly the same
+        res["p_t"] = 1.0 if mean == 0 else _sign_p(n, "two-sided")
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -378,8 +387,8 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
             pass
     res["boot_low"], res["boot_high"] = _bootstrap_ci(d, alpha, n_boot, seed)
     if kind == "difference" and margin is not None and math.isfinite(margin):
-        if sd == 0:
-            res["tost_p"] = 0.0 if -margin < mean < margin else 1.0
+        if sd == 0:  # exact sign tests against both bounds: every pair inside → max of the two = 0.5^n
+            res["tost_p"] = _sign_p(n, "greater") if -margin < mean < margin else 1.0
         else:
             from statsmodels.stats.weightstats import ttost_paired
 
@@ -393,6 +402,21 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
     if kind == "ratio":
         res = _ratio_back(res)
     return res
+
+
+def _sign_p(n: int, alternative: str) -> float:
+    """Exact sign-test p-value when all n paired differences have the same sign (scipy binomtest)."""
+    from scipy.stats import binomtest
+
+    return float(binomtest(n, n, 0.5, alternative=alternative).pvalue)
+
+
+def _sign_seeds(alpha: float, alternative: str) -> float:
+    """Fewest pairs, all of one sign, for which the exact sign test reaches p < alpha (6 two-sided at 0.05)."""
+    n = 2
+    while _sign_p(n, alternative) >= alpha:
+        n += 1
+    return float(n)
 
 
 def _ratio_back(res: dict) -> dict:
@@ -425,8 +449,8 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
                 except Exception:  # noqa: BLE001 - root finding can fail for n=2
                     pass
         if margin is not None and math.isfinite(margin):
-            if sd == 0:
-                out["seeds_needed"] = 2.0
+            if sd == 0:  # the degenerate test is a sign test (see paired_contrast)
+                out["seeds_needed"] = _sign_seeds(alpha, "two-sided")
             else:
                 try:
                     nn = float(tp.solve_power(effect_size=margin / sd, nobs=None, alpha=alpha,
@@ -434,7 +458,28 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
                     out["seeds_needed"] = float(max(2, math.ceil(nn)))
                 except Exception:  # noqa: BLE001
                     pass
+                if not math.isfinite(out["seeds_needed"]) or out["seeds_needed"] <= 10:
+                    # few pairs: solve_power gives up (NaN from es ≈ 6) or stops at its bound (2.0 at
+                    # es = 10, where 2 pairs have power 0.73); scan the power curve instead
+                    out["seeds_needed"] = _seeds_by_scan(tp, margin / sd, alpha, power)
     return out
+
+
+def _seeds_by_scan(tp, es: float, alpha: float, power: float) -> float:
+    """Fewest pairs with power ≥ ``power`` at effect size ``es`` (statsmodels TTestPower.power), for the
+    small-n answers solve_power gets wrong: with a paired SD far below the margin (es ≳ 6) its noncentral t
+    is NaN at 2-3 pairs and the root finder gives up or stops at its bound. Power grows with the effect size,
+    so a NaN is replaced by the power at es/2, es/4, ... (a lower bound): the answer is exact or at most one
+    pair too many."""
+    for n in range(2, 10_001):
+        e = es
+        pw = float(tp.power(e, n, alpha, alternative="two-sided"))
+        while not math.isfinite(pw) and e > 1e-3:
+            e /= 2
+            pw = float(tp.power(e, n, alpha, alternative="two-sided"))
+        if math.isfinite(pw) and pw >= power:
+            return float(n)
+    return math.inf
 
 
 def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
@@ -541,34 +586,52 @@ def _pair(df, group_col: str, a: str, b: str, col: str):
     return sa.reindex(seeds).astype(float).to_numpy(), sb.reindex(seeds).astype(float).to_numpy(), seeds
 
 
-def _contrast_rows(df, group_col: str, pairs: list[tuple[str, str]], family: str, metrics: list[Metric],
+def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str, str]]]], metrics: list[Metric],
                    settings: dict) -> list[dict]:
+    """Paired contrasts, one row per (family, pair, metric). Holm runs per metric over the *distinct*
+    comparisons of all the given families together (A vs B and B vs A, or the same pair in two families,
+    count once and share one adjusted p): a comparison the verdict reports twice (a named contrast that is
+    also a vs-baseline one) then gets one p and one label, not two that may disagree."""
     alpha, margin = settings["alpha"], settings["margin"]
     rows = []
-    for m in metrics:
-        fam_rows = []
-        for a, b in pairs:
+    for family, pairs in families:
+        for m in metrics:
             if m.column not in df:
                 continue
-            xa, xb, seeds = _pair(df, group_col, a, b, m.column)
-            scale = 100.0 if m.delta_unit == "points" or m.delta_unit == "MCC x 100" else 1.0
-            r = paired_contrast(
-                xa, xb, kind=m.kind, scale=scale, margin=margin if m.margin else None, alpha=alpha,
-                power=settings["power"], n_boot=settings["bootstrap_resamples"], seed=settings["seed"],
-                with_power=True,
-            )
-            r.update({"family": family, "contrast": f"{a} vs {b}", "a": a, "b": b, "metric": m.column,
-                      "label": m.label, "unit": m.delta_unit,
-                      "higher_is_better": m.higher_is_better, "seeds": " ".join(str(s) for s in seeds)})
-            fam_rows.append(r)
-        ps = holm([r["p_t"] for r in fam_rows], alpha)
-        pw = holm([r["p_wilcoxon"] for r in fam_rows], alpha)
-        for r, p, q in zip(fam_rows, ps, pw):
-            r["p_holm"] = p
-            r["p_wilcoxon_holm"] = q
+            for a, b in pairs:
+                xa, xb, seeds = _pair(df, group_col, a, b, m.column)
+                # ``seeds`` lists the pairs that enter the statistics (paired_contrast drops non-finite
+                # values and, for ratios, non-positive ones), so it always has n_pairs entries
+                keep = [math.isfinite(x) and math.isfinite(y) and (m.kind != "ratio" or (x > 0 and y > 0))
+                        for x, y in zip(xa, xb)]
+                seeds = [sd for sd, k in zip(seeds, keep) if k]
+                scale = 100.0 if m.delta_unit == "points" or m.delta_unit == "MCC x 100" else 1.0
+                r = paired_contrast(
+                    xa, xb, kind=m.kind, scale=scale, margin=margin if m.margin else None, alpha=alpha,
+                    power=settings["power"], n_boot=settings["bootstrap_resamples"], seed=settings["seed"],
+                    with_power=True,
+                )
+                r.update({"family": family, "contrast": f"{a} vs {b}", "a": a, "b": b, "metric": m.column,
+                          "label": m.label, "unit": m.delta_unit,
+                          "higher_is_better": m.higher_is_better, "seeds": " ".join(str(s) for s in seeds)})
+                rows.append(r)
+    for m in metrics:
+        mrows = [r for r in rows if r["metric"] == m.column]
+        keys = list(dict.fromkeys(frozenset((r["a"], r["b"])) for r in mrows))
+        first = {k: next(r for r in mrows if frozenset((r["a"], r["b"])) == k) for k in keys}
+        ps = dict(zip(keys, holm([first[k]["p_t"] for k in keys], alpha)))
+        pw = dict(zip(keys, holm([first[k]["p_wilcoxon"] for k in keys], alpha)))
+        # power for the test the label uses: Holm's strictest threshold is alpha / m (m comparisons with a p)
+        m_family = max(1, sum(math.isfinite(p) for p in ps.values()))
+        for r in mrows:
+            k = frozenset((r["a"], r["b"]))
+            r["p_holm"] = ps[k]
+            r["p_wilcoxon_holm"] = pw[k]
+            if r["kind"] == "difference" and m_family > 1:
+                r.update(power_analysis(r["sd"], r["n_pairs"], alpha / m_family, settings["power"],
+                                        margin if m.margin else None))
             r["classification"] = classify(r, alpha, m.higher_is_better)
             r["within_margin"] = within_margin(r)
-        rows.extend(fam_rows)
     return rows
 
 
@@ -716,15 +779,15 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
     summary_rows = _summary_rows(sched, "schedule", "schedule", SCHEDULE_METRICS + SCHEDULE_COUNTERS,
                                  alpha, counts)
     others = [s for s in available if s != baseline]
-    delta_rows = _contrast_rows(sched, "schedule", [(s, baseline) for s in others], "vs_baseline",
-                                SCHEDULE_METRICS, settings)
     named, missing = [], []
     for a, b in settings["contrasts"]:
         if a in available and b in available and a != b:
             named.append((a, b))
         else:
             missing.append([a, b])
-    delta_rows += _contrast_rows(sched, "schedule", named, "named", SCHEDULE_METRICS, settings)
+    # one Holm family per metric over every distinct schedule comparison reported (vs baseline and named)
+    delta_rows = _contrast_rows(sched, "schedule", [("vs_baseline", [(s, baseline) for s in others]),
+                                                    ("named", named)], SCHEDULE_METRICS, settings)
 
     # ---- stage 1 (pretrain runs by precision) and stage 2 (finetune runs by precision)
     stage_rows = []
@@ -753,7 +816,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             stage1_baseline = "fp32" if "fp32" in set(pre["precision"]) else None
         if stage1_baseline is not None:
             precs = sorted(p for p in pre["precision"].unique() if p != stage1_baseline)
-            stage_rows = _contrast_rows(pre, "precision", [(p, stage1_baseline) for p in precs], "stage1",
+            stage_rows = _contrast_rows(pre, "precision", [("stage1", [(p, stage1_baseline) for p in precs])],
                                         STAGE1_METRICS, settings)
     if len(fin):
         stage2_counts = _counts(fin, "precision")

@@ -163,7 +163,7 @@ def _needs(r: dict | None, margin: float, power: float) -> str:
     bits = []
     if _f(r.get("seeds_needed")):
         bits.append(f"about {int(r['seeds_needed'])} paired seeds would detect a {margin:g}-point difference "
-                    f"with {power * 100:.0f}% power (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
+                    f"with {power * 100:.0f}% power after Holm (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
     if _f(r.get("seeds_needed_equivalence")):
         bits.append(f"about {int(r['seeds_needed_equivalence'])} would put the CI inside {_pm(margin)} "
                     "if the observed mean and SD held")
@@ -274,7 +274,8 @@ def render(stats: dict) -> str:
                + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
                f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
                f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
-               f"(paired t-tests, Holm-adjusted over the schedules compared). Intervals in brackets are "
+               f"(paired t-tests, Holm-adjusted per metric over every schedule comparison below, each counted once). "
+               f"Intervals in brackets are "
                f"unadjusted {conf}% t CIs of one comparison; labels (better/worse, significant, saved) use "
                f"the Holm-adjusted p shown beside them, so an interval can exclude 0 (or ×1) while the label "
                f"says not significant. Per-run hyper-parameter hashes: `config_hash` in runs.csv.")
@@ -340,7 +341,7 @@ def render(stats: dict) -> str:
                 txt += (f"; paired t Holm p {_p(r.get('p_holm'))}, Wilcoxon p {_p(r.get('p_wilcoxon'))}, "
                         f"TOST p {_p(r.get('tost_p'))}")
                 if _f(r.get("mde")) and r["mde"] > 0:
-                    txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power"
+                    txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power after Holm"
             txt += "."
             if c == "inconclusive":
                 n = _needs(r, margin, power)
