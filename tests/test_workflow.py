@@ -130,6 +130,8 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"device": "tpu"}, "device", "cuda"),
         ({"train": {"finetune": {"lr": "2e-5"}}}, "train.finetune.lr", "write 2.0e-05"),  # YAML 1.1 text
         ({"analysis": {"contrasts": [["fp16-fp32", "fp16-fp61"]]}}, "analysis.contrasts[0]", "'fp16-fp61'"),
+        ({"analysis": {"contrasts": [["fp16-fp32", "fp32-fp32"], ["fp16-fp16", "fp16-fp16"]]}},
+         "analysis.contrasts[1]", "'fp16-fp16' with itself"),
         ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},
           "train": {"finetune": {"eval_precision": "fp32"}}}, "train.finetune.eval_precision", "fp8"),
     ],
