@@ -164,7 +164,7 @@ def _properties(schema: dict, path: str = ""):
         for name, sub in (node.get("properties") or {}).items():
             yield f"{path}.{name}".lstrip("."), sub
             yield from walk(sub, f"{path}.{name}", seen)
-        for sub in node.get("allOf", []):
+        for sub in [*node.get("allOf", []), *(node[k] for k in ("then", "else") if k in node)]:
             yield from walk(sub, path, seen)
         if isinstance(node.get("additionalProperties"), dict):
             yield from walk(node["additionalProperties"], f"{path}.*", seen)
@@ -179,13 +179,13 @@ def test_schema_every_key_has_description_and_default():
     for path, sub in _properties(schema):
         if set(sub) <= {"default"}:  # a stage-specific default override (allOf)
             continue
-        if path.startswith(("schedules.*", "sweeps.*")):  # a stage's precision: no default by nature
-            continue
         target = sub
         if "$ref" in sub:
             target = {**yaml.safe_load(SCHEMA.read_text())["$defs"][sub["$ref"].split("/")[-1]], **sub}
         if "description" not in target:
             missing.append(f"{path}: description")
+        if path.startswith(("schedules.*", "sweeps.*")):  # a stage's precision: no default by nature
+            continue
         if "default" not in sub and "default" not in target:
             missing.append(f"{path}: default")
     assert not missing, missing
