@@ -114,6 +114,9 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"schedules": {"x": {"pretrain": "fp64", "finetune": "fp32"}}}, "schedules.x.pretrain",
          "amp_bf16"),
         ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
+        # a stage is a precision name or a switch object: a number says both, not "not an object"
+        ({"schedules": {"x": {"pretrain": 16, "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
+         "schedules.x.pretrain", "not of type 'string', 'object'"),
         ({"model": {"hidden_size": "big"}}, "model.hidden_size", "integer"),
         ({"seeds": []}, "seeds", "non-empty"),
         ({"seeds": [1, 2, 1]}, "seeds", "non-unique"),
