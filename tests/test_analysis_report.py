@@ -391,3 +391,6 @@ def test_report_captions_render_and_match_the_rules():
     assert "90% confidence interval lies within ±0.5 accuracy points" in wf90 and "p < 0.1" in wf90
     for name in ("accuracy.rst", "forest.rst", "stage1.rst", "summary.rst", "switch_point.rst", "deltas.rst"):
         assert "90%" in _render_rst(name, cfg90) and "95%" not in _render_rst(name, cfg90), name
+    # paths follow results_dir (the GPU and frontier studies write under results/<config name>)
+    cfg["results_dir"] = "results/frontier"
+    assert "``results/frontier/runs/pretrain/<precision>/seed<seed>``" in _render_rst("runs.rst", cfg)

@@ -140,6 +140,38 @@ def test_cluster_profile_contents():
 
 
 @pytest.mark.parametrize("path", [USER_PROFILE, TEST_PROFILE], ids=["profiles/slurm", "tests/slurm/profile"])
+def test_text_resources_keep_their_inner_quotes(path):
+    """Snakemake evaluates a resource value as Python: `slurm_partition: "all"` (a common partition
+    name) becomes the builtin all() and the run stops with a ValueError. Text values are written
+    "'name'" so that editing the name in place stays safe."""
+    profile = yaml.safe_load(path.read_text())
+    resources = {f"default-resources.{k}": v for k, v in profile["default-resources"].items()}
+    for rule, res in profile["set-resources"].items():
+        resources.update({f"set-resources.{rule}.{k}": v for k, v in res.items()})
+    for key, value in resources.items():
+        if isinstance(value, str):
+            assert len(value) > 2 and value[0] == value[-1] == "'", f"{key}: {value!r} needs inner quotes"
+
+
+def test_partition_named_like_a_python_builtin(tmp_path):
+    """The documented edit (a partition name inside the quotes) works for a name like `all`."""
+    pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm is not installed")
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "config.yaml").write_text(USER_PROFILE.read_text().replace("'gpu'", "'all'").replace("'cpu'", "'all'"))
+    cfg = write_test_config(tmp_path / "tiny-slurm.yaml")
+    proc = subprocess.run(
+        snakemake_cmd(240, "-s", str(ROOT / "Snakefile"), "--workflow-profile", str(profile),
+                      "--configfile", str(cfg), "--dry-run"),
+        cwd=tmp_path, env=run_env(), capture_output=True, text=True,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    block = out[out.index("rule pretrain:"):]
+    assert "slurm_partition=all," in block[: block.index("\n\n")]
+
+
+@pytest.mark.parametrize("path", [USER_PROFILE, TEST_PROFILE], ids=["profiles/slurm", "tests/slurm/profile"])
 def test_every_profile_line_is_commented(path):
     lines = path.read_text().splitlines()
     for i, line in enumerate(lines):

@@ -114,6 +114,9 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"schedules": {"x": {"pretrain": "fp64", "finetune": "fp32"}}}, "schedules.x.pretrain",
          "amp_bf16"),
         ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
+        # a stage is a precision name or a switch object: a number says both, not "not an object"
+        ({"schedules": {"x": {"pretrain": 16, "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
+         "schedules.x.pretrain", "not of type 'string', 'object'"),
         ({"model": {"hidden_size": "big"}}, "model.hidden_size", "integer"),
         ({"seeds": []}, "seeds", "non-empty"),
         ({"seeds": [1, 2, 1]}, "seeds", "non-unique"),
@@ -130,6 +133,8 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"device": "tpu"}, "device", "cuda"),
         ({"train": {"finetune": {"lr": "2e-5"}}}, "train.finetune.lr", "write 2.0e-05"),  # YAML 1.1 text
         ({"analysis": {"contrasts": [["fp16-fp32", "fp16-fp61"]]}}, "analysis.contrasts[0]", "'fp16-fp61'"),
+        ({"analysis": {"contrasts": [["fp16-fp32", "fp32-fp32"], ["fp16-fp16", "fp16-fp16"]]}},
+         "analysis.contrasts[1]", "'fp16-fp16' with itself"),
         ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},
           "train": {"finetune": {"eval_precision": "fp32"}}}, "train.finetune.eval_precision", "fp8"),
     ],
@@ -162,7 +167,7 @@ def _properties(schema: dict, path: str = ""):
         for name, sub in (node.get("properties") or {}).items():
             yield f"{path}.{name}".lstrip("."), sub
             yield from walk(sub, f"{path}.{name}", seen)
-        for sub in node.get("allOf", []):
+        for sub in [*node.get("allOf", []), *(node[k] for k in ("then", "else") if k in node)]:
             yield from walk(sub, path, seen)
         if isinstance(node.get("additionalProperties"), dict):
             yield from walk(node["additionalProperties"], f"{path}.*", seen)
@@ -177,13 +182,13 @@ def test_schema_every_key_has_description_and_default():
     for path, sub in _properties(schema):
         if set(sub) <= {"default"}:  # a stage-specific default override (allOf)
             continue
-        if path.startswith(("schedules.*", "sweeps.*")):  # a stage's precision: no default by nature
-            continue
         target = sub
         if "$ref" in sub:
             target = {**yaml.safe_load(SCHEMA.read_text())["$defs"][sub["$ref"].split("/")[-1]], **sub}
         if "description" not in target:
             missing.append(f"{path}: description")
+        if path.startswith(("schedules.*", "sweeps.*")):  # a stage's precision: no default by nature
+            continue
         if "default" not in sub and "default" not in target:
             missing.append(f"{path}: default")
     assert not missing, missing

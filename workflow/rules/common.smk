@@ -300,6 +300,12 @@ def check_config(cfg):
             f"{analysis['baseline']!r} is not a schedule; allowed: {', '.join(schedules)}",
         )
     for i, pair in enumerate(analysis["contrasts"]):
+        if pair[0] == pair[1]:
+            # precswitch stats would drop it as "missing": say so now, naming the pair
+            raise config_error(
+                f"analysis.contrasts[{i}]",
+                f"compares {pair[0]!r} with itself; give two different schedules",
+            )
         missing = [name for name in pair if name not in schedules]
         # the schema's default pair is dropped quietly by studies without those schedules; a pair
         # written in the config must name schedules that run
