@@ -394,3 +394,15 @@ def test_report_captions_render_and_match_the_rules():
     # paths follow results_dir (the GPU and frontier studies write under results/<config name>)
     cfg["results_dir"] = "results/frontier"
     assert "``results/frontier/runs/pretrain/<precision>/seed<seed>``" in _render_rst("runs.rst", cfg)
+
+
+def test_wilcoxon_caveat_counts_pairs_not_runs(tmp_path):
+    """6 finished runs in each schedule but 5 pairs (different seeds diverged): the signed-rank caveat names the pair."""
+    _, stats = _small_study(tmp_path, seeds=range(1, 8), diverged={("fp16-fp32", 1), ("fp32-fp32", 2)},
+                            schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")})
+    assert _row(stats, "vs_baseline", "fp16-fp32", "fp32-fp32", "accuracy")["n_pairs"] == 5
+    caveat = next(line for line in render(stats).splitlines() if "signed-rank" in line)
+    assert "fp16-fp32 vs fp32-fp32" in caveat
+    _, stats = _small_study(tmp_path / "all", seeds=range(1, 7),
+                            schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")})
+    assert "signed-rank" not in render(stats)

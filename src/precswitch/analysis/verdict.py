@@ -480,7 +480,8 @@ def render(stats: dict) -> str:
         cav.append(f"Bootstrap CIs are only computed from {bmin} paired seeds on (n pairs allow only C(2n−1, n) "
                    "distinct resamples: 10 for n = 3); contrasts with fewer pairs show the t CI alone (empty "
                    "boot_low/boot_high in deltas.csv, no thin bar in the forest plot).")
-    small = [k for k, i in info.items() if (i.get("n_used") or 0) < 6]
+    small = sorted({f"{r['a']} vs {r['b']}" for r in stats.get("deltas", [])
+                    if r.get("metric") == "accuracy" and r.get("family") != "stage1" and (r.get("n_pairs") or 0) < 6})
     if small:
         cav.append(f"With fewer than 6 paired seeds the Wilcoxon signed-rank test cannot reach p < 0.05 "
                    f"({', '.join(small)}); the verdict uses the paired t-test.")
