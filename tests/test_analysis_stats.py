@@ -318,9 +318,11 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
     r["p_holm"] = r["p_t"]
     assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.5) and classify(r, 0.05) == "inconclusive"
     assert r["seeds_needed"] == 6  # the fewest all-same-sign pairs for which the sign test reaches 0.05
+    assert r["mde"] == math.inf  # 2 pairs: no difference is detectable by the sign test (not "mde 0")
     r = paired_contrast([81.0] * 6, [80.0] * 6, margin=3.0)
     r["p_holm"] = r["p_t"]
     assert r["p_t"] == pytest.approx(2 * 0.5 ** 6) and classify(r, 0.05) == "better"
+    assert r["mde"] == 0.0
     # identical accuracies: equivalence needs 0.5^n < alpha (n ≥ 5), not TOST p = 0 from two seeds
     r = paired_contrast([80.0, 75.0], [80.0, 75.0], margin=1.0)
     r["p_holm"] = r["p_t"]

@@ -439,8 +439,8 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if n >= 2:
-            if sd == 0:
-                out["mde"] = 0.0
+            if sd == 0:  # the sign test: any consistent difference once n reaches its minimum, none before
+                out["mde"] = 0.0 if n >= _sign_seeds(alpha, "two-sided") else math.inf
             else:
                 try:
                     dz = float(tp.solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
