@@ -156,3 +156,18 @@ def test_hub_offline_error_names_the_dataset(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr
     assert "nyu-mll/glue" in r.stdout and "HF_HUB_OFFLINE" in r.stdout
+
+
+@pytest.mark.parametrize("kind", ["tsv", "csv"])
+def test_na_like_sentences_are_text_not_missing(tmp_path, kind):
+    # pandas reads "NA", "null", "None", "nan", "N/A" as missing by default: those rows were silently dropped
+    sep = "\t" if kind == "tsv" else ","
+    rows = [["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"], ["1", "1", "2", "NA", "N/A"],
+            ["0", "3", "4", "null", "None"], ["1", "5", "6", "nan", "a b"], ["0", "7", "8", "", "empty"],
+            ["", "9", "10", "no label", "x"], ["0", "11", "12", "c d", "e f"]]
+    f = tmp_path / f"t.{kind}"
+    f.write_text("\n".join(sep.join(r) for r in rows) + "\n", encoding="utf-8")
+    src = load_source({"kind": kind, "train": str(f), "eval": str(f), "columns": MRPC_COLS}, "classify")
+    assert src.train["text_a"] == ["NA", "null", "nan", "c d"]  # only the empty text / empty label rows go
+    assert src.train["text_b"] == ["N/A", "None", "a b", "e f"]
+    assert src.label_values == [0, 1] and src.train["label"] == [1, 0, 1, 0]

@@ -147,3 +147,34 @@ def test_prepare_real_mrpc(tmp_path):
     meta = prepare(spec, tok, "classify", 128, tmp_path / "p")
     assert meta["n_train"] == 500 and meta["n_eval"] == 408
     assert meta["majority_accuracy"] == pytest.approx(279 / 408)
+
+
+def _saved_bert_tokenizer(out: Path, words: list[str], lowercase: bool) -> Path:
+    from transformers import BertTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+    BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=lowercase).save_pretrained(out)
+    return out
+
+
+def test_copy_pretrained_keeps_a_cased_tokenizer_cased(tmp_path):
+    import json
+
+    from precswitch.data.tokenizer import copy_pretrained, load_tokenizer
+
+    words = ["The", "the", "Witness", "witness", "said", "He", "he", "."]
+    src = _saved_bert_tokenizer(tmp_path / "cased", words, lowercase=False)
+    # a cased model whose tokenizer_config.json does not say do_lower_case (tokenizer.json's normalizer is
+    # cased): transformers 5 lowercases it by default
+    cfg = src / "tokenizer_config.json"
+    c = json.loads(cfg.read_text())
+    c.pop("do_lower_case", None)
+    cfg.write_text(json.dumps(c))
+    copy_pretrained(str(src), tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    assert tok.tokenize("He said The Witness .") == ["He", "said", "The", "Witness", "."]
+    assert json.loads((tmp_path / "tok" / "precswitch_tokenizer.json").read_text())["lowercase"] is False
+    # an uncased model stays uncased
+    unc = _saved_bert_tokenizer(tmp_path / "uncased", ["the", "witness", "said", "he", "."], lowercase=True)
+    copy_pretrained(str(unc), tmp_path / "tok2")
+    assert load_tokenizer(tmp_path / "tok2").tokenize("He said The Witness .") == ["he", "said", "the", "witness", "."]

@@ -151,13 +151,16 @@ def _read_table(kind: str, files: list[Path]):
 
     _check_files(files, kind)
     data_files = [str(f) for f in files]
+    # Only an empty cell is missing: pandas' default NA strings ("NA", "N/A", "null", "None", "nan", ...)
+    # are text a sentence may be, and would silently drop the row.
+    na = {"keep_default_na": False, "na_values": [""]}
     try:
         if kind == "tsv":  # GLUE: no quoting, BOM in the header
             ds = datasets.load_dataset("csv", data_files=data_files, split="train", delimiter="\t",
-                                       quoting=3, encoding="utf-8-sig", keep_in_memory=True)
+                                       quoting=3, encoding="utf-8-sig", keep_in_memory=True, **na)
         elif kind == "csv":
             ds = datasets.load_dataset("csv", data_files=data_files, split="train", encoding="utf-8-sig",
-                                       keep_in_memory=True)
+                                       keep_in_memory=True, **na)
         elif kind == "jsonl":
             ds = datasets.load_dataset("json", data_files=data_files, split="train", keep_in_memory=True)
         elif kind == "parquet":

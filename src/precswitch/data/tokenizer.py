@@ -118,6 +118,18 @@ def build_tokenizer(texts: Iterable[str], out: str | Path, vocab_size: int = DEF
                            "model_max_length": model_max_length, "source": source})
 
 
+def _lowercases(hf) -> bool:
+    norm = getattr(getattr(hf, "backend_tokenizer", None), "normalizer", None)
+    return norm is not None and norm.normalize_str("Ab") == "ab"
+
+
+def _cased_vocab(hf) -> bool:
+    """At least 1% of the (non-special) vocabulary has an upper-case letter (bert-base-cased: ~30%)."""
+    special = set(hf.all_special_tokens)
+    words = [t for t in hf.get_vocab() if t not in special]
+    return bool(words) and sum(any(c.isupper() for c in t) for t in words) >= 0.01 * len(words)
+
+
 def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int | None = None) -> Path:
     """Copy a pretrained tokenizer (local dir, or hub name if cached / online) into ``out``."""
     from transformers import AutoTokenizer
@@ -127,12 +139,24 @@ def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int 
     except Exception as e:  # noqa: BLE001 - missing dir, offline hub, bad files
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PrecswitchError(f"--pretrained: cannot load tokenizer {name_or_dir!r}: {msg}") from None
+    if _lowercases(hf) and _cased_vocab(hf):
+        # transformers 5 rebuilds a BERT tokenizer's normalizer from tokenizer_config.json, where a missing
+        # do_lower_case means True: a cased model whose config omits it would be fed lowercased text that
+        # can never produce its capitalised vocabulary (tokenizer.json's own normalizer is cased).
+        try:
+            cased = AutoTokenizer.from_pretrained(name_or_dir, do_lower_case=False)
+        except Exception:  # noqa: BLE001
+            cased = None
+        if cased is None or _lowercases(cased):
+            raise PrecswitchError(f"--pretrained: tokenizer {name_or_dir!r} lowercases its input but its vocabulary "
+                                  "is cased; set do_lower_case: false in its tokenizer_config.json")
+        hf = cased
     if model_max_length is not None:
         hf.model_max_length = int(model_max_length)
     elif not hf.model_max_length or hf.model_max_length >= _HUGE:
         hf.model_max_length = DEFAULT_MODEL_MAX_LENGTH
-    return _save(hf, out, {"kind": "pretrained", "pretrained": name_or_dir,
-                           "vocab_size": len(hf), "model_max_length": hf.model_max_length})
+    return _save(hf, out, {"kind": "pretrained", "pretrained": name_or_dir, "vocab_size": len(hf),
+                           "model_max_length": hf.model_max_length, "lowercase": _lowercases(hf)})
 
 
 def load_tokenizer(path: str | Path):

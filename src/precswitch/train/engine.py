@@ -212,14 +212,35 @@ def _features(ds, idx) -> list[dict]:
     return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
 
 
+class _PadAfterMasking:
+    """Pad a masked-LM batch to a multiple of ``multiple`` AFTER masking: the masks are drawn on the
+    unpadded shape, so they are the ones every other precision of the seed draws (masking a wider
+    tensor draws other random numbers for every token). The added columns are padding: pad id,
+    attention 0, token type 0, label -100."""
+
+    def __init__(self, collate, multiple: int, pad_id: int):
+        self.collate, self.multiple, self.pad_id = collate, multiple, pad_id
+
+    def __call__(self, features):
+        batch = self.collate(features)
+        extra = -batch["input_ids"].shape[1] % self.multiple
+        if extra:
+            fill = {"input_ids": self.pad_id, "labels": -100}
+            for k, v in batch.items():
+                if isinstance(v, torch.Tensor) and v.dim() == 2:
+                    batch[k] = torch.nn.functional.pad(v, (0, extra), value=fill.get(k, 0))
+        return batch
+
+
 def _make_collator(objective: str, tokenizer, mlm_probability: float, pad_to_multiple_of: int | None = None):
     """``pad_to_multiple_of``: fp8 stages pad every batch's length to a multiple of 16, because fp8
-    matmuls (torch._scaled_mm) need every dimension, the tokens of the weight gradient included, divisible by 16."""
+    matmuls (torch._scaled_mm) need every dimension, the tokens of the weight gradient included, divisible by 16.
+    Masked LM pads after masking (:class:`_PadAfterMasking`), so an fp8 stage masks the same tokens."""
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
     if objective == "mlm":
-        return DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
-                                               pad_to_multiple_of=pad_to_multiple_of)
+        mlm = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability)
+        return _PadAfterMasking(mlm, pad_to_multiple_of, tokenizer.pad_token_id) if pad_to_multiple_of else mlm
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
