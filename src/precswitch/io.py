@@ -36,11 +36,20 @@ def _clean(o: Any) -> Any:
     return o
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it: set, then restore at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file 0600; give it the mode open() would (0666 minus the umask), so
+        # results (metrics.json, verdict.md, tables) stay readable by the group like every other output
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
