@@ -336,6 +336,9 @@ def test_oversubscribed_cpu_caveat(tmp_path):
     cav = text.split("## Caveats")[1]
     assert f"oversubscribed during 2 of {len(runs)} CPU runs" in cav
     assert "time and throughput ratios are unreliable" in cav and "exceeded the CPU count (2" in cav
+    # the Answer quotes time ratios: it says there that they are unreliable, not only in the Caveats
+    answer = text.split("## Answer")[1].split("## Per schedule")[0]
+    assert f"Timings: 2 of {len(runs)} runs ran on an oversubscribed machine" in answer
 
 
 def test_no_load_caveat_when_idle_or_not_recorded(tmp_path):

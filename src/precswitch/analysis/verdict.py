@@ -303,6 +303,13 @@ def render(stats: dict) -> str:
         sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
     for a, b in stats.get("missing_contrasts", []):
         sentences.append(f"The contrast `{a}` vs `{b}` was not run (schedule missing).")
+    load = stats.get("load") or {}
+    if (any(str(d).startswith("cpu") for d in prov.get("device", []))
+            and (load.get("n_oversubscribed") or 0) > 0):
+        # the time ratios above come from these runs: say so here, not only in the Caveats at the end
+        sentences.append(f"Timings: {load['n_oversubscribed']} of {load.get('n_runs_checked')} runs ran on an "
+                         "oversubscribed machine, so the time ratios above are unreliable (see Caveats); "
+                         "accuracy and memory are not affected.")
     out.append(" ".join(sentences))
     out.append("")
     out.append(f"Accuracy is the fine-tuned model's accuracy on the eval split; differences are in percentage "
