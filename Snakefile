@@ -6,6 +6,8 @@ import copy
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
+from precswitch.io import type_cli_config
+
 min_version("9.0")
 
 # A schedules map given on the command line replaces the default one instead of merging into it.
@@ -19,34 +21,8 @@ if _cli_schedules is not None:
     config["schedules"] = _cli_schedules
 
 
-def _typed_cli_values(cli, cfg):
-    """Read the text leaves of nested --config values as YAML (numbers, booleans, null).
-
-    Snakemake parses a nested --config value with YAML's BaseLoader, so `--config seeds='[1,2]'`
-    would give ['1', '2'] and fail validation; a value that stays text (a name) is left alone.
-    """
-    import yaml
-
-    for key, value in (cli.items() if isinstance(cli, dict) else enumerate(cli)):
-        if isinstance(value, (dict, list)):
-            if isinstance(cfg, (dict, list)) and (
-                key in cfg if isinstance(cfg, dict) else key < len(cfg)
-            ):
-                _typed_cli_values(value, cfg[key])
-        elif isinstance(value, str) and isinstance(cfg, (dict, list)):
-            try:
-                typed = yaml.safe_load(value)
-            except yaml.YAMLError:
-                continue
-            if not isinstance(typed, (str, dict, list)) and (
-                key in cfg if isinstance(cfg, dict) else key < len(cfg)
-            ):
-                cfg[key] = typed
-
-
-for _key, _value in dict(workflow.config_settings.config).items():
-    if isinstance(_value, (dict, list)) and _key in config:
-        _typed_cli_values(_value, config[_key])
+# nested --config values arrive as text (`--config seeds='[1,2]'` gives ['1', '2']): read them as YAML
+type_cli_config(workflow.config_settings.config, config)
 
 try:
     validate(config, "workflow/schemas/config.schema.yaml")

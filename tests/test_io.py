@@ -26,3 +26,18 @@ def test_atomic_write_respects_the_umask(tmp_path, umask, mode):
         assert stat.S_IMODE(p.stat().st_mode) == mode, (p, oct(p.stat().st_mode))
     assert (tmp_path / "verdict.md").read_text() == "again\n"
     assert not [p for p in tmp_path.rglob(".*.tmp")]
+
+
+def test_type_cli_config_reads_nested_text_as_yaml():
+    from precswitch.io import type_cli_config
+
+    # what `snakemake --config seeds='[1,2]' 'analysis={margin: 0.5, baseline: fp32-fp32}'` hands over
+    cli = {"seeds": ["1", "2"], "analysis": {"margin": "0.5", "baseline": "fp32-fp32"}, "threads": 2,
+           "model": {"init": "null", "hidden_size": "1e3"}}
+    config = {"seeds": ["1", "2"], "analysis": {"margin": "0.5", "baseline": "fp32-fp32", "alpha": 0.05},
+              "threads": 2, "model": {"init": "null", "hidden_size": "1e3"}, "device": "cpu"}
+    type_cli_config(cli, config)
+    assert config["seeds"] == [1, 2] and config["analysis"] == {"margin": 0.5, "baseline": "fp32-fp32", "alpha": 0.05}
+    assert config["model"] == {"init": None, "hidden_size": "1e3"}  # YAML 1.1: 1e3 stays text (schema says so)
+    type_cli_config({}, config)
+    type_cli_config(None, config)

@@ -90,6 +90,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
 
 
+def type_cli_config(cli: Any, config: dict) -> None:
+    """Read the text leaves of nested ``snakemake --config`` values as YAML, in ``config`` (in place).
+
+    Snakemake parses a nested --config value with YAML's BaseLoader, so ``--config seeds='[1,2]'``
+    gives ``['1', '2']`` and fails validation. Each text leaf of a nested value that YAML reads as a
+    number, boolean or null replaces the same leaf of ``config``; text that stays text (a name) is left.
+    Top-level scalars are typed by Snakemake itself.
+    """
+    import yaml
+
+    def has(container: Any, key: Any) -> bool:
+        if isinstance(container, dict):
+            return key in container
+        return isinstance(container, list) and isinstance(key, int) and key < len(container)
+
+    def walk(src: Any, dst: Any) -> None:
+        for key, value in (src.items() if isinstance(src, dict) else enumerate(src)):
+            if not has(dst, key):
+                continue
+            if isinstance(value, (dict, list)):
+                walk(value, dst[key])
+            elif isinstance(value, str):
+                try:
+                    typed = yaml.safe_load(value)
+                except yaml.YAMLError:
+                    continue
+                if not isinstance(typed, (str, dict, list)):
+                    dst[key] = typed
+
+    for key, value in dict(cli or {}).items():
+        if isinstance(value, (dict, list)) and key in config:
+            walk(value, config[key])
+
+
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
