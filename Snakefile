@@ -6,6 +6,8 @@ import copy
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
+from precswitch.io import type_cli_config
+
 min_version("9.0")
 
 # A schedules map given on the command line replaces the default one instead of merging into it.
@@ -17,6 +19,10 @@ configfile: "config/config.yaml"
 
 if _cli_schedules is not None:
     config["schedules"] = _cli_schedules
+
+
+# nested --config values arrive as text (`--config seeds='[1,2]'` gives ['1', '2']): read them as YAML
+type_cli_config(workflow.config_settings.config, config)
 
 try:
     validate(config, "workflow/schemas/config.schema.yaml")

@@ -336,6 +336,9 @@ def test_oversubscribed_cpu_caveat(tmp_path):
     cav = text.split("## Caveats")[1]
     assert f"oversubscribed during 2 of {len(runs)} CPU runs" in cav
     assert "time and throughput ratios are unreliable" in cav and "exceeded the CPU count (2" in cav
+    # the Answer quotes time ratios: it says there that they are unreliable, not only in the Caveats
+    answer = text.split("## Answer")[1].split("## Per schedule")[0]
+    assert f"Timings: 2 of {len(runs)} runs ran on an oversubscribed machine" in answer
 
 
 def test_no_load_caveat_when_idle_or_not_recorded(tmp_path):
@@ -406,3 +409,20 @@ def test_wilcoxon_caveat_counts_pairs_not_runs(tmp_path):
     _, stats = _small_study(tmp_path / "all", seeds=range(1, 7),
                             schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")})
     assert "signed-rank" not in render(stats)
+
+
+def test_verdict_answers_against_the_baseline_without_contrasts(tmp_path):
+    """analysis.contrasts: [] (tests/configs/real-files.yaml): the Answer compares each schedule with the
+    baseline instead of 'None of the configured contrasts could be computed'; one seed is 'fewer than 2
+    paired seeds', not 'too few finished seeds' (every run finished)."""
+    sched = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}
+    for seeds, needle in (([1, 2, 3], "Pre-training in amp_bf16 instead of fp32 (fine-tuning in fp32 both times) "),
+                          ([1], "cannot be judged (fewer than 2 paired seeds with results)")):
+        out = tmp_path / f"t{len(seeds)}"
+        paths = write_fake_study(tmp_path / f"s{len(seeds)}", schedules=sched, seeds=seeds)
+        aggregate(paths, out)
+        run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0, contrasts=[]), out)
+        text = write_verdict(out / "stats.json", out / "verdict.md")
+        answer = text.split("## Answer")[1].split("## Per schedule")[0]
+        assert "None of the configured contrasts" not in answer and "`bf16-fp32` − `fp32-fp32`" in answer, answer
+        assert needle in answer and "finished seeds" not in text, answer

@@ -149,6 +149,17 @@ def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
     assert "Job stats" not in err  # rejected before the DAG is built
 
 
+def test_nested_command_line_config_values_are_typed(tmp_path):
+    """config/README.md: `--config seeds='[1,2,3,4,5]'` overrides one key. Snakemake reads nested
+    --config values as text (['1', '2', ...]); the Snakefile reads them as YAML, names stay names."""
+    proc = dry_run(tmp_path, None, "--config", "seeds=[1,2,3,4,5]", "analysis={margin: 0.5}")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    counts = job_counts(proc.stdout + proc.stderr)
+    assert counts["pretrain"] == 3 * 5 and counts["finetune"] == 4 * 5, counts
+    proc = dry_run(tmp_path, None, "--config", "seeds=[1,x]")
+    assert proc.returncode != 0 and "config key seeds.1: 'x' is not of type 'integer'" in proc.stdout + proc.stderr
+
+
 # ------------------------------------------------------------------------------ schema / config
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 

@@ -162,18 +162,21 @@ def test_real_files_config_runs(tmp_path):
     proc = snakemake(tmp_path, "--cores", "2", "--configfile", write_config(tmp_path / "real.yaml", cfg),
                      timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    schedules = pd.read_csv(tmp_path / "results" / "schedules.csv")
+    res = tmp_path / cfg["results_dir"]
+    # README points users at this file: run from a checkout, it must not overwrite the default study
+    assert cfg["results_dir"].rstrip("/") != "results" and not (tmp_path / "results" / "runs.csv").exists()
+    schedules = pd.read_csv(res / "schedules.csv")
     assert len(schedules) == len(cfg["schedules"]) * len(cfg["seeds"])
     assert schedules["accuracy"].between(0, 1).all()
     # MRPC dev has 408 pairs, 68% paraphrases: the majority baseline the runs are compared with
     assert schedules["majority_accuracy"].round(3).eq(round(279 / 408, 3)).all()
     import json
 
-    meta = json.loads((tmp_path / "results" / "data" / "finetune" / "prepared" / "meta.json").read_text())
+    meta = json.loads((res / "data" / "finetune" / "prepared" / "meta.json").read_text())
     assert meta["n_eval"] == 408 and meta["objective"] == "classify"
-    assert (tmp_path / "results" / "verdict.md").stat().st_size > 0
-    assert set(pd.read_csv(tmp_path / "results" / "runs.csv")["process_start"]) == {"cold"}
-    assert not (tmp_path / "results" / "logs" / "warm-server.log").exists()
+    assert (res / "verdict.md").stat().st_size > 0
+    assert set(pd.read_csv(res / "runs.csv")["process_start"]) == {"cold"}
+    assert not (res / "logs" / "warm-server.log").exists()
 
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)

@@ -36,11 +36,20 @@ def _clean(o: Any) -> Any:
     return o
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it: set, then restore at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file 0600; give it the mode open() would (0666 minus the umask), so
+        # results (metrics.json, verdict.md, tables) stay readable by the group like every other output
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -79,6 +88,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+
+
+def type_cli_config(cli: Any, config: dict) -> None:
+    """Read the text leaves of nested ``snakemake --config`` values as YAML, in ``config`` (in place).
+
+    Snakemake parses a nested --config value with YAML's BaseLoader, so ``--config seeds='[1,2]'``
+    gives ``['1', '2']`` and fails validation. Each text leaf of a nested value that YAML reads as a
+    number, boolean or null replaces the same leaf of ``config``; text that stays text (a name) is left.
+    Top-level scalars are typed by Snakemake itself.
+    """
+    import yaml
+
+    def has(container: Any, key: Any) -> bool:
+        if isinstance(container, dict):
+            return key in container
+        return isinstance(container, list) and isinstance(key, int) and key < len(container)
+
+    def walk(src: Any, dst: Any) -> None:
+        for key, value in (src.items() if isinstance(src, dict) else enumerate(src)):
+            if not has(dst, key):
+                continue
+            if isinstance(value, (dict, list)):
+                walk(value, dst[key])
+            elif isinstance(value, str):
+                try:
+                    typed = yaml.safe_load(value)
+                except yaml.YAMLError:
+                    continue
+                if not isinstance(typed, (str, dict, list)):
+                    dst[key] = typed
+
+    for key, value in dict(cli or {}).items():
+        if isinstance(value, (dict, list)) and key in config:
+            walk(value, config[key])
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -130,7 +130,7 @@ def _class_phrase(r: dict | None, a: str, b: str, margin: float) -> str:
     elif c == "inconclusive":
         s = f"{a} vs {b} is inconclusive (neither a significant difference nor a CI inside {_pm(margin)})"
     else:
-        s = f"{a} vs {b} cannot be judged (fewer than 2 paired seeds that finished)"
+        s = f"{a} vs {b} cannot be judged (fewer than 2 paired seeds with results)"
     if c in ("better", "worse") and r and r.get("within_margin"):
         s += f", though by less than the {_pm(margin)} margin"
     return s
@@ -154,7 +154,7 @@ def _effect_verb(r: dict | None, margin: float) -> str:
         "worse": "lowers accuracy",
         "equivalent": f"leaves accuracy unchanged within {_pm(margin)}",
         "inconclusive": "has an inconclusive effect on accuracy",
-    }.get(c, "cannot be judged (too few finished seeds)")
+    }.get(c, "cannot be judged (fewer than 2 paired seeds with results)")
 
 
 def _needs(r: dict | None, margin: float, power: float) -> str:
@@ -205,13 +205,13 @@ def _stage1_relation(stats: dict, a: str, b: str) -> str:
     return "shared" if a1 == b1 else "different"
 
 
-def _cost_phrase(D: _Deltas, stats: dict, a: str, b: str) -> str:
+def _cost_phrase(D: _Deltas, stats: dict, a: str, b: str, family: str = "named") -> str:
     """Time and memory of a named contrast: the totals when the two schedules' stage 1 differs, else
     (shared stage-1 runs, or no stage 1 on one side) stage 2 alone, saying so."""
     rel = _stage1_relation(stats, a, b)
     if rel in ("shared", "none"):
-        t = D.get("named", a, b, "stage2_train_seconds")
-        mem = D.get("named", a, b, "stage2_peak_memory_bytes")
+        t = D.get(family, a, b, "stage2_train_seconds")
+        mem = D.get(family, a, b, "stage2_peak_memory_bytes")
         t_what, m_what = "the stage-2 (fine-tuning) training time", "the stage-2 peak memory"
         if rel == "shared":
             why = ("stage 2 only: both schedules start from the very same stage-1 runs, which add the same "
@@ -222,8 +222,8 @@ def _cost_phrase(D: _Deltas, stats: dict, a: str, b: str) -> str:
                    f"{'has' if len(lone) == 1 else 'have'} no stage 1 (fine-tunes model.init), so the totals "
                    "would not compare like with like")
     else:
-        t = D.get("named", a, b, "total_train_seconds")
-        mem = D.get("named", a, b, "peak_memory_bytes")
+        t = D.get(family, a, b, "total_train_seconds")
+        mem = D.get(family, a, b, "peak_memory_bytes")
         t_what, m_what, why = "the total training time", "the peak memory over both stages", ""
     tail = []
     if t and _f(t.get("mean")):
@@ -285,11 +285,15 @@ def render(stats: dict) -> str:
     out.append("## Answer")
     out.append("")
     sentences = []
-    for a, b in stats.get("named_contrasts", []):
-        r = D.get("named", a, b, "accuracy")
+    answered = [(a, b, "named") for a, b in stats.get("named_contrasts", [])]
+    if not answered and not stats.get("missing_contrasts"):
+        # no contrasts configured (analysis.contrasts: []): answer with each schedule against the baseline
+        answered = [(a, baseline, "vs_baseline") for a in sorted(info) if a != baseline]
+    for a, b, family in answered:
+        r = D.get(family, a, b, "accuracy")
         sent = (f"{_question_phrase(a, b, info)} {_effect_verb(r, margin)} "
                 f"(`{a}` − `{b}`: {_acc_phrase(r, margin, conf, with_p=True)})")
-        sent += _cost_phrase(D, stats, a, b)
+        sent += _cost_phrase(D, stats, a, b, family)
         dead = [x for x in (a, b) if _all_degenerate(info.get(x, {}))]
         if dead:
             sent += (f" — but every finished run of {' and '.join(f'`{x}`' for x in dead)} predicts only the "
@@ -299,6 +303,13 @@ def render(stats: dict) -> str:
         sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
     for a, b in stats.get("missing_contrasts", []):
         sentences.append(f"The contrast `{a}` vs `{b}` was not run (schedule missing).")
+    load = stats.get("load") or {}
+    if (any(str(d).startswith("cpu") for d in prov.get("device", []))
+            and (load.get("n_oversubscribed") or 0) > 0):
+        # the time ratios above come from these runs: say so here, not only in the Caveats at the end
+        sentences.append(f"Timings: {load['n_oversubscribed']} of {load.get('n_runs_checked')} runs ran on an "
+                         "oversubscribed machine, so the time ratios above are unreliable (see Caveats); "
+                         "accuracy and memory are not affected.")
     out.append(" ".join(sentences))
     out.append("")
     out.append(f"Accuracy is the fine-tuned model's accuracy on the eval split; differences are in percentage "
@@ -330,7 +341,7 @@ def render(stats: dict) -> str:
             r = D.get("vs_baseline", name, baseline, "accuracy")
             c = (r or {}).get("classification", "insufficient data")
             label = {"better": "BETTER", "worse": "WORSE", "equivalent": f"EQUIVALENT within {_pm(margin)}",
-                     "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED (too few finished seeds)")
+                     "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED (fewer than 2 paired seeds with results)")
             if c != "insufficient data" and _all_degenerate(i) and _all_degenerate(info.get(baseline, {})):
                 label += ", BUT NOT INFORMATIVE: both only predict the majority class"
             txt = f"{head}: **{label}** — {_class_phrase(r, name, baseline, margin)}. {acc_s}; "
