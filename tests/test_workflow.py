@@ -300,3 +300,15 @@ def test_readme_quick_start_runs_the_study_and_report():
     assert "snakemake --cores all" in readme
     assert "--report results/report.html" in readme
     assert "--unlock" in readme and "--workflow-profile profiles/slurm" in readme
+
+
+def test_default_contrasts_naming_missing_schedules_do_not_reach_stats(tmp_path):
+    """A study without fp16 schedules keeps the default contrasts (a copied config): the pairs it cannot run
+    are dropped before `precswitch stats`, so the verdict does not list them as 'not run'."""
+    cfg = {"schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"},
+                         "bf16-fp32": {"pretrain": "amp_bf16", "finetune": "fp32"}}}
+    proc = dry_run(tmp_path, cfg, "-p", "results/stats.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    settings = re.search(r"printf '%s\\n' '(\{.*?\})' > results/analysis\.json", proc.stdout + proc.stderr)
+    assert settings, (proc.stdout + proc.stderr)[-3000:]
+    assert yaml.safe_load(settings.group(1))["contrasts"] == [["bf16-fp32", "fp32-fp32"]]

@@ -533,7 +533,17 @@ STEPS_HEADER = "step,loss,lr,grad_norm,loss_scale,step_seconds,skipped"
 
 # --- analysis -------------------------------------------------------------------------------------
 def analysis_json():
-    return json.dumps(config["analysis"], sort_keys=True)
+    """The analysis settings for precswitch stats; the schema's default contrast pairs that name a
+    schedule this study does not run are dropped here (check_config lets them through quietly).
+    """
+    analysis = dict(config["analysis"])
+    if analysis["contrasts"] == DEFAULT_CONTRASTS:
+        analysis["contrasts"] = [
+            pair
+            for pair in analysis["contrasts"]
+            if all(name in SCHEDULES for name in pair)
+        ]
+    return json.dumps(analysis, sort_keys=True)
 
 
 # --- hub downloads (rule fetch, workflow/rules/download.smk) --------------------------------------
