@@ -426,3 +426,10 @@ def test_verdict_answers_against_the_baseline_without_contrasts(tmp_path):
         answer = text.split("## Answer")[1].split("## Per schedule")[0]
         assert "None of the configured contrasts" not in answer and "`bf16-fp32` − `fp32-fp32`" in answer, answer
         assert needle in answer and "finished seeds" not in text, answer
+
+
+def test_counts_agree_in_number():
+    from precswitch.analysis.verdict import _acc_phrase
+
+    assert _acc_phrase({"mean": 0.5, "n_pairs": 1}, 1.0, 95).endswith("+0.50 points, 1 paired seed")
+    assert _acc_phrase({"mean": 0.5, "n_pairs": 3}, 1.0, 95).endswith(", 3 paired seeds")

@@ -81,6 +81,11 @@ def _saved(r: dict | None, what: str) -> str:
     return f"{lab}, Holm p {_p(r.get('p_holm'))}"
 
 
+def _count(n: Any, one: str, many: str | None = None) -> str:
+    """'1 paired seed', '3 paired seeds'."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def _pm(margin: float) -> str:
     return f"±{margin:g} point" + ("" if margin == 1 else "s")
 
@@ -115,7 +120,7 @@ def _acc_phrase(r: dict | None, margin: float, conf: int, with_p: bool = False) 
         s += f", Holm p {_p(r['p_holm'])}"
         if r.get("classification") == "equivalent" and _f(r.get("tost_p")):
             s += f", TOST p {_p(r['tost_p'])}"
-    s += f", {r.get('n_pairs')} paired seeds"
+    s += f", {_count(r.get('n_pairs'), 'paired seed')}"
     return s
 
 
@@ -405,9 +410,9 @@ def render(stats: dict) -> str:
                      f"seeds {', '.join(map(str, i.get('degenerate_seeds', [])))}")
         for k, lab in (("stage1_skipped_steps", "stage 1"), ("stage2_skipped_steps", "stage 2")):
             if _f(i.get(k)) and i[k] > 0:
-                h.append(f"{int(i[k])} skipped optimizer steps in {lab} (loss-scale overflow), over all seeds")
+                h.append(f"{_count(int(i[k]), 'skipped optimizer step')} in {lab} (loss-scale overflow), over all seeds")
         if _f(i.get("nonfinite_losses")) and i["nonfinite_losses"] > 0:
-            h.append(f"{int(i['nonfinite_losses'])} non-finite losses over both stages")
+            h.append(f"{_count(int(i['nonfinite_losses']), 'non-finite loss', 'non-finite losses')} over both stages")
         for k, lab in (("stage1_loss_scale_min", "stage 1"), ("stage2_loss_scale_min", "stage 2")):
             if _f(i.get(k)) and i[k] < 1:
                 h.append(f"the {lab} loss scale fell to {i[k]:g} (gradients underflow or overflow persistently)")
@@ -449,7 +454,7 @@ def render(stats: dict) -> str:
             n = (el or ma or {}).get("n_pairs", 0)
             cnt = stats.get("stage1_precisions", {}).get(p, {})
             fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
-            out.append(f"- **{p}** vs {b1} ({n} paired seeds{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
+            out.append(f"- **{p}** vs {b1} ({_count(n, 'paired seed')}{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
         bf = stats.get("stage1_precisions", {}).get(b1, {})
         if bf.get("n_failed"):
             out.append(f"- baseline {b1}: {bf['n_failed']} failed run(s).")
