@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from precswitch.io import type_cli_config
+from precswitch.precision import NAMES as PRECISION_NAMES, name_hint
 
 min_version("9.0")
 
@@ -44,6 +45,12 @@ except WorkflowError as e:
             allowed = f" (YAML reads it as text: write {float(error.instance):.1e})"
         except ValueError:
             pass
+    if (
+        error.validator == "enum"
+        and isinstance(error.instance, str)
+        and set(error.validator_value) <= set(PRECISION_NAMES)
+    ):
+        allowed = name_hint(error.instance)  # bf16: amp_bf16 or pure_bf16?
     raise WorkflowError(f"config key {key}: {error.message}{allowed}") from None
 
 

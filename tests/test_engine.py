@@ -493,3 +493,11 @@ def test_batch_and_eval_masks_seed_only_the_cpu_generator(monkeypatch):
     assert torch.equal(evals[0]["draw"], _eval_batches(ds, collate, 4, seed=7)[0]["draw"])
     assert reseeded == [], "a CUDA generator was reseeded by batch building"
     assert torch.equal(torch.get_rng_state(), before), "the global CPU generator was left changed"
+
+
+def test_unknown_precision_name_gets_a_hint():
+    with pytest.raises(PrecswitchError, match=r"'fp16' is ambiguous: amp_fp16 .* pure_fp16"):
+        P.get("fp16")
+    with pytest.raises(PrecswitchError, match=r"did you mean 'pure_bf16'"):
+        P.get("pure-bf16")
+    assert P.name_hint("fp64") == ""

@@ -114,6 +114,11 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"schedules": {"x": {"pretrain": "fp64", "finetune": "fp32"}}}, "schedules.x.pretrain",
          "amp_bf16"),
         ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
+        # a bare 16-bit name: mixed (amp_) or pure? a near miss: did you mean
+        ({"schedules": {"x": {"pretrain": "bf16", "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
+         "schedules.x.pretrain", "'bf16' is ambiguous: amp_bf16 = fp32 master weights"),
+        ({"schedules": {"x": {"pretrain": "fp32", "finetune": "amp_fp61"}}, "analysis": {"baseline": "x"}},
+         "schedules.x.finetune", "did you mean 'amp_fp16'"),
         # a stage is a precision name or a switch object: a number says both, not "not an object"
         ({"schedules": {"x": {"pretrain": 16, "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
          "schedules.x.pretrain", "not of type 'string', 'object'"),

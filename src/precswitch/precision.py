@@ -41,6 +41,7 @@ stage as ``status: skipped`` with the reason (``on_unsupported: skip``).
 from __future__ import annotations
 
 import contextlib
+import difflib
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
@@ -208,12 +209,27 @@ NAMES: tuple[str, ...] = tuple(CATALOG)
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
+_BARE_HALF = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def name_hint(name: Any) -> str:
+    """A hint for a name that is not a precision: a bare 16-bit type asks which of mixed (amp_) or pure
+    16-bit is meant (the distinction the study is about); a near miss gets 'did you mean'. '' if none."""
+    n = str(name).strip().lower().replace("-", "_")
+    if n in _BARE_HALF:
+        h = _BARE_HALF[n]
+        return (f" ({name!r} is ambiguous: amp_{h} = fp32 master weights with {h} autocast, the usual "
+                f"'mixed precision'; pure_{h} = weights, grads and optimizer state in {h})")
+    close = [n] if n in CATALOG else difflib.get_close_matches(n, NAMES, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 def get(name: str) -> Precision:
     """Look up a precision by name; an unknown name is a clear error listing the allowed ones."""
     try:
         return CATALOG[name]
     except KeyError:
-        raise PrecswitchError(f"unknown precision {name!r}; allowed: {', '.join(NAMES)}") from None
+        raise PrecswitchError(f"unknown precision {name!r}{name_hint(name)}; allowed: {', '.join(NAMES)}") from None
 
 
 def eval_precision_problem(stage_precision: str, eval_precision: str) -> str | None:
