@@ -1,5 +1,6 @@
 """Plots and verdict: files exist, explicit outputs, verdict text carries the classifications."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -433,3 +434,176 @@ def test_counts_agree_in_number():
 
     assert _acc_phrase({"mean": 0.5, "n_pairs": 1}, 1.0, 95).endswith("+0.50 points, 1 paired seed")
     assert _acc_phrase({"mean": 0.5, "n_pairs": 3}, 1.0, 95).endswith(", 3 paired seeds")
+
+
+# ---------------------------------------------------------------------------- plot readability
+def _figures(monkeypatch, out, names):
+    """make_plots on a study dir; return {plot name: its Figure} (drawn, not saved)."""
+    from precswitch.analysis import plots
+
+    figs = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(path.stem, fig))
+    make_plots(out / "runs.csv", out / "schedules.csv", out / "stats.json",
+               outputs=[out / "p" / f"{n}.png" for n in names])
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for fig in figs.values():
+        FigureCanvasAgg(fig).draw()  # pyplot's close left the figure a bare canvas
+    return figs
+
+
+def _series(ax):
+    """Legend entries that name a series: (label, handle), without the overlap note and failed runs."""
+    from precswitch.analysis.plots import FAILED_RUN_LABEL, OVERLAP_NOTE
+
+    leg = ax.get_legend()
+    return [(t.get_text(), h) for t, h in zip(leg.get_texts(), leg.legend_handles)
+            if not t.get_text().startswith(OVERLAP_NOTE) and t.get_text() != FAILED_RUN_LABEL
+            and not t.get_text().startswith("skipped step")]
+
+
+def _assert_told_apart(ax):
+    """Every legend entry's series is drawn in the legend's style, and no two series share a dash pattern
+    and marker (so coinciding curves are told apart without colour); later lines are thinner."""
+    from matplotlib.colors import to_hex
+
+    entries = _series(ax)
+    assert len(entries) >= 2
+    styles = [(h.get_linestyle(), h.get_marker()) for _, h in entries]
+    assert len(set(styles)) == len(styles), styles
+    assert len({(to_hex(h.get_color()), s) for (_, h), s in zip(entries, styles)}) == len(entries)
+    drawn = []
+    for label, h in entries:
+        lines = [ln for ln in ax.get_lines() if ln.get_label() == label]
+        assert len(lines) == 1, label
+        ln = lines[0]
+        assert (to_hex(ln.get_color()), ln.get_linestyle(), ln.get_marker()) == (
+            to_hex(h.get_color()), h.get_linestyle(), h.get_marker()), label
+        drawn.append((ln.get_zorder(), ln.get_linewidth()))
+    widths = [lw for _, lw in sorted(drawn)]
+    assert all(a > b for a, b in itertools.pairwise(widths)), widths  # the upper line never covers the lower
+
+
+def _legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_loss_curves_coinciding_series_stay_visible(tmp_path, monkeypatch):
+    """Stage 1: fp32, amp_fp16, amp_bf16 with the same loss log; stage 2: fp16-fp16 = fp16-fp32. Each series
+    has its own dash pattern and marker, and the legend says which curves coincide."""
+    import shutil
+
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3], rng_seed=3)
+    runs = tmp_path / "s" / "runs"
+    for s in (1, 2, 3):
+        for p in ("amp_fp16", "amp_bf16"):
+            shutil.copy(runs / "pretrain" / "fp32" / f"seed{s}" / "steps.csv", runs / "pretrain" / p / f"seed{s}")
+        shutil.copy(runs / "finetune" / "fp16-fp32" / f"seed{s}" / "steps.csv", runs / "finetune" / "fp16-fp16" / f"seed{s}")
+    out = tmp_path / "t"
+    aggregate(paths, out)
+    run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0), out)
+    fig = _figures(monkeypatch, out, ["loss_curves"])["loss_curves"]
+    ax1, ax2 = fig.axes[:2]
+    for ax in (ax1, ax2):
+        _assert_told_apart(ax)
+    assert [lab.split(" (")[0] for lab, _ in _series(ax1)] == ["amp_bf16", "amp_fp16", "fp32"]
+    assert [lab for lab, _ in _series(ax2)] == ["fp32-fp32", "bf16-fp32", "fp16-fp16", "fp16-fp32"]
+    assert " ".join(_legend_texts(ax1).pop().split()) == "lines overlap: curves coincide (amp_bf16, amp_fp16, fp32)"
+    notes = [t for t in _legend_texts(ax2) if t.startswith("lines overlap")]
+    assert [" ".join(t.split()) for t in notes] == ["lines overlap: curves coincide (fp16-fp16, fp16-fp32)"]
+
+
+def test_loss_curves_failed_run_not_in_a_schedule_colour(study, monkeypatch):
+    """The diverged fp16-fp16 run is drawn dark grey with its own legend entry, not red like fp16-fp32."""
+    from matplotlib.colors import to_hex
+
+    from precswitch.analysis.plots import FAILED_RUN_LABEL
+
+    fig = _figures(monkeypatch, study[0] / "results", ["loss_curves"])["loss_curves"]
+    ax2 = fig.axes[1]
+    colours = {to_hex(h.get_color()) for _, h in _series(ax2)}
+    failed = [ln for ln in ax2.get_lines() if ln.get_label() == FAILED_RUN_LABEL]
+    assert len(failed) == 1 and to_hex(failed[0].get_color()) not in colours | {to_hex("tab:red")}
+    assert FAILED_RUN_LABEL in _legend_texts(ax2)
+    assert not any(t.startswith("lines overlap") for t in _legend_texts(ax2))  # these curves differ
+
+
+def test_loss_scale_identical_seeds_stay_visible(tmp_path, monkeypatch):
+    """The fake fp16 runs all have the same loss-scale trace (halved at steps 1 and 2)."""
+    out, _ = _small_study(tmp_path, schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp16": ("amp_fp16", "amp_fp16")})
+    fig = _figures(monkeypatch, out, ["loss_scale"])["loss_scale"]
+    for ax, name in zip(fig.axes, ("amp_fp16", "fp16-fp16")):
+        _assert_told_apart(ax)
+        assert [lab for lab, _ in _series(ax)] == [f"{name} seed {k}" for k in (1, 2, 3)]
+        assert " ".join(_legend_texts(ax)[-1].split()) == f"lines overlap: curves coincide ({name} seeds 1, 2, 3)"
+
+
+def test_forest_note_and_legend_below_the_axes(tmp_path, monkeypatch):
+    """The 'no bootstrap CI' note used to sit inside the axes across the zero line, and the legend far
+    below the axis label; both now sit right under the axis label, outside the data area."""
+    out, _ = _small_study(tmp_path)
+    fig = _figures(monkeypatch, out, ["forest"])["forest"]
+    ax = fig.axes[0]
+    r = fig.canvas.get_renderer()
+    assert not [t for t in ax.texts if "bootstrap" in t.get_text()]
+    note = [t for t in fig.texts if t.get_text().startswith("no bootstrap CI below 3") or
+            t.get_text().startswith("no bootstrap CI below 8")]
+    assert len(note) == 1
+    nb, data = note[0].get_window_extent(r), ax.get_window_extent(r)
+    assert not nb.overlaps(data) and nb.y1 < data.y0
+    deco = ax.get_tightbbox(r)  # data area + tick labels + axis label
+    assert nb.y1 <= deco.y0 + 0.5
+    (leg,) = fig.legends
+    lb = leg.get_window_extent(r)
+    gap_pt = (deco.y0 - lb.y1) * 72 / fig.dpi
+    assert 0 <= gap_pt <= 10, gap_pt  # close under the axis label
+    assert 0 <= (lb.y0 - nb.y1) * 72 / fig.dpi <= 10  # the note right under the legend
+
+
+def test_long_schedule_names_do_not_overlap_on_the_accuracy_axis(tmp_path, monkeypatch):
+    sched = {"fp32-fp32": ("fp32", "fp32")}
+    sched.update({f"pretrain_fp16_to_fp32_switch@{k}": ("amp_fp16", "fp32") for k in (0, 25, 50, 75, 100)})
+    out, _ = _small_study(tmp_path, schedules=sched)
+    fig = _figures(monkeypatch, out, ["accuracy"])["accuracy"]
+    import math
+
+    r = fig.canvas.get_renderer()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(labels) == 6
+    angle = labels[0].get_rotation()
+    if angle == 0:
+        boxes = sorted((t.get_window_extent(r) for t in labels), key=lambda b: b.x0)
+        assert not any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+    else:  # parallel slanted labels: their bands must not overlap (axis-aligned boxes of slanted text do)
+        step = abs(fig.axes[0].transData.transform((1, 0))[0] - fig.axes[0].transData.transform((0, 0))[0])
+        height = labels[0].get_fontsize() * fig.dpi / 72
+        assert step * math.sin(math.radians(angle)) > 1.2 * height
+        assert all(t.get_rotation() == angle for t in labels)
+
+
+def test_switch_point_and_overflow_labels_fit(tmp_path, monkeypatch):
+    """switch_point: the two panels' x labels used to run into each other; overflow: its y label was taller
+    than the axes (it stuck out above the title)."""
+    sched = {"fp32-fp32": ("fp32", "fp32")}
+    sched.update({f"sw@{k}": ("amp_fp16", "fp32") for k in (0, 50, 100)})
+
+    def mutate(m, p):
+        if m["stage"] == "finetune" and m["schedule"] != "fp32-fp32":
+            m["tags"].update(sweep="fp16_to_fp32", sweep_at=int(m["schedule"].split("@")[1]) / 100,
+                             sweep_stage="finetune")
+        if m["stage"] == "pretrain":
+            layers = [f"bert.encoder.layer.{i}.output.LayerNorm" for i in range(24)]
+            (p.parent / "activations.csv").write_text(
+                "step,layer,max_abs\n" + "".join(f"10,{x},{10 ** (1 + i / 6)}\n" for i, x in enumerate(layers)))
+
+    out, _ = _small_study(tmp_path, schedules=sched, mutate=mutate)
+    figs = _figures(monkeypatch, out, ["switch_point", "overflow"])
+    r = figs["switch_point"].canvas.get_renderer()
+    a, b = (ax.xaxis.label.get_window_extent(r) for ax in figs["switch_point"].axes[:2])
+    assert not a.overlaps(b) and a.x1 < b.x0
+    fig = figs["overflow"]
+    ax = fig.axes[0]
+    r = fig.canvas.get_renderer()
+    assert ax.yaxis.label.get_window_extent(r).height <= ax.get_window_extent(r).height
+    assert ax.yaxis.label.get_window_extent(r).y1 <= ax.title.get_window_extent(r).y0
+    assert " ".join(_legend_texts(ax)[-1].split()) == "lines overlap: curves coincide (amp_fp16, fp32)"

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -110,6 +111,128 @@ def _empty(ax, text: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# Line styles: series whose curves coincide must all stay visible (issue: one line hid two others)
+# --------------------------------------------------------------------------------------------------
+#: per series, in draw order: a dash pattern and a marker of its own, so that two series drawn on top
+#: of each other are told apart without their colour; the data are never offset
+_DASHES = ("-", "--", ":", "-.", (0, (6, 1.5, 1, 1.5, 1, 1.5)), (0, (9, 2.5)), (0, (1, 2.5)),
+           (0, (4, 1, 1, 1)))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+OVERLAP_NOTE = "lines overlap: curves coincide"
+#: curves whose means differ by at most this fraction of the plotted y range at every shared x coincide
+COINCIDE_FRACTION = 0.01
+FAILED_RUN_LABEL = "failed run (not in the mean)"
+#: more legend entries than this go right of the axes instead of over the curves
+LEGEND_INSIDE_MAX = 5
+
+
+def _rotate_long_ticks(ax, names: list[str], inches_per_tick: float) -> None:
+    """Slant the x tick labels when the longest would not fit its slot (long schedule names overlapped)."""
+    longest = max((len(str(n)) for n in names), default=0)
+    if longest * 0.085 > inches_per_tick:  # ~0.085 in per character at the tick font size
+        for t in ax.get_xticklabels():
+            t.set_rotation(30)
+            t.set_ha("right")
+            t.set_rotation_mode("anchor")
+
+
+def _palette(levels: list[str]) -> dict[str, Any]:
+    """One colour per level (a precision or a schedule), seaborn's default palette in ``levels`` order."""
+    import seaborn as sns
+
+    return dict(zip(levels, sns.color_palette(n_colors=max(1, len(levels)))))
+
+
+def _series_style(i: int, n: int, n_points: int) -> dict[str, Any]:
+    """Line keywords of series ``i`` of ``n`` (draw order) with ``n_points`` points.
+
+    Each series gets its own dash pattern and marker; the line width shrinks with the draw order, so a
+    later (upper) line is thinner than the ones below it and leaves them visible where curves coincide;
+    markers sit on every ``n``-th or sparser data point, each series starting at another point, so the
+    markers of coinciding curves do not cover each other either.
+    """
+    lw = 2.8 - 1.3 * i / (n - 1) if n > 1 else 2.0
+    every = max(n, round(n_points / 8), 1)
+    return {"ls": _DASHES[i % len(_DASHES)], "marker": _MARKERS[i % len(_MARKERS)], "lw": lw,
+            "ms": 3.5 + 0.8 * lw, "markevery": (i % every, every), "zorder": 2 + 0.01 * i}
+
+
+def _coinciding(curves: dict[str, Any], log: bool = False) -> list[list[str]]:
+    """Groups (≥ 2 names) of curves ({name: y Series indexed by x}) that coincide on the plot.
+
+    Two curves coincide when, at every x both have, their y differ by at most COINCIDE_FRACTION of the
+    y range spanned by all curves (log10(y) on a log axis): drawn over each other, one would hide the other.
+    """
+    import numpy as np
+
+    ys = {k: (np.log10(v.where(v > 0)) if log else v).dropna() for k, v in curves.items()}
+    ys = {k: v for k, v in ys.items() if not v.empty}
+    if len(ys) < 2:
+        return []
+    lo = min(float(v.min()) for v in ys.values())
+    hi = max(float(v.max()) for v in ys.values())
+    tol = COINCIDE_FRACTION * (hi - lo) if hi > lo else 1e-12
+    names = list(ys)
+    parent = {k: k for k in names}
+
+    def root(k: str) -> str:
+        while parent[k] != k:
+            k = parent[k]
+        return k
+
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            common = ys[a].index.intersection(ys[b].index)
+            if len(common) and float((ys[a][common] - ys[b][common]).abs().max()) <= tol:
+                parent[root(b)] = root(a)
+    groups: dict[str, list[str]] = {}
+    for k in names:
+        groups.setdefault(root(k), []).append(k)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _styled_lines(ax, sns, data, x: str, y: str, key: str, levels: list[str], colors: dict[str, Any],
+                  labels: dict[str, str] | None = None, **kw) -> dict[str, Any]:
+    """One seaborn line per level of ``key`` (mean ± errorbar over its rows, as ``hue`` would draw it),
+    each in its level's colour with its own dash pattern, marker and width; returns {label: mean y by x}."""
+    labels = labels or {}
+    means = {}
+    present = [lv for lv in levels if (data[key] == lv).any()]
+    for i, lv in enumerate(present):
+        g = data[data[key] == lv]
+        label = labels.get(lv, str(lv))
+        style = _series_style(i, len(present), int(g[x].nunique()))
+        sns.lineplot(data=g, x=x, y=y, color=colors[lv], label=label, ax=ax, **style, **kw)
+        means[label] = g.groupby(x)[y].mean()
+    return means
+
+
+def _overlap_note(group: list[str]) -> str:
+    """'lines overlap: curves coincide (a, b)', seeds of one precision/schedule named once, wrapped."""
+    import re
+
+    names = [g.split(" (")[0] for g in group]  # 'amp_fp16 (fp16-fp16, fp16-fp32)' → 'amp_fp16'
+    runs = [re.fullmatch(r"(.+) seed (\S+)", n) for n in names]
+    if all(runs) and len({m.group(1) for m in runs}) == 1:
+        names = [f"{runs[0].group(1)} seeds {', '.join(m.group(2) for m in runs)}"]
+    return textwrap.fill(f"{OVERLAP_NOTE} ({', '.join(names)})", 48)
+
+
+def _legend(ax, coincide: list[list[str]], outside: bool = False, **kw):
+    """The axes legend, with a last handle-less entry per group of coinciding curves naming them;
+    ``outside``: right of the axes (many entries would cover the data)."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    for group in coincide:
+        handles.append(Line2D([], [], ls="none"))
+        labels.append(_overlap_note(group))
+    if outside:
+        kw.update(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return ax.legend(handles, labels, **kw)
+
+
+# --------------------------------------------------------------------------------------------------
 # Individual plots: each returns a matplotlib Figure
 # --------------------------------------------------------------------------------------------------
 def plot_accuracy(schedules, stats: dict, plt, sns):
@@ -139,6 +262,7 @@ def plot_accuracy(schedules, stats: dict, plt, sns):
     maj = df["majority_accuracy"].astype(float).dropna()
     if not maj.empty:
         ax.axhline(maj.median() * 100, color="0.5", ls=":", lw=1, label="majority-class accuracy")
+    _rotate_long_ticks(ax, order, 1.4)
     ax.set_xlabel("schedule (pre-train → fine-tune precision)")
     ax.set_ylabel("fine-tuned accuracy on the eval split (%)")
     ax.set_title("Accuracy per schedule (each dot = one seed)")
@@ -200,13 +324,32 @@ def plot_forest(stats: dict, plt, sns):
     else:
         title = f"bars: {conf}% t CI"
     ax.set_title(f"Accuracy deltas, paired by seed ({title})", fontsize=11)
-    if n_boot < len(d) and bmin:
-        ax.text(0.99, 0.01, f"no bootstrap CI below {bmin} paired seeds (too few distinct resamples)",
-                transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5, color="0.4")
-    handles, labels = ax.get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))  # room for the legend row below the axis label
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=max(1, len(labels)), frameon=False)
+    note = (f"no bootstrap CI below {bmin} paired seeds (too few distinct resamples)"
+            if n_boot < len(d) and bmin else None)
+    _below_axes(fig, ax, note)
     return fig
+
+
+def _below_axes(fig, ax, note: str | None) -> None:
+    """Lay out ``fig``, then put ax's legend (one row) and ``note`` right under its x-axis label.
+
+    Both are figure artists outside the axes, so neither crosses the data (the note used to sit in the
+    axes' lower right corner, across the zero line); ``bbox_inches="tight"`` keeps them in the file.
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else fig._get_renderer()
+    to_fig = fig.transFigure.inverted()
+    pad = 4 / 72 / fig.get_figheight()  # 4 pt, in figure fraction
+    x_mid = to_fig.transform(ax.get_window_extent(renderer).get_points()).mean(axis=0)[0]
+    bottom = to_fig.transform(ax.get_tightbbox(renderer).get_points())[0][1]  # under tick labels + xlabel
+    if handles:
+        leg = fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(x_mid, bottom - pad),
+                         bbox_transform=fig.transFigure, ncol=max(1, len(labels)), frameon=False,
+                         borderaxespad=0.0)
+        bottom = to_fig.transform(leg.get_window_extent(renderer).get_points())[0][1]
+    if note:
+        fig.text(x_mid, bottom - pad, note, ha="center", va="top", fontsize=7.5, color="0.4")
 
 
 def plot_time_memory(runs, plt, sns):
@@ -238,8 +381,25 @@ def plot_time_memory(runs, plt, sns):
     return fig
 
 
+def _failed_runs(ax, bad) -> None:
+    """Failed runs' partial curves: thin dark dotted lines ending in ×, one legend entry for all.
+
+    Not red: red is a schedule's colour in the stage-2 panel, and a failed run is no series of its own.
+    """
+    for k, (_, g) in enumerate(bad.sort_values("step").groupby("run_id", sort=True)):
+        ax.plot(g["step"], g["loss"], ls=(0, (1, 1.5)), color="0.15", lw=1, marker="x", ms=5,
+                markevery=[len(g) - 1], zorder=3, label=FAILED_RUN_LABEL if k == 0 else None)
+
+
+def precision_order(precisions: Iterable[str]) -> list[str]:
+    """Stage-1 precisions (specs) in the order that fixes their colours in every plot (sorted)."""
+    return sorted({str(p) for p in precisions})
+
+
 def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    n_sched = schedules["schedule"].nunique()
+    many = n_sched > LEGEND_INSIDE_MAX  # many schedules: legends right of the panels, not over the curves
+    fig, axes = plt.subplots(1, 2, figsize=(12 + (6 if many else 0), 4.5))
     if steps.empty:
         for ax in axes:
             _empty(ax, "no steps.csv logs found")
@@ -258,17 +418,19 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
             p = schedules.loc[schedules["schedule"] == s, "stage1_precision"].dropna()
             if not p.empty:
                 users.setdefault(p.iloc[0], []).append(s)
-        pre["curve"] = pre["precision"].map(lambda p: f"{p} ({', '.join(users.get(p, [])) or 'no schedule'})")
+        pre["precision"] = pre["precision"].astype(str)
+        precs = precision_order(pre["precision"])
+        labels = {p: textwrap.fill(f"{p} ({', '.join(users.get(p, [])) or 'no schedule'})", 44,
+                                   subsequent_indent="  ") for p in precs}
         ok = pre[pre["status"] == "ok"]
-        if not ok.empty:
-            sns.lineplot(data=ok, x="step", y="loss", hue="curve", errorbar="sd", ax=ax)
-        bad = pre[pre["status"] != "ok"]
-        for _, g in bad.groupby("run_id"):
-            ax.plot(g["step"], g["loss"], ls=":", color="tab:red", lw=1)
+        means = _styled_lines(ax, sns, ok, "step", "loss", "precision", precs, _palette(precs), labels,
+                              errorbar="sd") if not ok.empty else {}
+        _failed_runs(ax, pre[pre["status"] != "ok"])
         ax.set_title("Stage 1: masked-LM training loss (mean ± SD over seeds)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (nats/token)")
-        ax.legend(fontsize=8, title="stage-1 precision (schedules)")
+        _legend(ax, _coinciding(means), outside=many, fontsize=8, title="stage-1 precision (schedules)",
+                title_fontsize=9)
     # stage 2: one curve per schedule
     ax = axes[1]
     fin = st[st["stage"] == "finetune"].copy()
@@ -276,15 +438,16 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
         _empty(ax, "no stage-2 runs")
     else:
         ok = fin[fin["status"] == "ok"]
-        if not ok.empty:
-            sns.lineplot(data=ok, x="step", y="loss", hue="schedule",
-                         hue_order=[s for s in order if s in set(ok["schedule"])], errorbar="sd", ax=ax)
-        for _, g in fin[fin["status"] != "ok"].groupby("run_id"):
-            ax.plot(g["step"], g["loss"], ls=":", color="tab:red", lw=1)
+        present = [s for s in order if s in set(fin["schedule"])]
+        means = _styled_lines(ax, sns, ok, "step", "loss", "schedule", present, _palette(present),
+                              errorbar="sd") if not ok.empty else {}
+        _failed_runs(ax, fin[fin["status"] != "ok"])
         ax.set_title("Stage 2: fine-tuning loss (mean ± SD over seeds)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (cross-entropy, nats)")
-        ax.legend(fontsize=8, title="schedule")
+        _legend(ax, _coinciding(means), outside=many, fontsize=8, title="schedule", title_fontsize=9)
+    for ax in axes:
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     fig.tight_layout()
     return fig
 
@@ -297,28 +460,43 @@ def plot_loss_scale(steps, plt, sns):
     else:
         st = st.iloc[0:0]
     stages = [s for s in ("pretrain", "finetune") if s in set(st.get("stage", []))]
-    fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(6 * max(1, len(stages)), 4.2), squeeze=False)
+    n_runs = max([st.loc[st["stage"] == s, "run_id"].nunique() for s in stages] or [0])
+    width = 6 + (2.5 if n_runs > LEGEND_INSIDE_MAX else 0)  # room for a legend right of each panel
+    fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(width * max(1, len(stages)), 4.2), squeeze=False)
     axes = axes[0]
     if st.empty:
         _empty(axes[0], "no fp16 runs with a loss scale (amp_fp16 / pure_fp16)")
         return fig
     for ax, stage in zip(axes, stages):
         sub = st[st["stage"] == stage].copy()
-        sub["run"] = sub.apply(
-            lambda r: f"{r['schedule'] if stage == 'finetune' and isinstance(r['schedule'], str) else r['precision']}"
-                      f" seed {r['seed']}", axis=1)
-        sns.lineplot(data=sub, x="step", y="loss_scale", hue="run", drawstyle="steps-post", errorbar=None,
-                     ax=ax, lw=1.2)
+        sub["group"] = sub.apply(
+            lambda r: str(r["schedule"] if stage == "finetune" and isinstance(r["schedule"], str) else r["precision"]),
+            axis=1)
+        sub["run"] = sub.apply(lambda r: f"{r['group']} seed {r['seed']}", axis=1)
+        # one colour, dash pattern and marker per run; runs ordered by group, then seed as a number
+        runs_order = [k for _, k in sorted({((g, _seed_key(sd)), k) for g, sd, k in
+                                            zip(sub["group"], sub["seed"], sub["run"])})]
+        means = _styled_lines(ax, sns, sub.sort_values("step"), "step", "loss_scale", "run", runs_order,
+                              _palette(runs_order), drawstyle="steps-post", errorbar=None)
         sk = sub[sub["skipped"].fillna(0).astype(float) > 0] if "skipped" in sub else sub.iloc[0:0]
         if not sk.empty:
-            ax.plot(sk["step"], sk["loss_scale"], "x", color="tab:red", ms=6, label="skipped step (inf/NaN grads)")
+            ax.plot(sk["step"], sk["loss_scale"], "x", color="tab:red", ms=7, mew=1.5, zorder=4,
+                    label="skipped step (inf/NaN grads)")
         ax.set_yscale("log", base=2)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss scale (log2 axis)")
         ax.set_title(f"{'Stage 1 (pre-train)' if stage == 'pretrain' else 'Stage 2 (fine-tune)'}: fp16 loss scale")
-        ax.legend(fontsize=7, ncol=2)
+        _legend(ax, _coinciding(means, log=True), outside=len(runs_order) > LEGEND_INSIDE_MAX, fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _seed_key(seed: Any) -> tuple:
+    try:
+        return (0, float(seed), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(seed))
 
 
 def plot_stage1(runs, stats: dict, plt, sns):
@@ -382,19 +560,22 @@ def plot_switch_point(schedules, stats: dict, plt, sns):
         if df.empty:
             _empty(ax, "no finished sweep runs")
             continue
-        for color, (name, g) in zip(palette, df.groupby("sweep", sort=True)):
+        n_sweeps = df["sweep"].nunique()
+        for k, (color, (name, g)) in enumerate(zip(palette, df.groupby("sweep", sort=True))):
             pts = []
             for x, gx in g.groupby("x", sort=True):
                 d = describe(gx[col], alpha)
                 pts.append((x, d["mean"], d["ci_low"], d["ci_high"]))
             xs = [p[0] for p in pts]
             means = [p[1] for p in pts]
-            ax.plot(xs, means, "-o", color=color, label=str(name), ms=5)
+            style = _series_style(k, n_sweeps, len(xs))
+            ax.plot(xs, means, color=color, label=str(name), ls=style["ls"], marker=style["marker"],
+                    lw=style["lw"] * 0.7, ms=5, zorder=style["zorder"])
             for x, m, lo, hi in pts:
                 if math.isfinite(lo) and math.isfinite(hi):
                     ax.plot([x, x], [lo, hi], color=color, lw=2, alpha=0.6)
             ax.scatter(g["x"], g[col], color=color, s=12, alpha=0.35)
-        ax.set_xlabel("switch point: % of the swept stage's steps in its first precision")
+        ax.set_xlabel("switch point\n(% of the swept stage's steps in its first precision)")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.set_xlim(-5, 105)
@@ -440,23 +621,34 @@ def plot_overflow(acts, plt, sns):
         return fig
     order = list(dict.fromkeys(acts["layer"]))  # module order of the first run (forward order)
     peak = acts.groupby(["spec", "layer"])["max_abs"].max().reset_index()
-    fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(order) + 3), 5))
+    ticks = [str(x).replace("bert.encoder.", "").replace("bert.", "") for x in order]
+    # the vertical layer names take ~0.055 in per character: the figure grows with them, so that the axes
+    # keep their height (long names squeezed the axes below the height of the y label)
+    longest = max((len(t) for t in ticks), default=0)
+    fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(order) + 3), max(5.0, 4.0 + 0.055 * longest)))
     pos = {layer: i for i, layer in enumerate(order)}
-    for spec, g in peak.groupby("spec", sort=True):
+    peak["spec"] = peak["spec"].astype(str)
+    specs = precision_order(peak["spec"])
+    colors = _palette(specs)  # the same colour per stage-1 precision as in loss_curves
+    for i, spec in enumerate(specs):
+        g = peak[peak["spec"] == spec]
         g = g.assign(i=g["layer"].map(pos)).sort_values("i")
-        ax.plot(g["i"], g["max_abs"].clip(lower=1e-12), "-o", ms=3, lw=1.2, label=str(spec))
+        style = _series_style(i, len(specs), len(g))
+        style.update(lw=style["lw"] * 0.6, ms=style["ms"] * 0.7)
+        ax.plot(g["i"], g["max_abs"].clip(lower=1e-12), color=colors[spec], label=spec, **style)
     ax.axhline(FP16_MAX, color="tab:red", ls="--", lw=1.2, label="fp16 max 65504")
     ax.set_yscale("log")
     ax.set_xticks(range(len(order)))
-    ax.set_xticklabels([str(x).replace("bert.encoder.", "").replace("bert.", "") for x in order],
-                       rotation=90, fontsize=6)
-    ax.set_ylabel("max |activation| over sampled steps and seeds (log)")
+    ax.set_xticklabels(ticks, rotation=90, fontsize=6)
+    ax.set_ylabel("max |activation|\n(over sampled steps and seeds, log)")
     ax.set_xlabel("module output (Linear / LayerNorm, forward order)")
     over = peak[peak["max_abs"] > FP16_MAX]
     ax.set_title("Stage 1: largest activations per layer vs the fp16 range"
                  + (f" — {over['spec'].nunique()} precision(s) exceed it" if not over.empty else
                     " — none exceeds it"), fontsize=11)
-    ax.legend(fontsize=8, title="stage-1 precision")
+    curves = {spec: peak[peak["spec"] == spec].set_index(peak.loc[peak["spec"] == spec, "layer"].map(pos))["max_abs"]
+              for spec in specs}
+    _legend(ax, _coinciding(curves, log=True), fontsize=8, title="stage-1 precision", title_fontsize=9)
     fig.tight_layout()
     return fig
 
