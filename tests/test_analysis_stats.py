@@ -381,3 +381,29 @@ def test_power_is_for_the_holm_adjusted_test_the_label_uses(tmp_path):
     assert r["seeds_needed"] == want["seeds_needed"] > plain["seeds_needed"]
     assert r["mde"] == pytest.approx(want["mde"]) and r["mde"] > plain["mde"]
     assert _acc(deltas, "fp16-fp32", family="named")["seeds_needed"] == r["seeds_needed"]
+
+
+def test_schedule_stage1_metrics_share_the_stage1_rows_holm_p_and_label(tmp_path):
+    """bf16-fp32 vs fp32-fp32 on stage-1 train time compares the very runs of the stage-1 row amp_bf16 vs
+    fp32: one adjusted p and one label, not 'saved' in the stage-1 section and 'not significant' above."""
+    from precswitch.analysis.aggregate import aggregate
+    from precswitch.analysis.fakes import write_fake_study
+    from precswitch.analysis.stats import load_settings, run_stats
+
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3, 4], rng_seed=3)
+    aggregate(paths, tmp_path / "t")
+    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+                      load_settings(bootstrap_resamples=0), tmp_path / "t")
+    rows = {(r["family"], r["a"], r["b"], r["metric"]): r for r in stats["deltas"]}
+    checked = 0
+    for sched, prec in (("bf16-fp32", "amp_bf16"), ("fp16-fp32", "amp_fp16"), ("fp16-fp16", "amp_fp16")):
+        for sm, pm in (("stage1_train_seconds", "train_seconds"), ("stage1_peak_memory_bytes", "peak_memory_bytes"),
+                       ("stage1_eval_loss", "eval_loss")):
+            r, st = rows[("vs_baseline", sched, "fp32-fp32", sm)], rows[("stage1", prec, "fp32", pm)]
+            assert r["mean"] == pytest.approx(st["mean"])  # the same runs
+            assert r["p_holm"] == pytest.approx(st["p_holm"]) and r["classification"] == st["classification"]
+            checked += 1
+    # the two fp16 schedules share their stage-1 runs: that comparison keeps its own (degenerate) row
+    same = rows[("named", "fp16-fp32", "fp16-fp16", "stage1_train_seconds")]
+    assert same["mean"] == pytest.approx(1.0)
+    assert checked == 9

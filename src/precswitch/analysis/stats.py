@@ -635,6 +635,33 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
     return rows
 
 
+#: schedule-level stage-1 metric → the stage-1 (pretrain run) metric it copies
+STAGE1_OF_SCHEDULE = {"stage1_train_seconds": "train_seconds", "stage1_samples_per_second": "samples_per_second",
+                      "stage1_peak_memory_bytes": "peak_memory_bytes", "stage1_eval_loss": "eval_loss",
+                      "stage1_mlm_accuracy": "mlm_accuracy"}
+
+
+def _share_stage1_labels(rows: list[dict], stage_rows: list[dict], sched, alpha: float) -> None:
+    """A schedule comparison's stage-1 metric (bf16-fp32 vs fp32-fp32: stage-1 train time) compares the very
+    runs a ``stage1`` row compares (amp_bf16 vs fp32). Both are reported, so they share that row's Holm p
+    and label; adjusted in the schedule family (where fp16-fp32 and fp16-fp16 repeat amp_fp16 vs fp32)
+    the same numbers could be 'saved' in one paragraph and 'not significant' in the next."""
+    spec = {}
+    for s, sub in sched.groupby("schedule", sort=False):
+        spec[s] = _first(sub, "stage1_spec") or _first(sub, "stage1_precision")
+    by_key = {(r["metric"], frozenset((r["a"], r["b"]))): r for r in stage_rows}
+    for r in rows:
+        m = STAGE1_OF_SCHEDULE.get(r["metric"])
+        pa, pb = spec.get(r["a"]), spec.get(r["b"])
+        st = by_key.get((m, frozenset((pa, pb)))) if m and pa and pb and pa != pb else None
+        if st is None or sorted(str(x) for x in r["seeds"].split()) != sorted(str(x) for x in st["seeds"].split()):
+            continue  # not the same stage-1 runs (e.g. a seed whose stage 2 failed): keep its own family
+        for k in ("p_holm", "p_wilcoxon_holm", "mde", "seeds_needed", "seeds_needed_equivalence"):
+            if k in st:
+                r[k] = st[k]
+        r["classification"] = classify(r, alpha, r["higher_is_better"])
+
+
 DELTA_COLUMNS = [
     "family", "contrast", "a", "b", "metric", "label", "kind", "unit", "n_pairs", "mean", "sd",
     "ci_low", "ci_high", "boot_low", "boot_high", "p_t", "p_holm", "p_wilcoxon", "p_wilcoxon_holm",
@@ -822,6 +849,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         stage2_counts = _counts(fin, "precision")
         summary_rows += _summary_rows(fin, "stage2", "precision", STAGE2_METRICS + RUN_COUNTERS, alpha,
                                       stage2_counts)
+    _share_stage1_labels(delta_rows, stage_rows, sched, alpha)
     delta_rows += stage_rows
     stage1_summary = {}
     if len(pre):
