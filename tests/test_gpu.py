@@ -305,3 +305,21 @@ def test_nvml_readings_come_from_the_gpu_cuda_means(monkeypatch):
     dev = torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES=2: CUDA's 0 is NVML's 2
     assert measure.nvml_energy_mj(dev) == 333_000
     assert measure.nvml_memory_used(dev) == 3 << 30
+
+
+def test_gpu_check_one_compiled_row_in_the_budget_is_amp_bf16s(tmp_path, monkeypatch):
+    """When the time budget leaves room for one compiled row only, it must be amp_bf16's (the MFU
+    target needs it; a lone compiled fp32 row serves no target)."""
+    gc = _load_gpu_check()
+
+    def fake_measure(name, variant, args, cfg, device, batches, peaks):
+        return {"precision": name, "variant": variant, "status": "ok", "reason": None, "steps_per_second": 1.0,
+                "mfu": None, "warmup_seconds": 1000.0 if variant == "compiled" else 0.1, "seconds": 0.1}
+
+    monkeypatch.setattr(gc, "measure_one", fake_measure)
+    monkeypatch.setattr(gc, "print_table", lambda res: None)
+    out = tmp_path / "g.json"
+    gc.main(["--device", "cpu", "--quick", "--compile", "on", "--budget-seconds", "300", "--out", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    compiled_ok = [r["precision"] for r in rows if r["variant"] == "compiled" and r["status"] == "ok"]
+    assert compiled_ok == ["amp_bf16"]
