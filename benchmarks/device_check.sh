@@ -13,12 +13,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# the clock starts here: the 520 s budget covers the wheel install and the version probes too
+# (each imports torch), so the whole script stays inside a 600 s command limit
+t0=$SECONDS
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-t0=$SECONDS
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
@@ -28,15 +30,15 @@ t0=$SECONDS
 } 2>&1 | tee "$OUT/env.txt"
 
 # 1. BERT-base classification steps, every precision: eager rows, then compiled rows while 200 s last
-timeout 330 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json" --budget-seconds 200 2>&1 | tee "$OUT/gpu_check.txt"
+timeout -k 10 330 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json" --budget-seconds 200 2>&1 | tee "$OUT/gpu_check.txt"
 echo "# gpu_check done at $((SECONDS - t0)) s"
 # 2. BERT-base masked-LM steps (stage 1), eager only
-timeout 100 python3 benchmarks/gpu_check.py --mlm --compile off --out "$OUT/gpu_check_mlm.json" 2>&1 | tee "$OUT/gpu_check_mlm.txt"
+timeout -k 10 100 python3 benchmarks/gpu_check.py --mlm --compile off --out "$OUT/gpu_check_mlm.json" 2>&1 | tee "$OUT/gpu_check_mlm.txt"
 echo "# gpu_check --mlm done at $((SECONDS - t0)) s"
 # 3. the study's engine on CUDA (one process per precision), if time is left
-left=$((520 - (SECONDS - t0)))
+left=$((520 - 10 - (SECONDS - t0)))  # 10: the kill grace of timeout -k
 if (( left > 60 )); then
-  timeout "$left" python3 benchmarks/precision_throughput.py --device cuda --repeats 1 --steps 100 --warmup 10 \
+  timeout -k 10 "$left" python3 benchmarks/precision_throughput.py --device cuda --repeats 1 --steps 100 --warmup 10 \
     --precisions fp32,tf32,amp_fp16,amp_bf16,pure_fp16,pure_bf16 --metrics-out "$OUT/engine_cuda_metrics.json" \
     2>&1 | tee "$OUT/engine_cuda.txt"
 fi

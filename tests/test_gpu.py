@@ -323,3 +323,60 @@ def test_gpu_check_one_compiled_row_in_the_budget_is_amp_bf16s(tmp_path, monkeyp
     rows = json.loads(out.read_text())["results"]
     compiled_ok = [r["precision"] for r in rows if r["variant"] == "compiled" and r["status"] == "ok"]
     assert compiled_ok == ["amp_bf16"]
+
+
+def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
+    """benchmarks/device_check.sh with stub python3 / nvidia-smi / timeout: every step runs even when
+    an earlier one fails, the outputs land in $OUT (at most 8 files come back from a device run), and
+    the engine step's time limit counts the time the wheel install took (the whole script must stay
+    inside a 600 s command)."""
+    import shutil
+    import stat
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "device_check.sh", repo / "benchmarks" / "device_check.sh")
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    stubs = {
+        # pip takes 2 s; gpu_check writes its --out and fails (exit 1, as on a missed target)
+        "python3": f"""#!/bin/bash
+echo "python3 $*" >> {log}
+if [[ "$1" == -m && "$2" == pip ]]; then sleep 2; exit 0; fi
+prev=""; for a in "$@"; do
+  if [[ "$prev" == --out || "$prev" == --metrics-out ]]; then echo '{{}}' > "$a"; fi; prev="$a"
+done
+[[ "$1" == benchmarks/gpu_check.py ]] && exit 1
+exit 0
+""",
+        "nvidia-smi": "#!/bin/bash\necho 'name'\n",
+        "timeout": f"""#!/bin/bash
+echo "timeout $*" >> {log}
+[[ "$1" == -k ]] && shift 2
+shift
+exec "$@"
+""",
+    }
+    for name, text in stubs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "device_check.sh")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert any("pip install" in c and "--no-index" in c for c in calls)
+    timeouts = [c.split() for c in calls if c.startswith("timeout ")]
+    assert len(timeouts) == 3  # gpu_check, gpu_check --mlm, the engine: each runs after a failed one
+    assert all(t[1] == "-k" for t in timeouts)  # SIGKILL follows SIGTERM: no step outlives its limit
+    engine_limit = int(timeouts[2][3])
+    assert "precision_throughput.py" in " ".join(timeouts[2])
+    assert engine_limit <= 520 - 2  # the 2 s of the wheel install count against the budget
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["engine_cuda.txt", "engine_cuda_metrics.json", "env.txt", "gpu_check.json", "gpu_check.txt",
+                     "gpu_check_mlm.json", "gpu_check_mlm.txt"]
