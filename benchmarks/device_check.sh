@@ -19,6 +19,12 @@ t0=$SECONDS
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
+  # datasets needs pyarrow >= 24 and fsspec <= 2026.9.0 (not checked by --no-deps): if the image's
+  # pyarrow is older, or datasets cannot import, add the fallback wheels (device_wheels.sh)
+  if compgen -G ".whl/fallback/*.whl" > /dev/null && ! python3 -c "import pyarrow, datasets, sys; sys.exit(int(pyarrow.__version__.split('.')[0]) < 24)" 2>/dev/null; then
+    echo "# datasets cannot use this machine's pyarrow: installing .whl/fallback"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fallback/*.whl
+  fi
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 {

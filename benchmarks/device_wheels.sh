@@ -18,5 +18,12 @@ for req in "datasets==${DATASETS_VERSION:-5.2.0}" "dill==${DILL_VERSION:-0.4.1}"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
     "${plat[@]}" -d .whl "$req"
 done
-ls -la .whl
+# fallback, installed by device_check.sh only if the machine's pyarrow is older than datasets needs
+# (datasets 5.2 asks pyarrow >= 24, fsspec <= 2026.9.0; --no-deps checks neither). ~55 MB: .whl/
+# stays under the device tool's 64 MiB carry limit with the repository.
+for req in "pyarrow==${PYARROW_VERSION:-26.0.1}" "fsspec==${FSSPEC_VERSION:-2026.9.0}"; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
+    "${plat[@]}" -d .whl/fallback "$req"
+done
+ls -la .whl .whl/fallback
 du -sh .whl

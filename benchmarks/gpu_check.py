@@ -110,6 +110,27 @@ def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4)
     return out
 
 
+_FP8_PROBE: dict[str, str | None] = {}
+
+
+def fp8_import_problem() -> str | None:
+    """Why torchao's float8 training cannot be imported here (None: it can), found in a child process,
+    once: a compiled extension that aborts on import (an ABI mismatch with this torch) then costs the fp8
+    rows, not the rows still to come in this process."""
+    if "fp8" not in _FP8_PROBE:
+        import subprocess
+
+        code = "from torchao.float8 import convert_to_float8_training"
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            err = None if r.returncode == 0 else (f"import torchao.float8 failed (exit {r.returncode}): "
+                                                  + (r.stderr.strip().splitlines() or [""])[-1][:300])
+        except subprocess.TimeoutExpired:
+            err = "import torchao.float8 took over 120 s"
+        _FP8_PROBE["fp8"] = err
+    return _FP8_PROBE["fp8"]
+
+
 def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[dict], peaks: dict) -> dict:
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
@@ -127,6 +148,8 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         P.check_supported(prec, device)
     except PrecisionUnsupported as e:
         return {**row, "status": "skipped", "reason": str(e)}
+    if prec.fp8_linear and (problem := fp8_import_problem()):
+        return {**row, "status": "error", "reason": problem}
     flags = prec.apply_backend_flags()
     row.update(flags)
     model = opt = step_model = None

@@ -340,6 +340,8 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
     shutil.copy(ROOT / "benchmarks" / "device_check.sh", repo / "benchmarks" / "device_check.sh")
     (repo / ".whl").mkdir()
     (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
+    (repo / ".whl" / "fallback").mkdir()
+    (repo / ".whl" / "fallback" / "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     stubs = {
@@ -347,6 +349,8 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
         "python3": f"""#!/bin/bash
 echo "python3 $*" >> {log}
 if [[ "$1" == -m && "$2" == pip ]]; then sleep 2; exit 0; fi
+# the machine's pyarrow is too old for datasets: the probe fails
+[[ "$1" == -c && "$2" == *"pyarrow.__version__"* ]] && exit 1
 prev=""; for a in "$@"; do
   if [[ "$prev" == --out || "$prev" == --metrics-out ]]; then echo '{{}}' > "$a"; fi; prev="$a"
 done
@@ -371,6 +375,9 @@ exec "$@"
     assert r.returncode == 0, r.stderr
     calls = log.read_text().splitlines()
     assert any("pip install" in c and "--no-index" in c for c in calls)
+    # a pyarrow too old for datasets: the fallback wheels are installed after the probe fails
+    fallback = [c for c in calls if "pip install" in c and ".whl/fallback/" in c]
+    assert len(fallback) == 1 and "--no-index" in fallback[0], calls
     timeouts = [c.split() for c in calls if c.startswith("timeout ")]
     assert len(timeouts) == 3  # gpu_check, gpu_check --mlm, the engine: each runs after a failed one
     assert all(t[1] == "-k" for t in timeouts)  # SIGKILL follows SIGTERM: no step outlives its limit
@@ -380,3 +387,28 @@ exec "$@"
     files = sorted(p.name for p in out.iterdir())
     assert files == ["engine_cuda.txt", "engine_cuda_metrics.json", "env.txt", "gpu_check.json", "gpu_check.txt",
                      "gpu_check_mlm.json", "gpu_check_mlm.txt"]
+
+
+def test_gpu_check_fp8_row_fails_alone_when_torchao_cannot_import(monkeypatch, tmp_path):
+    """torchao's float8 import is probed in a child process: an import that aborts (ABI mismatch) or fails
+    makes the fp8 row an error with the reason, and the process goes on to the next rows."""
+    import subprocess as sp
+
+    gc = _load_gpu_check()
+    gc._FP8_PROBE.clear()
+    monkeypatch.setattr(gc.P, "check_supported", lambda prec, device: None)  # as on a Hopper GPU
+    real_run = sp.run
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        assert "torchao.float8" in cmd[-1]
+        return real_run([sys.executable, "-c", "import os; os.abort()"], **kw)  # the child dies on import
+
+    monkeypatch.setattr(sp, "run", fake_run)
+    args = gc.parse_args(["--device", "cpu", "--quick"])
+    row = gc.measure_one("fp8", "eager", args, gc.QUICK, gc.torch.device("cpu"), [], {})
+    assert row["status"] == "error" and "import torchao.float8 failed" in row["reason"], row
+    row2 = gc.measure_one("fp8", "compiled", args, gc.QUICK, gc.torch.device("cpu"), [], {})
+    assert row2["status"] == "error" and len(seen) == 1  # probed once per process
+    gc._FP8_PROBE.clear()
