@@ -461,6 +461,26 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "config_hash": chash,
         "started_at": started_at,
     }
+
+    def skipped(reason: str, init_info: dict | None = None) -> dict:
+        """Record the stage as skipped: metrics.json, a header-only steps.csv and, where the stage saves
+        one, a checkpoint/ holding only its stage file (status skipped), so that the next stage, which
+        starts from it, is recorded as skipped too instead of failing on a missing checkpoint."""
+        atomic_write_text(out / "steps.csv", ",".join(STEP_FIELDS) + "\n")
+        if hp["save_checkpoint"]:
+            with atomic_path(out / "checkpoint") as tmp:
+                tmp.mkdir()
+                atomic_write_json(tmp / STAGE_FILE, {"run_id": hp["run_id"], "precision": prec.name,
+                                                     "objective": hp["objective"], "dtype": None, "status": "skipped",
+                                                     "status_reason": reason, "config_hash": chash})
+        init_keys = ({"init": str(hp["init"]), "init_run_id": init_info.get("run_id"),
+                      "init_precision": init_info.get("precision"), "init_status": init_info.get("status")}
+                     if init_info else {})
+        metrics = {**base, "status": "skipped", "status_reason": reason, **init_keys, **measure.provenance(device),
+                   **flags, "hparams": hp, "finished_at": measure.now_iso()}
+        atomic_write_json(out / "metrics.json", metrics)
+        return metrics
+
     try:
         P.check_supported(prec, device)
         if eval_prec is not prec:
@@ -468,10 +488,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except PrecisionUnsupported as e:
         if hp["on_unsupported"] != "skip":
             raise
-        metrics = {**base, "status": "skipped", "status_reason": str(e), **measure.provenance(device), **flags,
-                   "hparams": hp, "finished_at": measure.now_iso()}
-        atomic_write_json(out / "metrics.json", metrics)
-        return metrics
+        return skipped(str(e))
+    init_info = _init_info(str(hp["init"])) if str(hp["init"]) != "scratch" else {}
+    if init_info.get("status") == "skipped":  # nothing to start from: recorded, as its stage 1 was
+        return skipped(f"its init {str(hp['init'])!r} is stage {init_info.get('run_id')!r}, which was skipped: "
+                       f"{init_info.get('status_reason')}", init_info)
     torch.use_deterministic_algorithms(hp["deterministic"])  # set every run, either way (as the TF32 switches)
     flags = P.backend_flags()
 
