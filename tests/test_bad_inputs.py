@@ -36,3 +36,23 @@ def test_tf32_on_cpu_through_the_cli_names_precision_and_device(tmp_path):
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line, no traceback wall
     assert "'tf32'" in r.stderr and "'cpu'" in r.stderr and "Ampere" in r.stderr
     assert not (out / "metrics.json").exists()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("key, value", [
+    ("checkpoint_every_steps", "4"), ("checkpoint_every_steps", -1), ("checkpoint_every_minutes", -1),
+    ("checkpoint_every_minutes", "10"), ("max_grad_norm", "1.0"), ("max_grad_norm", float("nan")),
+    ("timing_warmup_steps", "5"), ("eval_seed", 1.5), ("deterministic", "yes"), ("save_checkpoint", "no"),
+    ("progress", 1), ("tags", ["a"]),
+])
+def test_run_time_hparams_of_the_wrong_type_are_named_before_training(key, value):
+    """Keys the loop reads only after its first step (checkpoint_every_steps, max_grad_norm) used to crash
+    mid-stage with a TypeError; the others crashed in set-up with a traceback, or ('no') read as true."""
+    from precswitch.errors import PrecswitchError
+    from precswitch.train import config as C
+
+    with pytest.raises(PrecswitchError, match=key):
+        C.resolve({"data": "x", "steps": 1, key: value})
+    assert C.resolve({"data": "x", "steps": 1, "max_grad_norm": 0, "checkpoint_every_minutes": 0.5})

@@ -18,6 +18,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.cli import main as cli_main  # noqa: E402
 from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
 from precswitch.train import config as C  # noqa: E402
+from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
 
 TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
@@ -144,6 +145,23 @@ def test_tf32_on_cpu_refused_or_skipped(data, tmp_path):
     m = run_stage({**hp, "on_unsupported": "skip"}, tmp_path / "skipped")
     assert m["status"] == "skipped" and "tf32" in m["status_reason"]
     assert json.loads((tmp_path / "skipped" / "metrics.json").read_text())["status"] == "skipped"
+
+
+def test_skipped_stage1_gives_stage2_a_checkpoint_that_records_it_as_skipped(data, tmp_path):
+    """A stage 1 the device refuses (on_unsupported: skip) used to write metrics.json only: the workflow's
+    pretrain rule then failed on its missing steps.csv/checkpoint and deleted the record. Now it writes
+    both (checkpoint/ holds only the stage file), and the stage 2 started from it is recorded as skipped."""
+    s1 = run_stage({"data": str(data["mlm"]), "precision": "tf32", "steps": 1, "model": TINY,
+                    "on_unsupported": "skip", "save_checkpoint": True, "run_id": "pretrain-tf32-seed0"},
+                   tmp_path / "s1")
+    assert s1["status"] == "skipped"
+    assert (tmp_path / "s1" / "steps.csv").read_text().splitlines() == [",".join(engine.STEP_FIELDS)]
+    assert json.loads((tmp_path / "s1" / "checkpoint" / engine.STAGE_FILE).read_text())["status"] == "skipped"
+    s2 = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 1,
+                    "model": TINY, "init": str(tmp_path / "s1" / "checkpoint")}, tmp_path / "s2")
+    assert s2["status"] == "skipped" and "'pretrain-tf32-seed0', which was skipped" in s2["status_reason"]
+    assert s2["init_run_id"] == "pretrain-tf32-seed0" and s2["init_status"] == "skipped"
+    assert json.loads((tmp_path / "s2" / "metrics.json").read_text())["status"] == "skipped"
 
 
 @pytest.mark.parametrize("prec", ["amp_bf16", "pure_bf16"])

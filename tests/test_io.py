@@ -41,3 +41,39 @@ def test_type_cli_config_reads_nested_text_as_yaml():
     assert config["model"] == {"init": None, "hidden_size": "1e3"}  # YAML 1.1: 1e3 stays text (schema says so)
     type_cli_config({}, config)
     type_cli_config(None, config)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-step"])
+def test_atomic_path_replaces_a_directory_and_a_failed_replace_keeps_the_old_one(tmp_path, monkeypatch, exchange):
+    """A checkpoint dir replaced by a new one; when the write fails (disk full at the rename), the old
+    checkpoint is still there, under its own name, and no temporary is left behind."""
+    import errno
+
+    from precswitch import io
+
+    if not exchange:
+        monkeypatch.setattr(io, "_exchange", lambda a, b: False)
+    ck = tmp_path / "checkpoint"
+    ck.mkdir()
+    (ck / "w").write_text("old")
+    with io.atomic_path(ck) as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("new")
+    assert (ck / "w").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+    real = os.replace
+
+    def full(a, b):
+        if str(a).endswith(f"tmp-{os.getpid()}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(a, b)
+
+    monkeypatch.setattr(os, "replace", full)
+    monkeypatch.setattr(io, "_exchange", lambda a, b: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full"))
+                        if exchange else False)
+    with pytest.raises(OSError):
+        with io.atomic_path(ck) as tmp:
+            tmp.mkdir()
+            (tmp / "w").write_text("newer")
+    assert (ck / "w").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]

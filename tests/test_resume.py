@@ -105,3 +105,67 @@ def test_resume_state_of_other_hparams_is_refused(setup, tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 2 and "different hyper-parameters" in r.stderr and "Traceback" not in r.stderr
+
+
+
+@pytest.fixture
+def outer_sigterm():
+    """A SIGTERM handler outside the stage that fails the test (instead of ending pytest) if the stage
+    does not catch the signal itself."""
+    def uncaught(*_):
+        raise AssertionError("SIGTERM reached the handler outside the stage: the stage would have died")
+
+    old = signal.signal(signal.SIGTERM, uncaught)
+    yield uncaught
+    signal.signal(signal.SIGTERM, old)
+
+
+def _sigterm_during_evaluation(monkeypatch):
+    """SIGTERM to this process while the stage evaluates (after its last training step)."""
+    import os
+
+    from precswitch.train import engine
+
+    real = engine.evaluate
+
+    def evaluate(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine, "evaluate", evaluate)
+
+
+def test_sigterm_during_evaluation_keeps_the_training_and_rerun_finishes_identically(setup, tmp_path, monkeypatch,
+                                                                                     outer_sigterm):
+    """Preempted after the last step (evaluation, checkpoint): the handler used to be gone by then, so
+    SIGTERM killed the stage and every step since the last periodic save was lost."""
+    from precswitch.train.engine import Preempted, run_stage
+
+    hp, ref = setup
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _sigterm_during_evaluation(m)
+        with pytest.raises(Preempted, match="evaluation"):
+            run_stage(hp, out)
+    assert (out / "resume" / "state.pt").is_file() and not (out / "metrics.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is outer_sigterm  # the stage's own handler is gone again
+    m = run_stage(hp, out)
+    assert m["resumed"] is True and m["attempts"] == 2 and m["steps_completed"] == STEPS
+    _same_result(ref, out)
+
+
+def test_diverged_stage_preempted_during_evaluation_resumes_without_training_on(setup, tmp_path, monkeypatch,
+                                                                                outer_sigterm):
+    from precswitch.train import engine
+
+    hp, _ = setup
+    hp = {**hp, "steps": 20, "max_nonfinite": 2}
+    real_loss = engine.forward_loss
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(engine, "forward_loss", lambda *a: real_loss(*a) * float("nan"))
+        _sigterm_during_evaluation(m)
+        with pytest.raises(engine.Preempted):
+            engine.run_stage(hp, out)
+    res = engine.run_stage(hp, out)  # resumed with finite losses: a diverged stage must not train on
+    assert res["status"] == "diverged" and res["steps_completed"] == 2 and res["resumed"] is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -65,6 +66,24 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False  # kernel or file system without it: the two-step replace below
+    raise OSError(err, os.strerror(err), str(b))
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it over ``path`` (file or directory).
@@ -79,9 +98,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         if path.is_dir() and not path.is_symlink():
+            if _exchange(tmp, path):  # one atomic step: tmp now holds the old directory (removed below)
+                return
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.replace(path, old)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old, path)  # the new one could not go in: put the old one back
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)

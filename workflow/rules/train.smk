@@ -3,8 +3,8 @@
 # stage 2 once per (schedule, seed). One process per stage, so its clocks and peak memory are its
 # own. `threads` keeps --cores from being oversubscribed; `gpu` (limited to 1 by profiles/default)
 # keeps two timed jobs off one GPU. A stage skipped on this device (on_unsupported: skip) writes
-# metrics.json only; stage 2 then gets a header-only steps.csv (a skipped stage 1 has no
-# checkpoint: put precisions a device may refuse in stage 2).
+# metrics.json, a header-only steps.csv and (stage 1) a checkpoint/ holding only its stage file:
+# the stage 2 started from it is then recorded as skipped too.
 
 
 rule pretrain:

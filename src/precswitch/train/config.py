@@ -122,8 +122,24 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         raise PrecswitchError(f"warmup_ratio must be in [0, 1), got {hp['warmup_ratio']!r}")
     if not 0 < hp["mlm_probability"] < 1:
         raise PrecswitchError(f"mlm_probability must be in (0, 1), got {hp['mlm_probability']!r}")
-    if hp["timing_warmup_steps"] < 0:
-        raise PrecswitchError("timing_warmup_steps must be >= 0")
+    # run-time keys the loop reads only after training started: a wrong type would crash mid-stage
+    for key in ("timing_warmup_steps", "checkpoint_every_steps", "eval_seed"):
+        v = hp[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise PrecswitchError(f"{key} must be a non-negative integer, got {v!r}")
+    for key in ("checkpoint_every_minutes", "max_grad_norm"):
+        v = hp[key]
+        if key == "max_grad_norm" and v is None:
+            continue  # null: no clipping
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise PrecswitchError(f"{key} must be a finite number >= 0 (0: off), got {v!r}")
+    for key in ("deterministic", "save_checkpoint"):
+        if not isinstance(hp[key], bool):
+            raise PrecswitchError(f"{key} must be true or false, got {hp[key]!r}")
+    if hp["progress"] is not None and not isinstance(hp["progress"], bool):
+        raise PrecswitchError(f"progress must be true, false or null, got {hp['progress']!r}")
+    if not isinstance(hp["tags"], dict):
+        raise PrecswitchError(f"tags must be a mapping, got {hp['tags']!r}")
     if not isinstance(hp["telemetry_every"], int) or isinstance(hp["telemetry_every"], bool) or hp["telemetry_every"] < 0:
         raise PrecswitchError(f"telemetry_every must be a non-negative integer, got {hp['telemetry_every']!r}")
     if (hp["switch_to"] is None) != (hp["switch_at"] is None):

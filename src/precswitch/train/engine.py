@@ -461,6 +461,26 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "config_hash": chash,
         "started_at": started_at,
     }
+
+    def skipped(reason: str, init_info: dict | None = None) -> dict:
+        """Record the stage as skipped: metrics.json, a header-only steps.csv and, where the stage saves
+        one, a checkpoint/ holding only its stage file (status skipped), so that the next stage, which
+        starts from it, is recorded as skipped too instead of failing on a missing checkpoint."""
+        atomic_write_text(out / "steps.csv", ",".join(STEP_FIELDS) + "\n")
+        if hp["save_checkpoint"]:
+            with atomic_path(out / "checkpoint") as tmp:
+                tmp.mkdir()
+                atomic_write_json(tmp / STAGE_FILE, {"run_id": hp["run_id"], "precision": prec.name,
+                                                     "objective": hp["objective"], "dtype": None, "status": "skipped",
+                                                     "status_reason": reason, "config_hash": chash})
+        init_keys = ({"init": str(hp["init"]), "init_run_id": init_info.get("run_id"),
+                      "init_precision": init_info.get("precision"), "init_status": init_info.get("status")}
+                     if init_info else {})
+        metrics = {**base, "status": "skipped", "status_reason": reason, **init_keys, **measure.provenance(device),
+                   **flags, "hparams": hp, "finished_at": measure.now_iso()}
+        atomic_write_json(out / "metrics.json", metrics)
+        return metrics
+
     try:
         P.check_supported(prec, device)
         if eval_prec is not prec:
@@ -468,10 +488,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except PrecisionUnsupported as e:
         if hp["on_unsupported"] != "skip":
             raise
-        metrics = {**base, "status": "skipped", "status_reason": str(e), **measure.provenance(device), **flags,
-                   "hparams": hp, "finished_at": measure.now_iso()}
-        atomic_write_json(out / "metrics.json", metrics)
-        return metrics
+        return skipped(str(e))
+    init_info = _init_info(str(hp["init"])) if str(hp["init"]) != "scratch" else {}
+    if init_info.get("status") == "skipped":  # nothing to start from: recorded, as its stage 1 was
+        return skipped(f"its init {str(hp['init'])!r} is stage {init_info.get('run_id')!r}, which was skipped: "
+                       f"{init_info.get('status_reason')}", init_info)
     torch.use_deterministic_algorithms(hp["deterministic"])  # set every run, either way (as the TF32 switches)
     flags = P.backend_flags()
 
@@ -585,6 +606,12 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     except ValueError:  # not the main thread
         pass
 
+    def restore_handler() -> None:
+        try:
+            signal.signal(signal.SIGTERM, old_handler)
+        except ValueError:
+            pass
+
     setup_seconds = time.perf_counter() - t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
@@ -610,7 +637,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
 
     pending = None  # the next step's batch, built while the device runs this step's forward and backward
     try:
-        while st["step"] < total_steps:
+        while st["step"] < total_steps and st["status"] == "ok":  # a diverged stage resumed: no more steps
             step = st["step"]
             if active(step) is not cur:  # the in-stage switch point
                 cur = active(step)
@@ -683,45 +710,53 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 last_state_t = t_prev = time.perf_counter()
                 if stop["sigterm"]:
                     raise Preempted(f"SIGTERM at step {st['step']}: state saved to {state_path}")
+    except BaseException:
+        restore_handler()
+        raise
     finally:
         bar.close()
-        try:
-            signal.signal(signal.SIGTERM, old_handler)
-        except ValueError:
-            pass
     mem = measure.peak_memory(device)
     energy1 = measure.nvml_energy_mj(device)
     load1 = measure.load_avg_1m()
 
-    # ------------------------------------------------------------ evaluation
-    t_eval = time.perf_counter()
-    measure.sync(device)
-    if hp["eval_precision"] == "same":
-        eval_prec = cur  # the precision the stage ended in
-    eval_prec.apply_backend_flags()
-    eval_model = model
-    if eval_prec.param_dtype != prec.param_dtype or eval_prec.fp8_linear != prec.fp8_linear:
-        eval_model = eval_prec.prepare_model(copy.deepcopy(model))
-    ev = evaluate(eval_model, eval_batches, hp["objective"], eval_prec, device, meta)
-    measure.sync(device)
-    eval_seconds = time.perf_counter() - t_eval
-    del eval_model
-    if st["status"] == "ok" and ev.get("eval_note"):
-        st["status"] = "diverged"
-        st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
+    # SIGTERM stays caught until the checkpoint is written: preempted during evaluation, the stage saves
+    # its finished training (a rerun evaluates it); during the checkpoint write, it finishes (seconds)
+    try:
+        # ------------------------------------------------------------ evaluation
+        t_eval = time.perf_counter()
+        measure.sync(device)
+        if hp["eval_precision"] == "same":
+            eval_prec = cur  # the precision the stage ended in
+        eval_prec.apply_backend_flags()
+        eval_model = model
+        if eval_prec.param_dtype != prec.param_dtype or eval_prec.fp8_linear != prec.fp8_linear:
+            eval_model = eval_prec.prepare_model(copy.deepcopy(model))
+        ev = evaluate(eval_model, eval_batches, hp["objective"], eval_prec, device, meta)
+        measure.sync(device)
+        eval_seconds = time.perf_counter() - t_eval
+        del eval_model
+        if st["status"] == "ok" and ev.get("eval_note"):
+            st["status"] = "diverged"
+            st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
 
-    # ------------------------------------------------------------ checkpoint
-    t_ckpt = time.perf_counter()
-    written = P.dtype_name(prec.param_dtype)
-    if hp["save_checkpoint"]:
-        with atomic_path(out / "checkpoint") as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            atomic_write_json(
-                tmp / STAGE_FILE,
-                {"run_id": hp["run_id"], "precision": prec.name, "objective": hp["objective"], "dtype": written,
-                 "status": st["status"], "config_hash": chash},
-            )
+        if stop["sigterm"]:  # preempted while evaluating: keep the finished training, not the evaluation
+            st["state_saves"] += 1
+            st["state_seconds"] += _save_state(state_path, snapshot())
+            raise Preempted(f"SIGTERM after step {st['step']} (evaluation): state saved to {state_path}")
+        # ------------------------------------------------------------ checkpoint
+        t_ckpt = time.perf_counter()
+        written = P.dtype_name(prec.param_dtype)
+        if hp["save_checkpoint"]:
+            with atomic_path(out / "checkpoint") as tmp:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                atomic_write_json(
+                    tmp / STAGE_FILE,
+                    {"run_id": hp["run_id"], "precision": prec.name, "objective": hp["objective"], "dtype": written,
+                     "status": st["status"], "config_hash": chash},
+                )
+    finally:
+        restore_handler()
     checkpoint_seconds = time.perf_counter() - t_ckpt + st["state_seconds"]
 
     # ------------------------------------------------------------ metrics
