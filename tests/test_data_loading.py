@@ -158,6 +158,37 @@ def test_hub_offline_error_names_the_dataset(tmp_path):
     assert "nyu-mll/glue" in r.stdout and "HF_HUB_OFFLINE" in r.stdout
 
 
+def test_hub_revision_reaches_load_dataset(monkeypatch):
+    import datasets
+
+    calls = []
+    real = datasets.Dataset.from_dict
+
+    def load_dataset(name, config=None, **kw):
+        calls.append((name, config, kw))
+        return real({"sentence1": ["a b", "c d"], "sentence2": ["a c", "c b"], "label": [1, 0]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    cols = {"text_a": "sentence1", "text_b": "sentence2", "label": "label"}
+    spec = parse_source({"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc", "columns": cols,
+                         "revision": "abc123"})
+    load_source(spec, "classify")
+    assert [c[2] for c in calls] == [{"split": "train", "revision": "abc123"},
+                                      {"split": "validation", "revision": "abc123"}]
+    calls.clear()
+    load_source(parse_source({"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc", "columns": cols}), "classify")
+    assert [c[2] for c in calls] == [{"split": "train"}, {"split": "validation"}]  # unpinned: as before
+    # the revision is part of the spec, so of the source hash (a changed revision re-prepares)
+    assert source_hash(spec) != source_hash({**spec, "revision": "def456"})
+
+
+def test_revision_only_for_hub_sources():
+    with pytest.raises(PrecswitchError, match="revision is for kind hub only"):
+        parse_source({"kind": "text", "train": ["c.txt"], "revision": "v1"})
+    with pytest.raises(PrecswitchError, match="revision must be a branch, tag or commit"):
+        parse_source({"kind": "hub", "name": "x/y", "revision": ""})
+
+
 @pytest.mark.parametrize("kind", ["tsv", "csv"])
 def test_na_like_sentences_are_text_not_missing(tmp_path, kind):
     # pandas reads "NA", "null", "None", "nan", "N/A" as missing by default: those rows were silently dropped

@@ -63,6 +63,33 @@ def test_copy_pretrained_from_a_local_dir(synth, tmp_path):
     assert not (tmp_path / "copy3").exists()
 
 
+def test_copy_pretrained_passes_the_hub_revision(synth, tmp_path, monkeypatch):
+    import transformers
+
+    root, spec, tokdir = synth
+    real = transformers.AutoTokenizer.from_pretrained
+    calls = []
+
+    def from_pretrained(name, *a, **kw):
+        calls.append((name, kw.get("revision")))
+        return real(str(tokdir))  # the "hub" tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    out = copy_pretrained("acme/tiny-bert", tmp_path / "copy", revision="v1")
+    assert calls == [("acme/tiny-bert", "v1")]
+    assert json.loads((out / "precswitch_tokenizer.json").read_text())["revision"] == "v1"
+    monkeypatch.undo()
+    with pytest.raises(PrecswitchError, match="--revision 'v1' is for hub models; .* is a local directory"):
+        copy_pretrained(str(tokdir), tmp_path / "copy2", revision="v1")
+
+
+def test_tokenizer_cli_revision_needs_pretrained(synth, tmp_path):
+    from precswitch.cli import main
+
+    root, spec, tokdir = synth
+    assert main(["tokenizer", "--source", json.dumps(spec), "--out", str(tmp_path / "t"), "--revision", "v1"]) == 2
+
+
 CONTRACT_META = {"objective", "num_labels", "label_values", "majority_accuracy", "n_train", "n_eval", "max_length",
                  "tokenizer", "source", "source_hash"}
 

@@ -519,3 +519,44 @@ def test_unknown_precision_name_gets_a_hint():
     with pytest.raises(PrecswitchError, match=r"did you mean 'pure_bf16'"):
         P.get("pure-bf16")
     assert P.name_hint("fp64") == ""
+
+
+def test_hub_init_revision_is_loaded_offline_and_recorded(data, tmp_path):
+    """init = a hub name with init_revision: from_pretrained gets the revision (offline: the cache's
+    refs/<tag> -> snapshots/<commit>); metrics.json records the revision and the commit, and a stage-2
+    run from that stage's checkpoint inherits them. A revision the cache lacks is named."""
+    run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "seed")
+    repo = tmp_path / "hf" / "hub" / "models--acme--tiny-bert"
+    sha, old = "0123456789abcdef0123456789abcdef01234567", "fedcba9876543210fedcba9876543210fedcba98"
+    import shutil
+
+    for commit in (sha, old):
+        shutil.copytree(tmp_path / "seed" / "checkpoint", repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    (repo / "refs" / "v1").write_text(old)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    hp = {"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "init": "acme/tiny-bert", "init_revision": "v1",
+          "save_checkpoint": True}
+    r = _run_cli(hp, tmp_path / "pre", env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "pre" / "metrics.json").read_text())
+    assert m["model_revision"] == "v1" and m["model_commit"] == old and m["hparams"]["init_revision"] == "v1"
+    run_stage({"data": str(data["classify"]), "objective": "classify", "precision": "fp32", "steps": 1,
+               "init": str(tmp_path / "pre" / "checkpoint")}, tmp_path / "fin")
+    m2 = json.loads((tmp_path / "fin" / "metrics.json").read_text())
+    assert m2["model_revision"] == "v1" and m2["model_commit"] == old  # inherited through stage 1
+    r = _run_cli({**hp, "init_revision": "v2", "save_checkpoint": False}, tmp_path / "bad", env)
+    assert r.returncode == 2 and "model 'acme/tiny-bert' (revision 'v2')" in r.stderr, r.stderr[-2000:]
+
+
+def test_init_revision_only_for_a_hub_init(data, tmp_path):
+    with pytest.raises(PrecswitchError, match="init_revision 'v1' is for a hub model init; init is scratch"):
+        C.resolve({"data": "d", "steps": 1, "init_revision": "v1"})
+    run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "p")
+    with pytest.raises(PrecswitchError, match="init_revision 'v1' is for a hub model; init .* is a local directory"):
+        run_stage({"data": str(data["classify"]), "objective": "classify", "precision": "fp32", "steps": 1,
+                   "init": str(tmp_path / "p" / "checkpoint"), "init_revision": "v1"}, tmp_path / "f")
+    with pytest.raises(PrecswitchError, match="unknown model key"):  # revision is not a BertConfig field
+        C.resolve({"data": "d", "steps": 1, "model": {"revision": "v1"}})

@@ -63,7 +63,7 @@ def run_fetch(args: list[str], env_extra: dict, cwd: Path) -> subprocess.Complet
 def test_requirements_of_the_gpu_configs():
     cfg, _ = fetch.load_config(str(ROOT / "config" / "bert-base-mrpc.yaml"))
     need = fetch.requirements(cfg)
-    assert need[0] == {"role": "model.init", "kind": "model", "name": "bert-base-cased"}
+    assert need[0] == {"role": "model.init", "kind": "model", "name": "bert-base-cased", "revision": None}
     assert need[1]["kind"] == "hub_dataset" and need[1]["name"] == "Salesforce/wikitext"
     assert need[1]["config"] == "wikitext-103-raw-v1" and need[1]["splits"] == ["train", "validation"]
     assert need[2]["name"] == "nyu-mll/glue" and need[2]["config"] == "mrpc"
@@ -163,6 +163,86 @@ def test_dataset_resolution_records_splits(tmp_path, monkeypatch):
     assert entry["splits"]["train"]["columns"] == ["sentence1", "sentence2", "label"]
     with pytest.raises(PrecswitchError, match=r"data.finetune: hub dataset .* split 'test'"):
         fetch.resolve_hub_dataset(str(d), None, ["test"], "data.finetune")
+
+
+def test_revision_is_for_hub_sources_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    need = fetch.requirements({"model": {"init": "bert-base-cased", "revision": "v1.0"},
+                               "data": {"finetune": {"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc",
+                                                     "revision": "abc123"}}})
+    assert need[0]["revision"] == "v1.0" and need[2]["revision"] == "abc123" and need[1]["kind"] == "synthetic"
+    with pytest.raises(PrecswitchError, match=r"config key model.revision: 'v1' is for hub models only; "
+                                              r"model.init is scratch"):
+        fetch.requirements({"model": {"revision": "v1"}})
+    make_tiny_model(tmp_path / "tiny")
+    with pytest.raises(PrecswitchError, match=r"config key model.revision: .*local directory './tiny'"):
+        fetch.requirements({"model": {"init": "./tiny", "revision": "v1"}})
+    with pytest.raises(PrecswitchError, match=r"config key data.pretrain.revision: 'v1' is for kind hub only"):
+        fetch.requirements({"data": {"pretrain": {"kind": "text", "train": ["c.txt"], "revision": "v1"}}})
+    with pytest.raises(PrecswitchError, match=r"config key data.finetune.revision: .* or null, got 3"):
+        fetch.requirements({"data": {"finetune": {"kind": "hub", "name": "x/y", "revision": 3}}})
+
+
+def test_offline_pinned_revision_resolves_to_its_commit(tmp_path):
+    """A tag in the cache (refs/v1) resolves offline to its snapshot; the manifest records both the
+    requested revision and the commit; a revision the cache lacks is named."""
+    hf_home = tmp_path / "hf"
+    main_snap = make_hub_cache(hf_home, "acme/tiny-bert")
+    old = "fedcba9876543210fedcba9876543210fedcba98"
+    make_tiny_model(main_snap.parent / old)
+    (main_snap.parent.parent / "refs" / "v1").write_text(old)
+    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    for revision, commit in (("v1", old), (old, old), (None, main_snap.name)):
+        cfg = {"model": {"init": "acme/tiny-bert", "revision": revision}}
+        r = run_fetch(["--config", json.dumps(cfg), "--manifest", str(tmp_path / "m.json")], env, tmp_path)
+        assert r.returncode == 0, r.stderr
+        item = json.loads((tmp_path / "m.json").read_text())["items"][0]
+        assert item["revision_requested"] == revision and item["commit"] == commit, item
+        assert item["path"] == str(main_snap.parent / commit) and item["verified"]
+        assert f"@ {commit}" in r.stdout
+    cfg = {"model": {"init": "acme/tiny-bert", "revision": "v2"}}
+    r = run_fetch(["--config", json.dumps(cfg), "--manifest", str(tmp_path / "m2.json")], env, tmp_path)
+    assert r.returncode == 2 and "hub model 'acme/tiny-bert' at revision 'v2' is not available offline" in r.stderr
+
+
+def test_hub_calls_receive_the_revision(tmp_path, monkeypatch):
+    """snapshot_download, the verifying from_pretrained calls and load_dataset all get revision=."""
+    import datasets
+    import huggingface_hub
+    import transformers
+
+    calls = []
+    snap = make_tiny_model(tmp_path / "snapshots" / "c0ffee")
+
+    def snapshot_download(name, **kw):
+        calls.append(("snapshot_download", name, kw.get("revision")))
+        return str(snap)
+
+    def loader(what):
+        def from_pretrained(name, *a, **kw):
+            calls.append((what, name, kw.get("revision")))
+        return from_pretrained
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(fetch, "_weights_patterns", lambda name, rev: calls.append(("list", name, rev)) or [])
+    monkeypatch.setattr(fetch, "hub_offline", lambda: False)
+    for cls in ("AutoConfig", "AutoTokenizer", "AutoModel"):
+        monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", loader(cls))
+    entry = fetch.resolve_hub_model("acme/tiny-bert", revision="v1")
+    assert entry["revision_requested"] == "v1" and entry["commit"] == "c0ffee"
+    assert calls == [("list", "acme/tiny-bert", "v1"), ("snapshot_download", "acme/tiny-bert", "v1"),
+                     ("AutoConfig", "acme/tiny-bert", "v1"), ("AutoTokenizer", "acme/tiny-bert", "v1"),
+                     ("AutoModel", "acme/tiny-bert", "v1")]
+
+    class DS(list):
+        column_names = ["text"]
+
+    got = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: got.append((a, kw)) or DS(["x"]))
+    monkeypatch.setattr(fetch, "_dataset_commit", lambda name, rev, offline: "d00d" if rev == "abc" else None)
+    entry = fetch.resolve_hub_dataset("nyu-mll/glue", "mrpc", ["train"], "data.finetune", revision="abc")
+    assert got == [(("nyu-mll/glue", "mrpc"), {"split": "train", "revision": "abc"})]
+    assert entry["revision_requested"] == "abc" and entry["commit"] == "d00d"
 
 
 def test_cli_register():

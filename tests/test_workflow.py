@@ -5,6 +5,8 @@ Dry runs only (a few seconds each); the end-to-end runs are in test_workflow_e2e
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -142,6 +144,12 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
          "analysis.contrasts[1]", "'fp16-fp16' with itself"),
         ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},
           "train": {"finetune": {"eval_precision": "fp32"}}}, "train.finetune.eval_precision", "fp8"),
+        # a hub revision for something that is not on the hub
+        ({"model": {"revision": "v1"}}, "model.revision", "model.init 'scratch' is scratch"),
+        ({"model": {"init": "/tmp", "revision": "v1"}}, "model.revision", "is a local directory"),
+        ({"data": {"pretrain": {"kind": "synthetic", "revision": "v1"}}}, "data.pretrain.revision",
+         "kind synthetic"),
+        ({"model": {"init": "bert-base-cased", "revision": ""}}, "model.revision", "non-empty"),
     ],
 )
 def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
@@ -152,6 +160,88 @@ def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
     line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
     assert allowed in line, line
     assert "Job stats" not in err  # rejected before the DAG is built
+
+
+def _touch_study(tmp_path, cfg):
+    """Mark every output of cfg's study as made: `--touch` records each job's params (it does so for
+    outputs that do not exist yet), then the outputs are made as empty files/dirs of one mtime."""
+    path = write_config(tmp_path / "study.yaml", cfg)
+    out = snakemake(tmp_path, "-n", "--configfile", path, check=True).stdout
+    snakemake(tmp_path, "--touch", "-c1", "--configfile", path, check=True)
+    made = []
+    for line in re.findall(r"^    output: (.*)$", out, re.M):
+        for f in line.split(", "):
+            f = tmp_path / f
+            if f.name in ("tokenizer", "prepared", "checkpoint"):
+                f.mkdir(parents=True, exist_ok=True)
+            else:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.touch()
+            made.append(f)
+    for f in made:
+        os.utime(f, (1.7e9, 1.7e9))
+    assert "Nothing to be done" in snakemake(tmp_path, "-n", "--configfile", path, check=True).stdout
+
+
+HUB_STUDY = {
+    "schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "y": {"finetune": "fp32"}},
+    "analysis": {"baseline": "x", "contrasts": []},
+    "seeds": [1],
+    "model": {"init": "acme/tiny-bert", "revision": "v1"},
+    "data": {"finetune": {"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc", "revision": "abc"}},
+}
+
+
+# one job each: (rule, an output of it); --allowed-rules keeps its upstream jobs (fetch, tokenizer) from
+# rerunning first, which would make "input updated by another job" the reason Snakemake shows
+REVISION_JOBS = {
+    "tokenizer": ("tokenizer", "results/data/pretrain/tokenizer"),
+    "prepare[finetune]": ("prepare", "results/data/finetune/prepared"),
+    "pretrain": ("pretrain", "results/runs/pretrain/fp32/seed1/metrics.json"),
+    "finetune[y]": ("finetune", "results/runs/finetune/y/seed1/metrics.json"),  # no stage 1
+    "finetune[x]": ("finetune", "results/runs/finetune/x/seed1/metrics.json"),  # from stage 1
+}
+
+
+@pytest.mark.parametrize("change, changed", [
+    ({"model": {"init": "acme/tiny-bert", "revision": "v2"}}, {"tokenizer", "pretrain", "finetune[y]"}),
+    ({"data": {"finetune": {**HUB_STUDY["data"]["finetune"], "revision": "def"}}}, {"prepare[finetune]"}),
+])
+def test_changed_hub_revision_reruns_what_reads_it(tmp_path, change, changed):
+    """A pinned revision is in the params of the jobs that read that model/dataset, so a changed one
+    reruns them (default --rerun-triggers), then everything after them (finetune[x] follows its
+    stage 1). The fetch rule reruns too."""
+    _touch_study(tmp_path, HUB_STUDY)
+    path = write_config(tmp_path / "study.yaml", {**HUB_STUDY, **change})
+    out = snakemake(tmp_path, "-n", "--configfile", path, check=True).stdout
+    assert re.search(r"rule fetch:\n(?:    [^\n]*\n)*?    reason: [^\n]*Params have changed", out)
+    rerun = set()
+    for job, (rule, target) in REVISION_JOBS.items():
+        out = snakemake(tmp_path, target, "-n", "--configfile", path, "--allowed-rules", rule, check=True).stdout
+        if "Params have changed" in out:
+            rerun.add(job)
+        else:
+            assert "Nothing to be done" in out, out[-2000:]
+    assert rerun == changed
+
+
+def test_revision_reaches_the_commands_and_null_stays_out(tmp_path):
+    out = dry_run(tmp_path, HUB_STUDY, "-p").stdout
+    jobs = {j: b for j, b in zip(re.findall(r"\n(?:local)?rule (\w+):", out),
+                                 re.split(r"\n(?:local)?rule \w+:", out)[1:])}
+    assert "--pretrained acme/tiny-bert --revision v1" in jobs["tokenizer"]
+    hps = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", out)]
+    by_id = {hp["run_id"]: hp for hp in hps}
+    assert by_id["pretrain-fp32-seed1"]["init_revision"] == "v1"
+    assert by_id["finetune-y-seed1"]["init_revision"] == "v1"  # no stage 1: fine-tunes model.init
+    assert "init_revision" not in by_id["finetune-x-seed1"]  # from the stage-1 checkpoint
+    assert all("revision" not in hp["model"] for hp in hps)  # not a BertConfig override
+    assert '"revision": "abc"' in out  # the finetune source (prepare, fetch)
+    # unpinned: no revision anywhere, so studies from before revision pinning keep their params
+    unpinned = {**HUB_STUDY, "model": {"init": "acme/tiny-bert"},
+                "data": {"finetune": {k: v for k, v in HUB_STUDY["data"]["finetune"].items() if k != "revision"}}}
+    commands = re.findall(r"Shell command: (.*)", dry_run(tmp_path, unpinned, "-p").stdout)
+    assert len(commands) > 5 and not any("revision" in c for c in commands)
 
 
 def test_nested_command_line_config_values_are_typed(tmp_path):

@@ -11,6 +11,10 @@ What a config needs:
   tokenizer files and ONE weights format: safetensors if the repo has them, else pytorch .bin) and
   then loaded once with ``AutoConfig`` / ``AutoTokenizer`` / ``AutoModel.from_pretrained(name)``, so
   that every file transformers asks for later is in the cache.
+* ``model.revision`` / ``data.<stage>.revision`` (hub sources only): the branch, tag or commit to
+  fetch (``revision=`` of ``snapshot_download``, ``from_pretrained`` and ``load_dataset``); null is
+  the repository's default branch at fetch time. The manifest records what was asked for
+  (``revision_requested``) and the commit it resolved to (``commit``), so a study can pin it.
 * ``data.pretrain`` and ``data.finetune`` of kind ``hub``: ``datasets.load_dataset(name, config,
   split=...)`` for the train and eval splits (what ``precswitch prepare`` calls later). Kinds
   ``text``/``tsv``/``csv``/``jsonl``/``parquet`` are local files: they resolve to themselves and
@@ -21,7 +25,8 @@ The caches are the standard ones: ``HF_HOME`` (default ``~/.cache/huggingface``)
 nothing is downloaded: this only checks that the cache holds everything, and names what it lacks
 (:class:`~precswitch.errors.PrecswitchError`).
 
-The manifest (JSON) says what was resolved where: cache paths, snapshot revisions, split sizes.
+The manifest (JSON) says what was resolved where: cache paths, requested revisions and resolved
+commits, split sizes.
 """
 
 from __future__ import annotations
@@ -96,26 +101,45 @@ def _as_list(v) -> list[str]:
     return [v] if isinstance(v, str) else [str(x) for x in v]
 
 
+def _revision(value, key: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise PrecswitchError(f"config key {key}: a branch, tag or commit (non-empty text) or null, got {value!r}")
+    return value
+
+
 def requirements(config: dict) -> list[dict]:
     """What a config needs from outside the workflow, one entry per model/data source.
 
-    Keys left out of the config take the schema defaults (model.init scratch, sources synthetic).
+    Keys left out of the config take the schema defaults (model.init scratch, sources synthetic). A
+    revision is for hub models and datasets only: given for anything else, it is an error.
     """
     need: list[dict] = []
-    init = str((config.get("model") or {}).get("init") or "scratch")
+    model = config.get("model") or {}
+    init = str(model.get("init") or "scratch")
+    revision = _revision(model.get("revision"), "model.revision")
+    if revision is not None and (init == "scratch" or _looks_local(init)):
+        what = "scratch" if init == "scratch" else f"the local directory {init!r}"
+        raise PrecswitchError(f"config key model.revision: {revision!r} is for hub models only; model.init is "
+                              f"{what} (set model.revision: null)")
     if init != "scratch":
-        need.append({"role": "model.init", "kind": "model", "name": init})
+        need.append({"role": "model.init", "kind": "model", "name": init, "revision": revision})
     data = config.get("data") or {}
     for stage in STAGES:
         src = data.get(stage) or {"kind": "synthetic"}
         kind = src.get("kind", "synthetic")
         role = f"data.{stage}"
+        revision = _revision(src.get("revision"), f"{role}.revision")
+        if revision is not None and kind != "hub":
+            raise PrecswitchError(f"config key {role}.revision: {revision!r} is for kind hub only; this source is "
+                                  f"kind {kind} (set {role}.revision: null)")
         if kind == "hub":
             if not src.get("name"):
                 raise PrecswitchError(f"config key {role}.name: required for kind hub (e.g. nyu-mll/glue)")
             splits = [src.get("train_split") or "train", src.get("eval_split") or "validation"]
             need.append({"role": role, "kind": "hub_dataset", "name": src["name"], "config": src.get("config"),
-                         "splits": list(dict.fromkeys(splits))})
+                         "revision": revision, "splits": list(dict.fromkeys(splits))})
         elif kind in FILE_KINDS:
             files = _as_list(src.get("train")) + _as_list(src.get("eval"))
             if not files:
@@ -193,60 +217,105 @@ def resolve_hub_model(name: str, role: str = "model.init", revision: str | None 
         raise
     except LocalEntryNotFoundError as e:
         if offline:
-            raise PrecswitchError(_offline_model_message(name, role, cache)) from None
-        raise PrecswitchError(f"{role}: hub model {name!r} could not be downloaded: {_first_line(e)}") from None
+            raise PrecswitchError(_offline_model_message(name, role, cache, revision=revision)) from None
+        raise PrecswitchError(f"{role}: hub model {name!r}{_at(revision)} could not be downloaded: "
+                              f"{_first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - unknown repo, network down, gated...
-        raise PrecswitchError(f"{role}: hub model {name!r} could not be downloaded "
+        raise PrecswitchError(f"{role}: hub model {name!r}{_at(revision)} could not be downloaded "
                               f"(hub cache {cache['hub_cache']}): {_first_line(e)}") from None
     snap = Path(path)
     weights = sorted(f.name for f in snap.iterdir() if f.suffix in (".safetensors", ".bin"))
     if not (snap / "config.json").is_file() or not weights:
         what = "config.json" if not (snap / "config.json").is_file() else "weights (*.safetensors / pytorch_model*.bin)"
         if offline:
-            raise PrecswitchError(_offline_model_message(name, role, cache, f"the cached snapshot lacks {what}"))
+            raise PrecswitchError(_offline_model_message(name, role, cache, f"the cached snapshot lacks {what}",
+                                                         revision))
         raise PrecswitchError(f"{role}: hub model {name!r}: the downloaded snapshot lacks {what}")
-    entry = {"role": role, "kind": "hub_model", "name": name, "revision": snap.name, "path": str(snap),
-             "weights": weights, "files": sorted(f.name for f in snap.iterdir()), "offline": offline, **cache}
+    # "revision" (the snapshot's commit) is kept for manifests read before revision pinning
+    entry = {"role": role, "kind": "hub_model", "name": name, "revision_requested": revision, "commit": snap.name,
+             "revision": snap.name, "path": str(snap), "weights": weights,
+             "files": sorted(f.name for f in snap.iterdir()), "offline": offline, **cache}
     if verify:
-        _verify_model_loads(name, role, offline, cache)
+        _verify_model_loads(name, role, offline, cache, revision)
         entry["verified"] = "AutoConfig, AutoTokenizer and AutoModel load it by name"
     return entry
 
 
-def _offline_model_message(name: str, role: str, cache: dict, detail: str = "it is not in the cache") -> str:
-    return (f"{role}: hub model {name!r} is not available offline: {detail} "
+def _offline_model_message(name: str, role: str, cache: dict, detail: str = "it is not in the cache",
+                           revision: str | None = None) -> str:
+    at = f" at revision {revision!r}" if revision else ""
+    return (f"{role}: hub model {name!r}{at} is not available offline: {detail} "
             f"(HF_HUB_OFFLINE=1; hub cache {cache['hub_cache']}). Run `precswitch fetch` (the workflow's "
             "fetch rule) once with internet access and the same HF_HOME, or set model.init to a local "
             "model directory")
 
 
-def _verify_model_loads(name: str, role: str, offline: bool, cache: dict) -> None:
-    """Load by *name*, as the engine and the tokenizer command will: caches any file they want."""
+def _at(revision: str | None) -> str:
+    return f" (revision {revision!r})" if revision else ""
+
+
+def _verify_model_loads(name: str, role: str, offline: bool, cache: dict, revision: str | None = None) -> None:
+    """Load by *name* (and revision), as the engine and the tokenizer command will: caches any file they want."""
     import torch
     import transformers
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    rev = {"revision": revision} if revision else {}
     try:
-        AutoConfig.from_pretrained(name)
-        AutoTokenizer.from_pretrained(name)
-        model = AutoModel.from_pretrained(name, dtype=torch.float32)
+        AutoConfig.from_pretrained(name, **rev)
+        AutoTokenizer.from_pretrained(name, **rev)
+        model = AutoModel.from_pretrained(name, dtype=torch.float32, **rev)
         del model
     except Exception as e:  # noqa: BLE001
         if offline:
-            raise PrecswitchError(_offline_model_message(name, role, cache, f"loading it failed: {_first_line(e)}")) from None
+            raise PrecswitchError(_offline_model_message(name, role, cache, f"loading it failed: {_first_line(e)}",
+                                                         revision)) from None
         raise PrecswitchError(f"{role}: hub model {name!r} was downloaded but does not load: {_first_line(e)}") from None
 
 
-def resolve_model(name: str, role: str = "model.init", verify: bool = True) -> dict:
+def resolve_model(name: str, role: str = "model.init", verify: bool = True, revision: str | None = None) -> dict:
     if _looks_local(name):
+        if revision is not None:
+            raise PrecswitchError(f"{role}: revision {revision!r} is for hub models; {name!r} is a local directory")
         return resolve_local_model(name, role)
-    return resolve_hub_model(name, role, verify=verify)
+    return resolve_hub_model(name, role, revision=revision, verify=verify)
+
+
+def hub_commit(name: str, revision: str | None = None, repo_type: str = "model") -> str | None:
+    """The commit a (cached) hub revision resolves to, from the local cache only; None if unknown.
+
+    A commit in the cache is a ``snapshots/<commit>`` folder; a branch or tag is resolved through
+    ``refs/<name>`` (what ``snapshot_download`` and ``from_pretrained`` record).
+    """
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        filename = "config.json" if repo_type == "model" else "README.md"
+        path = try_to_load_from_cache(name, filename, revision=revision, repo_type=repo_type)
+    except Exception:  # noqa: BLE001 - provenance only
+        return None
+    return Path(path).parent.name if isinstance(path, str) else None
 
 
 # ------------------------------------------------------------------ datasets
-def resolve_hub_dataset(name: str, config: str | None, splits: list[str], role: str) -> dict:
+def _dataset_commit(name: str, revision: str | None, offline: bool) -> str | None:
+    """The commit of a hub dataset revision: asked of the hub online, else looked up in the cache."""
+    if not offline and not _looks_local(name):
+        try:
+            from huggingface_hub import HfApi
+
+            sha = HfApi().dataset_info(name, revision=revision).sha
+            if sha:
+                return sha
+        except Exception:  # noqa: BLE001 - provenance only; load_dataset reports real failures
+            pass
+    return hub_commit(name, revision, repo_type="dataset")
+
+
+def resolve_hub_dataset(name: str, config: str | None, splits: list[str], role: str,
+                        revision: str | None = None) -> dict:
     """``datasets.load_dataset`` each split (downloads once; offline: from the cache only)."""
     import datasets
 
@@ -254,13 +323,16 @@ def resolve_hub_dataset(name: str, config: str | None, splits: list[str], role: 
     datasets.logging.set_verbosity_error()
     offline = datasets_offline()
     cache = _cache_info()
-    entry: dict[str, Any] = {"role": role, "kind": "hub_dataset", "name": name, "config": config, "splits": {},
-                             "offline": offline, **cache}
+    entry: dict[str, Any] = {"role": role, "kind": "hub_dataset", "name": name, "config": config,
+                             "revision_requested": revision, "commit": None, "splits": {}, "offline": offline,
+                             **cache}
+    rev = {"revision": revision} if revision else {}
     for split in splits:
         try:
-            ds = datasets.load_dataset(name, config, split=split)
+            ds = datasets.load_dataset(name, config, split=split, **rev)
         except Exception as e:  # noqa: BLE001
-            what = f"hub dataset {name!r}" + (f" config {config!r}" if config else "") + f" split {split!r}"
+            what = (f"hub dataset {name!r}" + (f" config {config!r}" if config else "") + f" split {split!r}"
+                    + (f" revision {revision!r}" if revision else ""))
             if offline:
                 raise PrecswitchError(
                     f"{role}: {what} is not available offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE set; datasets "
@@ -272,6 +344,7 @@ def resolve_hub_dataset(name: str, config: str | None, splits: list[str], role: 
         files = sorted({str(Path(f["filename"]).parent) for f in getattr(ds, "cache_files", []) or []})
         entry["splits"][split] = {"rows": len(ds), "columns": list(ds.column_names),
                                   "fingerprint": getattr(ds, "_fingerprint", None), "cache_dirs": files}
+    entry["commit"] = _dataset_commit(name, revision, offline)
     return entry
 
 
@@ -299,9 +372,10 @@ def fetch(config: str | os.PathLike | dict, manifest: str | os.PathLike | None =
     for need in requirements(cfg):
         try:
             if need["kind"] == "model":
-                entries.append(resolve_model(need["name"], need["role"], verify=verify))
+                entries.append(resolve_model(need["name"], need["role"], verify=verify, revision=need["revision"]))
             elif need["kind"] == "hub_dataset":
-                entries.append(resolve_hub_dataset(need["name"], need["config"], need["splits"], need["role"]))
+                entries.append(resolve_hub_dataset(need["name"], need["config"], need["splits"], need["role"],
+                                                   need["revision"]))
             elif need["kind"] == "local_files":
                 entries.append(resolve_local_files(need["files"], need["role"]))
             else:
@@ -356,7 +430,8 @@ def _run(args) -> int:
     for item in res["items"]:
         where = item.get("path") or ", ".join(f["resolved"] for f in item.get("files", []) if isinstance(f, dict)) \
             or ", ".join(f"{s}: {v['rows']} rows" for s, v in item.get("splits", {}).items()) or item.get("note", "")
-        print(f"{item['role']:<14} {item['kind']:<12} {item.get('name', '')} -> {where}")
+        pin = f" @ {item['commit']}" if item.get("commit") else ""
+        print(f"{item['role']:<14} {item['kind']:<12} {item.get('name', '')}{pin} -> {where}")
     print(f"manifest: {args.manifest}")
     return 0
 

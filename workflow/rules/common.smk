@@ -94,6 +94,18 @@ def _source_files(source):
     return _as_list(source.get("train")) + _as_list(source.get("eval"))
 
 
+def _is_hub_name(init):
+    """model.init names a hub model: not scratch, not a path (as precswitch.fetch decides)."""
+    init = str(init)
+    return not (
+        init == "scratch"
+        or init.startswith((".", "~"))
+        or os.path.isabs(init)
+        or init.count("/") > 1
+        or os.path.exists(os.path.expanduser(init))
+    )
+
+
 def _check_source(stage, source):
     key = f"data.{stage}"
     kind = source["kind"]
@@ -117,6 +129,12 @@ def _check_source(stage, source):
                     f"file {path!r} not found (relative paths are relative to "
                     f"the working directory {os.getcwd()})",
                 )
+    if kind != "hub" and source.get("revision") is not None:
+        raise config_error(
+            f"{key}.revision",
+            f"{source['revision']!r} is a hub revision (branch, tag or commit) and this source is "
+            f"kind {kind}; set it to null or use kind hub",
+        )
     if kind == "hub" and not source.get("name"):
         raise config_error(f"{key}.name", "required for kind hub (e.g. nyu-mll/glue)")
     if stage == "pretrain" and kind in ("tsv", "csv", "jsonl", "parquet"):
@@ -338,6 +356,13 @@ def check_config(cfg):
             f"{model['num_attention_heads']} does not divide model.hidden_size "
             f"({model['hidden_size']})",
         )
+    if model["revision"] is not None and not _is_hub_name(model["init"]):
+        what = "scratch" if model["init"] == "scratch" else "a local directory"
+        raise config_error(
+            "model.revision",
+            f"{model['revision']!r} is a hub revision (branch, tag or commit) but model.init "
+            f"{model['init']!r} is {what}; set model.revision: null",
+        )
     for stage in STAGES:
         _check_source(stage, cfg["data"][stage])
 
@@ -397,6 +422,7 @@ SOURCE_KEYS = {
     "hub": {
         "name",
         "config",
+        "revision",
         "train_split",
         "eval_split",
         "columns",
@@ -435,7 +461,10 @@ def tokenizer_options():
     """`precswitch tokenizer` options: train WordPiece, or copy model.init's tokenizer."""
     model, tok = config["model"], config["tokenizer"]
     if model["init"] != "scratch":
-        return f"--pretrained {shlex.quote(model['init'])}"
+        options = f"--pretrained {shlex.quote(model['init'])}"
+        if model["revision"] is not None:
+            options += f" --revision {shlex.quote(model['revision'])}"
+        return options
     options = f"--vocab-size {tok['vocab_size']}"
     options += f" --model-max-length {model['max_position_embeddings']}"
     return options + (" --cased" if tok["cased"] else "")
@@ -483,7 +512,9 @@ def _hparams(stage, spec, seed, init, tags):
         hp.pop(
             "telemetry_every", None
         )  # off: the engine's default (keeps old runs' params)
-    model = {k: v for k, v in config["model"].items() if k != "init"}
+    # init and its hub revision are not BertConfig fields: the revision goes as init_revision, and
+    # only when set and the stage starts from model.init (a stage-1 checkpoint records its own)
+    model = {k: v for k, v in config["model"].items() if k not in ("init", "revision")}
     hp.update(
         run_id=f"{stage}-{tags['schedule'] if 'schedule' in tags else spec_name(spec)}-seed{seed}",
         stage=stage,
@@ -498,6 +529,9 @@ def _hparams(stage, spec, seed, init, tags):
         threads=config["threads"],
         device=config["device"],
     )
+    revision = config["model"]["revision"]
+    if revision is not None and init == config["model"]["init"]:
+        hp["init_revision"] = revision
     if spec["switch_to"] is not None:
         hp.update(switch_to=spec["switch_to"], switch_at=spec["switch_at"])
     if stage == "pretrain":
@@ -572,9 +606,16 @@ def fetch_inputs(wildcards=None):
 
 def fetch_config_json():
     """The part of the config `precswitch fetch` reads (changing it reruns the fetch)."""
+
+    # a revision left null is left out, so that adding the key did not rerun existing studies
+    def pinned(d):
+        return {k: v for k, v in d.items() if k != "revision" or v is not None}
+
     spec = {
-        "model": {"init": config["model"]["init"]},
-        "data": {stage: config["data"][stage] for stage in STAGES},
+        "model": pinned(
+            {"init": config["model"]["init"], "revision": config["model"]["revision"]}
+        ),
+        "data": {stage: pinned(config["data"][stage]) for stage in STAGES},
     }
     return json.dumps(spec, sort_keys=True)
 

@@ -330,7 +330,7 @@ STRING_COLUMNS = [
     "stage1_status_reason", "stage2_status_reason", "stage1_metrics_path", "stage2_metrics_path",
     "spec", "switch_to", "precision_final", "update_compensation", "autocast_dtype", "act_max_abs_layer",
     "sweep", "sweep_stage", "stage1_spec", "stage2_spec", "stage1_switch_to", "stage2_switch_to",
-    "init_status",
+    "init_status", "model_revision", "model_commit", "data_revision", "data_commit",
 ]
 
 

@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     p.add_argument("--pretrained", default=None, metavar="NAME_OR_DIR",
                    help="copy this tokenizer (local dir, or a hub name in the local cache) instead of training")
+    p.add_argument("--revision", default=None,
+                   help="hub branch, tag or commit of --pretrained (a hub name; default: its default branch)")
     p.set_defaults(func=_tokenizer)
 
     p = sub.add_parser("prepare", help="tokenize a source into a DatasetDict (train/eval) + meta.json",
@@ -72,9 +74,12 @@ def _tokenizer(args) -> int:
     from ..errors import PrecswitchError
     from .tokenizer import DEFAULT_MODEL_MAX_LENGTH, DEFAULT_VOCAB_SIZE, build_tokenizer, copy_pretrained
 
+    if args.revision is not None and not args.pretrained:
+        raise PrecswitchError("tokenizer: --revision goes with --pretrained (a hub model name)")
     if args.pretrained:
-        out = copy_pretrained(args.pretrained, args.out, model_max_length=args.model_max_length)
-        print(json.dumps({"out": str(out), "pretrained": args.pretrained}))
+        out = copy_pretrained(args.pretrained, args.out, model_max_length=args.model_max_length,
+                              revision=args.revision)
+        print(json.dumps({"out": str(out), "pretrained": args.pretrained, "revision": args.revision}))
         return 0
     if not args.source:
         raise PrecswitchError("tokenizer: --source is required unless --pretrained is given")

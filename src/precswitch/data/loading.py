@@ -27,7 +27,7 @@ KINDS = ("synthetic", "text", "tsv", "csv", "jsonl", "parquet", "hub")
 OBJECTIVES = ("mlm", "classify")
 SPEC_KEYS = {
     "kind", "dir", "train", "eval", "columns", "name", "config", "train_split", "eval_split",
-    "text_column", "labels", "max_train_rows", "max_eval_rows", "eval_fraction", "mlm_examples",
+    "text_column", "labels", "max_train_rows", "max_eval_rows", "eval_fraction", "mlm_examples", "revision",
 }
 #: WikiText heading lines: `` = Title = ``, `` = = Section = = `` ...
 HEADING_RE = re.compile(r"^\s*(=\s+)+\S.*?(\s+=)+\s*$")
@@ -73,6 +73,13 @@ def validate_spec(spec: dict) -> dict:
     for k in need:
         if spec.get(k) in (None, "", []):
             raise PrecswitchError(f"source (kind {kind}): key {k!r} is required")
+    rev = spec.get("revision")
+    if rev is not None:
+        if kind != "hub":
+            raise PrecswitchError(f"source: revision is for kind hub only (a hub branch, tag or commit); this source is "
+                                  f"kind {kind}")
+        if not isinstance(rev, str) or not rev.strip():
+            raise PrecswitchError(f"source: revision must be a branch, tag or commit (text) or null, got {rev!r}")
     for k in ("max_train_rows", "max_eval_rows"):
         v = spec.get(k)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -189,9 +196,10 @@ def _read_text_lines(files: list[Path]):
 def _hub(spec: dict, split: str):
     import datasets
 
-    name, config = spec["name"], spec.get("config")
+    name, config, revision = spec["name"], spec.get("config"), spec.get("revision")
     try:
-        return datasets.load_dataset(name, config, split=split)
+        # revision: the pinned branch/tag/commit (offline, the cache must hold that revision)
+        return datasets.load_dataset(name, config, split=split, **({"revision": revision} if revision else {}))
     except Exception as e:  # noqa: BLE001 - offline/missing/unknown split all become one clear line
         offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
                       for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
@@ -199,7 +207,8 @@ def _hub(spec: dict, split: str):
                 "once online, or use a local file source: kind tsv/csv/jsonl/parquet/text)") if offline else ""
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PrecswitchError(
-            f"source: cannot load hub dataset {name!r} config {config!r} split {split!r}{hint}: {msg}"
+            f"source: cannot load hub dataset {name!r} config {config!r} split {split!r}"
+            + (f" revision {revision!r}" if revision else "") + f"{hint}: {msg}"
         ) from None
 
 

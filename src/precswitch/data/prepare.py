@@ -103,6 +103,15 @@ def _encode_pairs(ds, tokenizer, max_length: int):
     return out.cast_column("labels", datasets.Value("int64"))
 
 
+def _source_commit(spec: dict) -> str | None:
+    """The commit a hub source's revision resolved to (from the local hub cache; None if unknown)."""
+    if spec.get("kind") != "hub":
+        return None
+    from ..fetch import hub_commit
+
+    return hub_commit(spec["name"], spec.get("revision"), repo_type="dataset")
+
+
 def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_length: int,
             out: str | Path) -> dict:
     """Load, tokenize, save ``out`` (DatasetDict + meta.json) atomically; return the meta dict."""
@@ -157,6 +166,7 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
         vocab_size=len(tokenizer),
         source=spec,
         source_hash=source_hash(spec, objective),
+        source_commit=_source_commit(spec),
         mlm_examples=(mlm_examples(spec) if objective == "mlm" else None),
         datasets_version=datasets.__version__,
     )

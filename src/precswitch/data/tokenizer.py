@@ -130,21 +130,29 @@ def _cased_vocab(hf) -> bool:
     return bool(words) and sum(any(c.isupper() for c in t) for t in words) >= 0.01 * len(words)
 
 
-def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int | None = None) -> Path:
-    """Copy a pretrained tokenizer (local dir, or hub name if cached / online) into ``out``."""
+def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int | None = None,
+                    revision: str | None = None) -> Path:
+    """Copy a pretrained tokenizer (local dir, or hub name if cached / online) into ``out``.
+
+    ``revision``: the hub branch, tag or commit of ``name_or_dir`` (hub names only).
+    """
     from transformers import AutoTokenizer
 
+    rev = {"revision": revision} if revision else {}
+    if rev and Path(name_or_dir).expanduser().exists():
+        raise PrecswitchError(f"--revision {revision!r} is for hub models; {name_or_dir!r} is a local directory")
     try:
-        hf = AutoTokenizer.from_pretrained(name_or_dir)
+        hf = AutoTokenizer.from_pretrained(name_or_dir, **rev)
     except Exception as e:  # noqa: BLE001 - missing dir, offline hub, bad files
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise PrecswitchError(f"--pretrained: cannot load tokenizer {name_or_dir!r}: {msg}") from None
+        at = f" at revision {revision!r}" if revision else ""
+        raise PrecswitchError(f"--pretrained: cannot load tokenizer {name_or_dir!r}{at}: {msg}") from None
     if _lowercases(hf) and _cased_vocab(hf):
         # transformers 5 rebuilds a BERT tokenizer's normalizer from tokenizer_config.json, where a missing
         # do_lower_case means True: a cased model whose config omits it would be fed lowercased text that
         # can never produce its capitalised vocabulary (tokenizer.json's own normalizer is cased).
         try:
-            cased = AutoTokenizer.from_pretrained(name_or_dir, do_lower_case=False)
+            cased = AutoTokenizer.from_pretrained(name_or_dir, do_lower_case=False, **rev)
         except Exception:  # noqa: BLE001
             cased = None
         if cased is None or _lowercases(cased):
@@ -155,7 +163,8 @@ def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int 
         hf.model_max_length = int(model_max_length)
     elif not hf.model_max_length or hf.model_max_length >= _HUGE:
         hf.model_max_length = DEFAULT_MODEL_MAX_LENGTH
-    return _save(hf, out, {"kind": "pretrained", "pretrained": name_or_dir, "vocab_size": len(hf),
+    return _save(hf, out, {"kind": "pretrained", "pretrained": name_or_dir, "revision": revision,
+                           "vocab_size": len(hf),
                            "model_max_length": hf.model_max_length, "lowercase": _lowercases(hf)})
 
 

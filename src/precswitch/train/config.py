@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "data": None,  # prepared dataset dir (precswitch prepare)
     "tokenizer": None,  # tokenizer dir; default: the data's meta.json tokenizer
     "init": "scratch",  # scratch | checkpoint dir | pretrained model dir or hub name
+    "init_revision": None,  # hub branch/tag/commit of a hub-name init (None: the default branch)
     "model": {
         "hidden_size": 128,
         "num_hidden_layers": 2,
@@ -157,6 +158,11 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     why = P.eval_precision_problem(hp["precision"], hp["eval_precision"])
     if why:
         raise PrecswitchError(f"eval_precision {hp['eval_precision']!r} after an {hp['precision']} stage: {why}")
+    rev = hp["init_revision"]
+    if rev is not None and (not isinstance(rev, str) or not rev.strip()):
+        raise PrecswitchError(f"init_revision must be a hub branch, tag or commit (text) or null, got {rev!r}")
+    if rev is not None and str(hp["init"]) == "scratch":
+        raise PrecswitchError(f"init_revision {rev!r} is for a hub model init; init is scratch")
     if hp["run_id"] is None:
         hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
     return hp

@@ -122,6 +122,18 @@ def _checkpoint_dtype(init_dir: Path) -> str | None:
     return None
 
 
+def _model_pin(hp: dict, init: str, init_info: dict) -> dict:
+    """Hub revision (requested) and commit (resolved, from the cache) of the pretrained model this run's weights
+    come from: init itself when it is a hub name, else what the init checkpoint's stage file says (stage 2)."""
+    if init == "scratch":
+        return {"model_revision": None, "model_commit": None}
+    if Path(init).expanduser().is_dir():
+        return {"model_revision": init_info.get("model_revision"), "model_commit": init_info.get("model_commit")}
+    from ..fetch import hub_commit
+
+    return {"model_revision": hp.get("init_revision"), "model_commit": hub_commit(init, hp.get("init_revision"))}
+
+
 def _build_model(hp: dict, tokenizer, meta: dict):
     """Scratch from a BertConfig, or from a checkpoint dir / pretrained name."""
     from transformers import AutoConfig, BertConfig, BertForMaskedLM, BertForSequenceClassification
@@ -133,6 +145,7 @@ def _build_model(hp: dict, tokenizer, meta: dict):
     m = dict(hp["model"])
     attn = m.pop("attn_implementation", "eager")
     init = str(hp["init"])
+    revision = hp.get("init_revision")
     if init == "scratch":
         cfg = BertConfig(
             vocab_size=m.pop("vocab_size", None) or len(tokenizer),
@@ -148,16 +161,20 @@ def _build_model(hp: dict, tokenizer, meta: dict):
         raise PrecswitchError(f"model init {init!r}: directory does not exist")
     if is_dir and not (path / "config.json").is_file():
         raise PrecswitchError(f"model dir {init!r} has no config.json: not a saved model (save_pretrained)")
+    if is_dir and revision:
+        raise PrecswitchError(f"init_revision {revision!r} is for a hub model; init {init!r} is a local directory")
+    rev = {"revision": revision} if revision else {}  # the pinned hub branch/tag/commit (model.revision)
     try:
-        cfg = AutoConfig.from_pretrained(init, **extra)
+        cfg = AutoConfig.from_pretrained(init, **extra, **rev)
         cfg._attn_implementation = attn
-        model = cls.from_pretrained(init, config=cfg, dtype=torch.float32)
+        model = cls.from_pretrained(init, config=cfg, dtype=torch.float32, **rev)
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
         if is_dir:
             raise PrecswitchError(f"checkpoint {init!r} is corrupt or incomplete: {str(e).splitlines()[0]}") from None
         raise PrecswitchError(
-            f"model {init!r} is not a local dir and could not be loaded from the hub"
+            f"model {init!r}" + (f" (revision {revision!r})" if revision else "")
+            + " is not a local dir and could not be loaded from the hub"
             + (" (offline: HF_HUB_OFFLINE=1 and it is not in the cache; run the download rule first)" if offline else "")
             + f": {str(e).splitlines()[0]}"
         ) from None
@@ -514,6 +531,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     init = str(hp["init"])
     init_info = _init_info(init) if init != "scratch" else {}
     model, ckpt_dtype_read = _build_model(hp, tokenizer, meta)
+    model_pin = _model_pin(hp, init, init_info)
     max_pos = model.config.max_position_embeddings
     if int(meta.get("max_length", 0)) > max_pos:
         raise PrecswitchError(
@@ -753,7 +771,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 atomic_write_json(
                     tmp / STAGE_FILE,
                     {"run_id": hp["run_id"], "precision": prec.name, "objective": hp["objective"], "dtype": written,
-                     "status": st["status"], "config_hash": chash},
+                     "status": st["status"], "config_hash": chash, **model_pin},
                 )
     finally:
         restore_handler()
@@ -784,6 +802,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "init_run_id": init_info.get("run_id"),
         "init_precision": init_info.get("precision"),
         "init_status": init_info.get("status"),
+        **model_pin,  # model_revision, model_commit: the pinned hub revision of the pretrained weights
+        "data_revision": (meta.get("source") or {}).get("revision"),
+        "data_commit": meta.get("source_commit"),
         "switch_to": prec2.name if prec2 else None,
         "switch_at": hp["switch_at"] if prec2 else None,
         "switch_step": switch_step,
