@@ -119,7 +119,7 @@ def requirements(config: dict) -> list[dict]:
     model = config.get("model") or {}
     init = str(model.get("init") or "scratch")
     revision = _revision(model.get("revision"), "model.revision")
-    if revision is not None and (init == "scratch" or _looks_local(init)):
+    if revision is not None and not is_hub_model(init):
         what = "scratch" if init == "scratch" else f"the local directory {init!r}"
         raise PrecswitchError(f"config key model.revision: {revision!r} is for hub models only; model.init is "
                               f"{what} (set model.revision: null)")
@@ -157,6 +157,12 @@ def requirements(config: dict) -> list[dict]:
 def _looks_local(name: str) -> bool:
     """A path, not a hub id: starts with . / ~, has more than one /, or exists on disk."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
+
+
+def is_hub_model(init: Any) -> bool:
+    """model.init names a hub model: not scratch, not a local path (the workflow's config check asks too)."""
+    init = str(init)
+    return init != "scratch" and not _looks_local(init)
 
 
 def resolve_local_model(name: str, role: str = "model.init") -> dict:

@@ -21,6 +21,7 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 import precswitch.warm as precswitch_warm
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
+from precswitch.fetch import is_hub_model
 
 PRECISIONS = list(NAMES)
 STAGES = ["pretrain", "finetune"]
@@ -92,18 +93,6 @@ def _source_files(source):
     if source["kind"] not in FILE_KINDS:
         return []
     return _as_list(source.get("train")) + _as_list(source.get("eval"))
-
-
-def _is_hub_name(init):
-    """model.init names a hub model: not scratch, not a path (as precswitch.fetch decides)."""
-    init = str(init)
-    return not (
-        init == "scratch"
-        or init.startswith((".", "~"))
-        or os.path.isabs(init)
-        or init.count("/") > 1
-        or os.path.exists(os.path.expanduser(init))
-    )
 
 
 def _check_source(stage, source):
@@ -356,7 +345,7 @@ def check_config(cfg):
             f"{model['num_attention_heads']} does not divide model.hidden_size "
             f"({model['hidden_size']})",
         )
-    if model["revision"] is not None and not _is_hub_name(model["init"]):
+    if model["revision"] is not None and not is_hub_model(model["init"]):
         what = "scratch" if model["init"] == "scratch" else "a local directory"
         raise config_error(
             "model.revision",

@@ -648,7 +648,7 @@ def _share_stage1_labels(rows: list[dict], stage_rows: list[dict], sched, alpha:
     the same numbers could be 'saved' in one paragraph and 'not significant' in the next."""
     spec = {}
     for s, sub in sched.groupby("schedule", sort=False):
-        spec[s] = _first(sub, "stage1_spec") or _first(sub, "stage1_precision")
+        spec[s] = _stage1_spec(sub)
     by_key = {(r["metric"], frozenset((r["a"], r["b"]))): r for r in stage_rows}
     for r in rows:
         m = STAGE1_OF_SCHEDULE.get(r["metric"])
@@ -680,6 +680,11 @@ def _first(df, col: str):
     v = df[col].dropna()
     v = v[v.astype(str) != ""]
     return None if v.empty else v.mode().iloc[0]
+
+
+def _stage1_spec(sub) -> Any:
+    """A schedule's stage 1: its spec (amp_fp16-to-fp32-at80 for an in-stage switch), else the precision."""
+    return _first(sub, "stage1_spec") or _first(sub, "stage1_precision")
 
 
 def _provenance(runs) -> dict:
@@ -872,7 +877,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         acc = describe(sub.loc[sub["used"], "accuracy"].astype(float) * 100, alpha)
         sched_info[s] = {
             # the spec (amp_fp16-to-fp32-at80 for an in-stage switch), else the precision
-            "stage1_precision": _first(sub, "stage1_spec") or _first(sub, "stage1_precision"),
+            "stage1_precision": _stage1_spec(sub),
             # a stage-1 run of its own (a finetune-only schedule names init_precision above, runs none)
             "has_stage1": _has_stage1(sub),
             "stage2_precision": _first(sub, "stage2_spec") or _first(sub, "stage2_precision"),
