@@ -35,11 +35,12 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
   python3 -c "import torchao; print('torchao', torchao.__version__)" || true
 } 2>&1 | tee "$OUT/env.txt"
 
-# 1. BERT-base classification steps, every precision: eager rows, then compiled rows while 200 s last
-timeout -k 10 330 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json" --budget-seconds 200 2>&1 | tee "$OUT/gpu_check.txt"
+# 1. BERT-base classification steps, every precision: eager rows, then compiled rows (CUDA graphs) while
+#    200 s last; each row profiled for 3 more steps (kernels, GPU time, host syncs per step)
+timeout -k 10 330 python3 benchmarks/gpu_check.py --profile-steps 3 --out "$OUT/gpu_check.json" --budget-seconds 200 2>&1 | tee "$OUT/gpu_check.txt"
 echo "# gpu_check done at $((SECONDS - t0)) s"
 # 2. BERT-base masked-LM steps (stage 1), eager only
-timeout -k 10 100 python3 benchmarks/gpu_check.py --mlm --compile off --out "$OUT/gpu_check_mlm.json" 2>&1 | tee "$OUT/gpu_check_mlm.txt"
+timeout -k 10 100 python3 benchmarks/gpu_check.py --mlm --compile off --profile-steps 3 --out "$OUT/gpu_check_mlm.json" 2>&1 | tee "$OUT/gpu_check_mlm.txt"
 echo "# gpu_check --mlm done at $((SECONDS - t0)) s"
 # 3. the study's engine on CUDA (one process per precision), if time is left
 left=$((520 - 10 - (SECONDS - t0)))  # 10: the kill grace of timeout -k

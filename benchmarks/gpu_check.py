@@ -17,6 +17,10 @@ compiled, else eager), and MFU of amp_bf16 >= 35% (best variant). Exit 0 when ev
 pure_fp16 runs with AdamW eps 1e-4 (--pure-fp16-eps): 1e-8 rounds to 0 in fp16 and Adam then divides
 0 by 0. Every other precision uses eps 1e-8. The engine of the study does not compile the model: the
 eager rows are the study's speed; the compiled rows show what the hardware gives (MFU target).
+Compiled rows use CUDA graphs (--compile-mode reduce-overhead): on an H200, BERT-base at batch 32 in
+16 bits launches ~1,200 kernels per eager step and the host needs ~24 ms to launch them while the GPU
+needs ~12 ms, so eager 16-bit steps are host-bound (benchmarks/h200/). --profile-steps N shows it:
+kernels, GPU kernel time and host synchronizations per step, and the GPU-busy fraction.
 """
 
 from __future__ import annotations
@@ -87,6 +91,52 @@ def find_peaks(device_name: str, overrides: dict[str, float]) -> tuple[str | Non
         if key.lower() in device_name.lower():
             return key, {**table, **overrides}
     return None, dict(overrides)
+
+
+# ------------------------------------------------------------------ host-side cost
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def host_launch_us(device, n: int = 2000) -> float | None:
+    """Host microseconds per tiny eager op (dispatcher + kernel launch), the floor of an eager step's
+    cost per kernel: an eager step of k kernels cannot take less than about k times this."""
+    if device.type != "cuda":
+        return None
+    x = torch.zeros(1, device=device)
+    for _ in range(100):
+        x.add_(1)
+    torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    us = (time.perf_counter() - t) / n * 1e6  # host time only: launches are asynchronous
+    torch.cuda.synchronize(device)
+    return us
+
+
+def profile_steps(step, batches: list[dict], n: int, device) -> dict:
+    """n more steps under torch.profiler: kernels launched, GPU kernel time and host-blocking
+    synchronizations per step. gpu_kernel_ms_per_step against the unprofiled step time says whether a
+    step is GPU-bound (close to it) or host-bound (far below it: the GPU waits for the launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for i in range(n):
+            step(batches[i % len(batches)])
+        measure.sync(device)
+    kernels, kernel_us, syncs, items = 0, 0.0, 0, 0
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels += e.count
+            kernel_us += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+        elif e.key in SYNC_CALLS:
+            syncs += e.count
+        elif e.key == "aten::_local_scalar_dense":  # .item(), bool(tensor): a value the host waits for
+            items += e.count
+    last_sync = 1  # the one measure.sync after the n steps
+    return {"profiled_steps": n, "kernels_per_step": kernels / n, "gpu_kernel_ms_per_step": kernel_us / 1000 / n,
+            "host_syncs_per_step": max(syncs - last_sync, 0) / n, "host_item_calls_per_step": items / n}
 
 
 # ------------------------------------------------------------------ one measurement
@@ -160,6 +210,8 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         measure.reset_peak_memory(device)
         torch.manual_seed(0)
         bcfg = BertConfig(**cfg, num_labels=2, attn_implementation=args.attn)
+        if not args.mlm:  # else the first forward sets it, and a compiled step recompiles on the second
+            bcfg.problem_type = "single_label_classification"
         model = (BertForMaskedLM if args.mlm else BertForSequenceClassification)(bcfg)
         model = prec.prepare_model(model).to(device)
         cls_only = args.step == "engine" and not args.mlm and not prec.fp8_linear
@@ -181,7 +233,11 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
                 return model(**{k: v for k, v in b.items() if k not in HEAD_KEYS}).loss
         step_model = torch.compile(loss_of, mode=args.compile_mode) if variant == "compiled" else loss_of
 
+        cudagraphs = variant == "compiled" and args.compile_mode in ("reduce-overhead", "max-autotune")
+
         def step(b):
+            if cudagraphs:  # a new iteration: CUDA-graph outputs of the last one may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
             with prec.autocast(device.type):
                 loss = step_model(b)
             if scaler is not None:
@@ -209,12 +265,17 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         t0 = time.perf_counter()
         losses = []
         for i in range(args.steps):
-            losses.append(step(batches[i % len(batches)]).detach())
+            loss = step(batches[i % len(batches)]).detach()
+            losses.append(loss.clone() if cudagraphs else loss)  # a CUDA graph reuses its output memory
         measure.sync(device)
         seconds = time.perf_counter() - t0
         e1 = measure.nvml_energy_mj(device)
         final = float(losses[-1].float())
         mem = measure.peak_memory(device)
+        if args.profile_steps:
+            row.update(profile_steps(step, batches, args.profile_steps, device))
+            if row.get("gpu_kernel_ms_per_step"):
+                row["gpu_busy_fraction"] = row["gpu_kernel_ms_per_step"] / 1000 / (seconds / args.steps)
         engine_kw = {}
         if args.step == "engine" and args.mlm:  # rows the sparse head scored, averaged over the batches
             engine_kw["head_rows"] = round(statistics.fmean(
@@ -312,6 +373,15 @@ def print_table(res: dict) -> None:
               f"{fmt(r.get('peak_tflops'), '.0f'):>6} {fmt(r.get('mfu'), '.1f', 100):>6} "
               f"{fmt(r.get('peak_memory_bytes'), '.2f', 2**-30):>9} {fmt(r.get('peak_reserved_bytes'), '.2f', 2**-30):>9} "
               f"{fmt(r.get('energy_joules_per_step'), '.2f'):>7}  {note[:90]}")
+    prof = [r for r in res["results"] if r.get("profiled_steps")]
+    if prof:
+        print(f"\nwhere a step's time goes (torch.profiler over {prof[0]['profiled_steps']} more steps; host cost of one "
+              f"tiny eager op: {fmt(res.get('host_launch_us'), '.1f')} us):")
+        print(f"  {'precision':<15} {'variant':<9} {'step ms':>8} {'GPU ms':>8} {'GPU busy':>8} {'kernels':>8} {'syncs':>6}")
+        for r in prof:
+            print(f"  {r['precision']:<15} {r['variant']:<9} {fmt(r['step_seconds'], '.2f', 1000):>8} "
+                  f"{fmt(r['gpu_kernel_ms_per_step'], '.2f'):>8} {fmt(r.get('gpu_busy_fraction'), '.0%'):>8} "
+                  f"{fmt(r['kernels_per_step'], '.0f'):>8} {fmt(r['host_syncs_per_step'], '.1f'):>6}")
     print("\nratios (steps/s over fp32):")
     for k, v in res["ratios"].items():
         print(f"  {k:<28} {v:.2f}x")
@@ -340,7 +410,9 @@ def parse_args(argv=None):
     p.add_argument("--compile", choices=["auto", "on", "off", "only"], default="auto",
                    help="torch.compile: auto = on for CUDA (eager AND compiled rows), off = eager only, "
                         "only = compiled rows only")
-    p.add_argument("--compile-mode", default="default", help="torch.compile mode (default 'default')")
+    p.add_argument("--compile-mode", default="reduce-overhead",
+                   help="torch.compile mode of the compiled rows (default 'reduce-overhead': CUDA graphs; on an H200 "
+                        "at batch 32 mode 'default' left the 16-bit step as host-bound as eager, benchmarks/h200/)")
     p.add_argument("--fused", choices=["auto", "on", "off"], default="auto", help="fused AdamW (default on, like the engine's optimizer_impl: fused; off = foreach)")
     p.add_argument("--step", choices=["engine", "stock"], default="engine",
                    help="engine (default): the study's step (masked-LM head on masked rows only, [CLS]-only "
@@ -352,6 +424,9 @@ def parse_args(argv=None):
                    help="override/add a peak (keys fp32, tf32, fp16, bf16), e.g. --peak bf16=989")
     p.add_argument("--budget-seconds", type=float, default=450.0,
                    help="skip compiled variants that would start after this many seconds (default 450)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the timed window, profile this many more steps: kernels, GPU kernel time and host "
+                        "synchronizations per step, GPU-busy fraction (default 0: off)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     p.add_argument("--no-slot", action="store_true", help="do not take a GPU slot lock (precswitch.gpu)")
     p.add_argument("--out", default="gpu_check.json", help="JSON results path (default gpu_check.json)")
@@ -397,6 +472,9 @@ def main(argv=None) -> int:
     variants = (["eager"] if args.compile != "only" else []) + (["compiled"] if compile_on else [])
     cfg = QUICK if args.quick else BASE
     batches = make_batches(cfg, args.batch, args.seq, args.mlm, device)
+    launch_us = host_launch_us(device)
+    if launch_us is not None:
+        print(f"gpu_check: host cost of one tiny eager op (dispatch + launch): {launch_us:.1f} us", file=sys.stderr)
 
     rows = []
     out = Path(args.out)
@@ -414,6 +492,7 @@ def main(argv=None) -> int:
             "device": device.type,
             "device_name": dev_name,
             "provenance": prov,
+            "host_launch_us": launch_us,
             "gpu_slot": gpu.claim_info(),
             "torch_version": torch.__version__,
             "python_version": platform.python_version(),

@@ -197,7 +197,7 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     out = tmp_path / "gpu_check.json"
     cmd = [str(ROOT / "benchmarks" / "gpu_check"), "--device", "cpu", "--steps", "3", "--quick", "--out", str(out)]
     if mlm:
-        cmd.append("--mlm")
+        cmd += ["--mlm", "--profile-steps", "1"]
     env = {**os.environ, "PYTHON": sys.executable}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -223,6 +223,31 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     assert res["peaks_table"]["H200"]["bf16"] == 790
     assert res["complete"] is True and "gpu_check: fp32 (eager): ok" in r.stderr  # rows reported as they finish
     assert by["pure_fp16"]["loss_scale_end"] == 32768.0  # fp16 loss: the scale never exceeds 2**15
+    assert res["host_launch_us"] is None  # a CUDA-launch figure
+    if mlm:  # profiled: no kernels on a CPU, so no GPU-busy fraction either
+        assert by["fp32"]["profiled_steps"] == 1 and by["fp32"]["kernels_per_step"] == 0
+        assert "gpu_busy_fraction" not in by["fp32"] and "where a step's time goes" in r.stdout
+    else:
+        assert "profiled_steps" not in by["fp32"]
+
+
+def test_gpu_check_profile_counts_host_waits():
+    """profile_steps counts per step the values the host waits for (.item(), bool(tensor))."""
+    import torch
+
+    gc = _load_gpu_check()
+    x = torch.ones(4)
+
+    def step(b):
+        return float((x * b["k"]).sum()) + float(x.max())  # two host reads of a tensor value per step
+
+    res = gc.profile_steps(step, [{"k": torch.tensor(2.0)}], 3, torch.device("cpu"))
+    assert res["profiled_steps"] == 3 and res["host_item_calls_per_step"] == 2.0
+    assert res["kernels_per_step"] == 0 and res["host_syncs_per_step"] == 0
+    res = gc.profile_steps(lambda b: x * b["k"], [{"k": torch.tensor(2.0)}], 2, torch.device("cpu"))
+    assert res["host_item_calls_per_step"] == 0
+    assert gc.host_launch_us(torch.device("cpu")) is None
+    assert gc.parse_args([]).compile_mode == "reduce-overhead"  # compiled rows: CUDA graphs
 
 
 def _load_gpu_check():
