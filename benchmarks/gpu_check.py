@@ -74,6 +74,9 @@ ORDER = ["amp_bf16", "fp32", "tf32", "amp_fp16", "pure_bf16", "pure_fp16", "pure
 
 BASE = dict(vocab_size=28996, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
             intermediate_size=3072, max_position_embeddings=512)
+#: BERT-small as config/bert-small-scratch.yaml builds it (its own 30,522-word WordPiece vocabulary)
+SMALL = dict(vocab_size=30522, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+             intermediate_size=2048, max_position_embeddings=512)
 QUICK = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
              intermediate_size=256, max_position_embeddings=64)
 
@@ -402,6 +405,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="timed steps per precision (default 50; quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps (default 10; quick 1)")
     p.add_argument("--quick", action="store_true", help="tiny BERT (2 layers, 64 hidden), batch 8, seq 32")
+    p.add_argument("--small", action="store_true", help="BERT-small of config/bert-small-scratch.yaml instead of BERT-base")
     p.add_argument("--mlm", action="store_true", help="masked-LM steps (BertForMaskedLM) instead of classification")
     p.add_argument("--precisions", default=",".join(ORDER), help="comma-separated subset of the catalog")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default 32; quick 8)")
@@ -470,7 +474,7 @@ def main(argv=None) -> int:
     key, peaks = find_peaks(dev_name, overrides) if device.type == "cuda" else (None, dict(overrides))
     compile_on = args.compile in ("on", "only") or (args.compile == "auto" and device.type == "cuda")
     variants = (["eager"] if args.compile != "only" else []) + (["compiled"] if compile_on else [])
-    cfg = QUICK if args.quick else BASE
+    cfg = QUICK if args.quick else SMALL if args.small else BASE
     batches = make_batches(cfg, args.batch, args.seq, args.mlm, device)
     launch_us = host_launch_us(device)
     if launch_us is not None:

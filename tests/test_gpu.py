@@ -437,3 +437,81 @@ def test_gpu_check_fp8_row_fails_alone_when_torchao_cannot_import(monkeypatch, t
     row2 = gc.measure_one("fp8", "compiled", args, gc.QUICK, gc.torch.device("cpu"), [], {})
     assert row2["status"] == "error" and len(seen) == 1  # probed once per process
     gc._FP8_PROBE.clear()
+
+
+def test_gpu_check_small_preset_is_the_bert_small_config():
+    import yaml
+
+    gc = _load_gpu_check()
+    cfg = yaml.safe_load((ROOT / "config" / "bert-small-scratch.yaml").read_text())
+    for key, value in gc.SMALL.items():
+        want = cfg["tokenizer"]["vocab_size"] if key == "vocab_size" else cfg["model"][key]
+        assert value == want, key
+
+
+# ------------------------------------------------------------------ benchmarks/gpu_hours.py
+def _gpu_hours():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_hours", ROOT / "benchmarks" / "gpu_hours.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_check(path, objective, batch, steps_s: dict, variant="eager"):
+    path.write_text(json.dumps({
+        "schema": "precswitch-gpu-check/1", "objective": objective, "batch": batch, "seq_len": 128,
+        "model": {"num_hidden_layers": 12, "hidden_size": 768},
+        "results": [{"precision": p, "variant": variant, "status": "ok", "step_seconds": s} for p, s in steps_s.items()]
+        + [{"precision": "pure_fp16", "variant": "eager", "status": "failed"}],
+    }))
+    return path
+
+
+def test_gpu_hours_hand_count(tmp_path, capsys):
+    """Stage 1 once per distinct stage-1 precision and seed, stage 2 once per schedule and seed."""
+    import yaml
+
+    gh = _gpu_hours()
+    train = {"batch_size": 32, "max_length": 128}
+    cfg = {"seeds": [1, 2], "model": {"init": "bert-base-cased"},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}, "b": {"pretrain": "fp32", "finetune": "amp_bf16"},
+                         "c": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.25},
+                               "finetune": "fp32"}},
+           "train": {"pretrain": {**train, "steps": 1000}, "finetune": {**train, "steps": None, "epochs": 2}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    mlm = _fake_check(tmp_path / "mlm.json", "mlm", 32, {"fp32": 0.098, "amp_bf16": 0.018})
+    cls = _fake_check(tmp_path / "cls.json", "classify", 32, {"fp32": 0.048, "amp_bf16": 0.028})
+    cls2 = _fake_check(tmp_path / "cls2.json", "classify", 32, {"amp_bf16": 0.038})  # a second, slower reading
+    compiled = _fake_check(tmp_path / "cg.json", "classify", 32, {"fp32": 0.001}, variant="compiled")  # ignored
+    args = ["--step-overhead-ms", "2", "--stage1-job-s", "100", "--stage2-job-s", "10", "--finetune-rows", "330"]
+    assert gh.main([str(tmp_path / "c.yaml"), str(mlm), str(cls), str(cls2), str(compiled), *args]) == 0
+    out = capsys.readouterr().out
+    # stage 1: fp32 (shared by a and b) 1000 x 0.1 + 100 = 200 s; the switch 250 x 0.02 + 750 x 0.1 + 100 = 180 s
+    # stage 2: 2 epochs x (330 // 32 = 10) = 20 steps: fp32 20 x 0.05 + 10 = 11 s (a, c); amp_bf16 20 x 0.03|0.04 + 10
+    s1 = 2 * (200 + 180) / 3600
+    s2_lo, s2_hi = 2 * (11 + 11 + 10.6) / 3600, 2 * (11 + 11 + 10.8) / 3600
+    assert f"pretrain: {s1:.1f} GPU-hours" in out
+    assert f"total: {s1 + s2_lo:.1f}" in out and "20 " in out
+    res = gh.estimate(cfg, gh.load_measurements([mlm, cls, cls2]), gh.main.__globals__["argparse"].Namespace(
+        step_overhead_ms=2, stage1_job_s=100, stage2_job_s=10, pretrain_rows=None, finetune_rows=330))
+    assert len([j for j in res["jobs"] if j["stage"] == "pretrain"]) == 2  # fp32 shared by a and b
+    got = {j["spec"]: j["run_s"] for j in res["jobs"] if j["stage"] == "finetune"}
+    assert got["b"] == pytest.approx((10.6, 10.8)) and got["a"] == pytest.approx((11.0, 11.0))
+    assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(s1 + s2_hi)
+    # a precision without a measurement is named, not guessed
+    assert gh.main([str(tmp_path / "c.yaml"), str(mlm), *args]) == 2
+    assert "classify fp32 batch 32 x 128" in capsys.readouterr().err
+
+
+def test_gpu_hours_of_the_shipped_config_from_the_h200_measurements():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-base-mrpc.yaml"),
+                        *map(str, sorted((ROOT / "benchmarks" / "h200").glob("*gpu_check*.json"))),
+                        str(ROOT / "benchmarks" / "h200" / "run2_prof_eager.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "10000" in r.stdout and "342" in r.stdout and "total:" in r.stdout
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-small-scratch.yaml"),
+                        str(ROOT / "benchmarks" / "h200" / "run1_engine_cuda_metrics.json")], capture_output=True, text=True)
+    assert r.returncode != 0 and "not a gpu_check --out result" in r.stderr

@@ -1,0 +1,142 @@
+"""GPU-hours of a study config on one GPU, from step times measured by benchmarks/gpu_check.
+
+  python benchmarks/gpu_hours.py config/bert-base-mrpc.yaml benchmarks/h200/*gpu_check*.json benchmarks/h200/*prof*.json
+
+For every job the workflow runs (stage 1 once per distinct stage-1 spec and seed, shared by the
+schedules that start the same way; stage 2 once per schedule and seed) it takes the eager step time
+measured for that objective (masked LM for stage 1, classification for stage 2), precision, batch size
+and sequence length, adds the engine's per-step extra (--step-overhead-ms: the next batch's collation,
+which on a host-bound GPU step is not hidden) and a fixed cost per job (--stage1-job-s, --stage2-job-s:
+process start, opening the data, evaluation, checkpoint; not measured on a GPU yet). Several
+measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
+eager PyTorch, so compiled rows are ignored. A job whose measurement is missing is named, not guessed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+
+def load_measurements(paths: list[Path]) -> dict[tuple, list[float]]:
+    """(objective, precision, batch, seq, layers, hidden) -> eager step seconds, one per measurement."""
+    out: dict[tuple, list[float]] = defaultdict(list)
+    for p in paths:
+        res = json.loads(p.read_text())
+        if not isinstance(res, dict) or res.get("schema") != "precswitch-gpu-check/1":
+            raise SystemExit(f"gpu_hours: {p} is not a gpu_check --out result")
+        m = res["model"]
+        for r in res["results"]:
+            if r.get("status") == "ok" and r.get("variant") == "eager":
+                key = (res["objective"], r["precision"], res["batch"], res["seq_len"],
+                       m["num_hidden_layers"], m["hidden_size"])
+                out[key].append(r["step_seconds"])
+    return out
+
+
+def stage_parts(spec) -> list[tuple[str, float]]:
+    """[(precision, fraction of the stage's steps)] of one schedule stage."""
+    if isinstance(spec, str):
+        return [(spec, 1.0)]
+    if "switch_to" in spec:
+        at = spec["switch_at"]
+        if isinstance(at, list):
+            raise SystemExit("gpu_hours: switch_at sweeps are not expanded here; list the swept schedules instead")
+        return [(spec["precision"], at), (spec["switch_to"], 1.0 - at)]
+    return [(spec["precision"], 1.0)]
+
+
+def stage_steps(train: dict, rows: int | None, name: str) -> int:
+    if train.get("steps"):
+        return int(train["steps"])
+    if rows is None:
+        raise SystemExit(f"gpu_hours: train.{name} counts epochs: give --{name}-rows (training examples)")
+    return int(train["epochs"]) * (rows // int(train["batch_size"]))  # the engine drops a partial last batch
+
+
+def model_shape(cfg: dict) -> tuple[int, int]:
+    m = cfg.get("model", {})
+    init = m.get("init") or "scratch"
+    if init != "scratch":  # a pretrained checkpoint: its own sizes; the configs here use BERT-base ones
+        return (12, 768) if "base" in str(init) else (m.get("num_hidden_layers"), m.get("hidden_size"))
+    return (m.get("num_hidden_layers"), m.get("hidden_size"))
+
+
+def estimate(cfg: dict, meas: dict, args) -> dict:
+    layers, hidden = model_shape(cfg)
+    seeds = cfg["seeds"]
+    stages = {"pretrain": ("mlm", args.stage1_job_s, args.pretrain_rows),
+              "finetune": ("classify", args.stage2_job_s, args.finetune_rows)}
+    jobs, missing = [], set()
+    for stage, (objective, job_s, rows) in stages.items():
+        train = cfg["train"][stage]
+        steps = stage_steps(train, rows, stage)
+        b, seq = int(train["batch_size"]), int(train["max_length"])
+        specs = {}
+        for name, sched in cfg["schedules"].items():
+            spec = sched[stage]
+            # stage 1 is shared by the schedules that start the same way; stage 2 is one job per schedule
+            key = json.dumps(spec, sort_keys=True) if stage == "pretrain" else name
+            specs[key] = spec
+        for key, spec in specs.items():
+            lo = hi = 0.0
+            for prec, frac in stage_parts(spec):
+                t = meas.get((objective, prec, b, seq, layers, hidden))
+                if not t:
+                    missing.add(f"{objective} {prec} batch {b} x {seq} ({layers} layers, {hidden} hidden)")
+                    continue
+                per = args.step_overhead_ms / 1000
+                lo += frac * steps * (min(t) + per)
+                hi += frac * steps * (max(t) + per)
+            jobs.append({"stage": stage, "spec": key if stage == "finetune" else spec, "steps": steps,
+                         "seeds": len(seeds), "run_s": (lo + job_s, hi + job_s)})
+    return {"jobs": jobs, "missing": sorted(missing)}
+
+
+def span(lo: float, hi: float, f: str) -> str:
+    """'1.2' when the fastest and slowest measurements agree at this precision, else '1.1-1.3'."""
+    a, b = format(lo, f), format(hi, f)
+    return a if a == b else f"{a}-{b}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("measured", type=Path, nargs="+", help="gpu_check JSON results")
+    p.add_argument("--step-overhead-ms", type=float, default=2.0,
+                   help="engine's extra per step over gpu_check's step (next batch's collation; default 2)")
+    p.add_argument("--stage1-job-s", type=float, default=60.0, help="fixed seconds per stage-1 job (default 60)")
+    p.add_argument("--stage2-job-s", type=float, default=25.0, help="fixed seconds per stage-2 job (default 25)")
+    p.add_argument("--pretrain-rows", type=int, default=None, help="stage-1 training sequences (epochs configs)")
+    p.add_argument("--finetune-rows", type=int, default=3668, help="stage-2 training examples (default 3668: MRPC)")
+    args = p.parse_args(argv)
+    cfg = yaml.safe_load(args.config.read_text())
+    res = estimate(cfg, load_measurements(args.measured), args)
+    if res["missing"]:
+        print("gpu_hours: no eager measurement for: " + "; ".join(res["missing"]), file=sys.stderr)
+        return 2
+    print(f"{args.config}: {len(cfg['schedules'])} schedules x {len(cfg['seeds'])} seeds")
+    print(f"{'stage':<9} {'precision':<40} {'steps':>6} {'one run (min)':>14} {'all seeds (h)':>14}")
+    tot = defaultdict(lambda: [0.0, 0.0])
+    for j in res["jobs"]:
+        lo, hi = j["run_s"]
+        spec = j["spec"] if isinstance(j["spec"], str) else json.dumps(j["spec"])
+        print(f"{j['stage']:<9} {spec:<40} {j['steps']:>6} {span(lo / 60, hi / 60, '.1f'):>14} "
+              f"{span(lo * j['seeds'] / 3600, hi * j['seeds'] / 3600, '.2f'):>14}")
+        tot[j["stage"]][0] += lo * j["seeds"] / 3600
+        tot[j["stage"]][1] += hi * j["seeds"] / 3600
+    all_lo, all_hi = sum(v[0] for v in tot.values()), sum(v[1] for v in tot.values())
+    for stage, (lo, hi) in tot.items():
+        print(f"{stage}: {span(lo, hi, '.1f')} GPU-hours")
+    print(f"total: {span(all_lo, all_hi, '.1f')} GPU-hours (step overhead {args.step_overhead_ms:g} ms; "
+          f"per job {args.stage1_job_s:g} s stage 1, {args.stage2_job_s:g} s stage 2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
