@@ -11,6 +11,9 @@ from pathlib import Path
 PY = sys.executable
 MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512,
          "max_position_embeddings": 128, "attn_implementation": "eager"}
+#: BERT-base's layers and widths (the vocabulary stays the data's): the engine at the GPU studies' size
+BASE_MODEL = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+              "max_position_embeddings": 512, "attn_implementation": "sdpa"}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Second GPU check (~4 minutes on one H200): where a BERT-base step's time goes. device_check.sh
-# found every 16-bit mode at 23-45 ms per batch-32 step on an H200, fp32 GPU-bound at 55 ms: this
-# measures the host's cost per eager op, profiles kernels / GPU time / host syncs per step, tries
-# CUDA graphs (torch.compile mode reduce-overhead) and a larger batch, and times BERT-small (stage-1 and
-# stage-2 shapes of config/bert-small-scratch.yaml). Writes 8 files (the device tool brings back 8) to
+# Second GPU check, after device_check.sh (~4 minutes on one H200; both fit one 15-minute lease).
+# The first H200 run (2026-11-30, benchmarks/h200/run2_*, made by this script at commit 8e61fb0)
+# profiled BERT-base steps: eager 16-bit steps are host-bound, CUDA graphs lift amp_bf16 from 41 to
+# 97 steps/s. device_check.sh now profiles every row itself; this script measures what is still open:
+#   1. BERT-small's step times at config/bert-small-scratch.yaml's shapes (for benchmarks/gpu_hours.py);
+#   2. the study's own engine at BERT-base's size (seq 128, masked LM), eager against compile:
+#      reduce-overhead (the hparam compile), fp32 and amp_bf16, one fresh process each.
+# Writes small_mlm_b128.json, small_classify_b32.json, engine_base.txt, engine_base_metrics.json to
 # $OUT (or ./gpu-results).
 #   bash benchmarks/device_profile.sh
 set -uo pipefail
@@ -14,24 +17,15 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OF
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 t0=$SECONDS
 GC=(python3 -W ignore benchmarks/gpu_check.py)
-# 1. eager, batch 32: host cost per op, kernels and GPU time per step (~40 s)
-timeout -k 5 90 "${GC[@]}" --compile off --precisions amp_bf16,pure_bf16,fp32 --steps 30 --profile-steps 3 \
-  --out "$OUT/prof_eager.json" 2>&1 | tee "$OUT/prof_eager.txt"
-echo "# eager profile done at $((SECONDS - t0)) s"
-# 2. CUDA graphs: torch.compile mode reduce-overhead, batch 32 (~90 s, compilation included)
-timeout -k 5 110 "${GC[@]}" --compile only --compile-mode reduce-overhead --precisions amp_bf16,fp32 --steps 30 \
-  --profile-steps 3 --budget-seconds 95 --out "$OUT/prof_cudagraphs.json" 2>&1 | tee "$OUT/prof_cudagraphs.txt"
-echo "# cudagraphs done at $((SECONDS - t0)) s"
-# 3. eager, batch 256: the same model with 8x the work per launch (~30 s)
-left=$((170 - (SECONDS - t0)))
-(( left > 25 )) && timeout -k 5 "$left" "${GC[@]}" --compile off --precisions amp_bf16,fp32 --batch 256 --steps 10 --warmup 3 \
-  --profile-steps 2 --out "$OUT/prof_b256.json" 2>&1 | tee "$OUT/prof_b256.txt"
-# 4. BERT-small (config/bert-small-scratch.yaml): its stage-1 and stage-2 shapes, eager, for
-#    benchmarks/gpu_hours.py (~60 s)
-left=$((235 - (SECONDS - t0)))
-(( left > 25 )) && timeout -k 5 "$left" "${GC[@]}" --small --mlm --batch 128 --compile off --steps 20 \
+# 1. BERT-small, eager (~60 s)
+timeout -k 5 45 "${GC[@]}" --small --mlm --batch 128 --compile off --steps 20 \
   --precisions fp32,tf32,amp_fp16,amp_bf16,pure_fp16,pure_bf16 --out "$OUT/small_mlm_b128.json" 2>&1
-left=$((255 - (SECONDS - t0)))
-(( left > 15 )) && timeout -k 5 "$left" "${GC[@]}" --small --compile off --steps 20 \
+timeout -k 5 30 "${GC[@]}" --small --compile off --steps 20 \
   --precisions fp32,tf32,amp_fp16,amp_bf16 --out "$OUT/small_classify_b32.json" 2>&1
+echo "# BERT-small done at $((SECONDS - t0)) s"
+# 2. the engine at BERT-base's size, eager and CUDA graphs (~170 s)
+left=$((250 - (SECONDS - t0)))
+(( left > 60 )) && timeout -k 5 "$left" python3 benchmarks/precision_throughput.py --device cuda --model base \
+  --max-length 128 --repeats 1 --steps 80 --warmup 30 --objectives mlm --precisions fp32,amp_bf16 \
+  --compile off,reduce-overhead --metrics-out "$OUT/engine_base_metrics.json" 2>&1 | tee "$OUT/engine_base.txt"
 echo "# device_profile done in $((SECONDS - t0)) s"

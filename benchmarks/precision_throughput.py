@@ -7,6 +7,9 @@ measured in the same run (timings on shared machines are noisy: compare ratios, 
 pure_fp16 runs with adam_eps 1e-4 here (with the default 1e-8 it diverges: see the study's findings).
 
 Usage: python benchmarks/precision_throughput.py [--steps 60] [--repeats 3] [--threads 2] [--device cpu]
+On a GPU, the engine at BERT-base's size, eager against CUDA graphs (the hparam compile):
+  python benchmarks/precision_throughput.py --device cuda --model base --max-length 128 --repeats 1 \
+      --objectives mlm --precisions fp32,amp_bf16 --compile off,reduce-overhead
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import engine_run, prepare  # noqa: E402
+from _bench import BASE_MODEL, MODEL, engine_run, prepare  # noqa: E402
 
 
 def main() -> None:
@@ -32,24 +35,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precisions", default="fp32,amp_fp16,amp_bf16,pure_fp16,pure_bf16")
+    ap.add_argument("--objectives", default="mlm,classify")
+    ap.add_argument("--model", choices=["tiny", "base"], default="tiny",
+                    help="tiny (default) or base: BERT-base's layers and widths (SDPA), the data's 4k vocabulary")
+    ap.add_argument("--max-length", type=int, default=64, help="tokens per sequence (default 64)")
+    ap.add_argument("--compile", default="off",
+                    help="comma-separated engine compile settings to compare (off, default, reduce-overhead)")
     ap.add_argument("--metrics-out", help="also write every run's metrics.json, as one JSON list, here")
     a = ap.parse_args()
+    model = BASE_MODEL if a.model == "base" else MODEL
     every = []
     with tempfile.TemporaryDirectory() as root:
-        data = prepare(Path(root))
-        print(f"# precision throughput: {a.steps} steps ({a.warmup} warm-up excluded), batch 32, seq 64, "
-              f"threads {a.threads}, device {a.device}, median of {a.repeats} processes")
-        print(f"{'objective':<9} {'precision':<10} {'steps/s':>8} {'tokens/s':>9} {'vs fp32':>8} {'peak MB':>8} "
-              f"{'J/step':>7} {'status':>8}  memory kind")
-        for obj in ("mlm", "classify"):
+        data = prepare(Path(root), max_length=a.max_length)
+        print(f"# precision throughput: {a.steps} steps ({a.warmup} warm-up excluded), batch 32, seq {a.max_length}, "
+              f"model {a.model}, threads {a.threads}, device {a.device}, median of {a.repeats} processes")
+        print(f"{'objective':<9} {'precision':<10} {'compile':<15} {'steps/s':>8} {'tokens/s':>9} {'vs fp32':>8} "
+              f"{'peak MB':>8} {'J/step':>7} {'status':>8}  memory kind")
+        for obj, comp in ((o, c) for o in a.objectives.split(",") for c in a.compile.split(",")):
             base = None
             for prec in a.precisions.split(","):
                 runs = []
                 for _ in range(a.repeats):
                     try:
                         runs.append(engine_run(data[obj], obj, prec, steps=a.steps, threads=a.threads,
-                                               timing_warmup_steps=a.warmup, device=a.device,
-                                               adam_eps=1e-4 if prec == "pure_fp16" else 1e-8))
+                                               timing_warmup_steps=a.warmup, device=a.device, model=model,
+                                               compile=comp, adam_eps=1e-4 if prec == "pure_fp16" else 1e-8))
                     except subprocess.CalledProcessError as e:  # its stderr is printed; go on with the rest
                         runs.append({"objective": obj, "precision": prec, "status": "failed",
                                      "status_reason": f"exit {e.returncode}: "
@@ -59,7 +69,7 @@ def main() -> None:
                     Path(a.metrics_out).write_text(json.dumps(every, indent=1, default=str))
                 ok = [r for r in runs if r.get("steps_per_second")]
                 if not ok:
-                    print(f"{obj:<9} {prec:<10} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>7} {runs[0]['status']:>8}  "
+                    print(f"{obj:<9} {prec:<10} {comp:<15} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>7} {runs[0]['status']:>8}  "
                           f"{runs[0].get('status_reason') or ''}", flush=True)
                     continue
                 sps = statistics.median(r["steps_per_second"] for r in ok)
@@ -69,7 +79,7 @@ def main() -> None:
                           if r.get("energy_joules") is not None and r.get("steps_completed")]
                 jps = f"{statistics.median(joules):.2f}" if joules else "-"
                 base = base or sps
-                print(f"{obj:<9} {prec:<10} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>8.0f} {jps:>7} "
+                print(f"{obj:<9} {prec:<10} {comp:<15} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>8.0f} {jps:>7} "
                       f"{runs[0]['status']:>8}  {ok[0]['memory_kind']}", flush=True)
     if a.metrics_out:
         Path(a.metrics_out).write_text(json.dumps(every, indent=1, default=str))

@@ -560,3 +560,32 @@ def test_init_revision_only_for_a_hub_init(data, tmp_path):
                    "init": str(tmp_path / "p" / "checkpoint"), "init_revision": "v1"}, tmp_path / "f")
     with pytest.raises(PrecswitchError, match="unknown model key"):  # revision is not a BertConfig field
         C.resolve({"data": "d", "steps": 1, "model": {"revision": "v1"}})
+
+
+def test_compiled_training_step_matches_eager(data, tmp_path):
+    """compile: default torch.compiles the training forward and loss (mlm: a head-row count that varies
+    by batch); training follows the eager run's losses to rounding, evaluation stays eager, and the
+    setting is recorded. On a CPU reduce-overhead compiles the same way (CUDA graphs need a GPU).
+    Dropout off: compiled dropout draws its masks from inductor's own generator, not eager's."""
+    model = {**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    hp = {"data": str(data["mlm"]), "precision": "fp32", "steps": 4, "seed": 5, "model": model, "log_every": 1,
+          "timing_warmup_steps": 1}
+    eager = run_stage(hp, tmp_path / "eager")
+    comp = run_stage({**hp, "compile": "default"}, tmp_path / "comp")
+    assert eager["compile"] == "off" and comp["compile"] == "default"
+    assert comp["hparams"]["compile"] == "default" and comp["config_hash"] != eager["config_hash"]
+    loss = {k: [float(line.split(",")[1]) for line in (tmp_path / k / "steps.csv").read_text().splitlines()[1:]]
+            for k in ("eager", "comp")}
+    assert len(loss["comp"]) == 4 and loss["comp"] == pytest.approx(loss["eager"], rel=1e-4)
+    assert comp["eval_loss"] == pytest.approx(eager["eval_loss"], rel=1e-4)
+    assert comp["status"] == "ok" and comp["steps_completed"] == 4
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"compile": "max"}, "compile 'max': allowed 'off', 'default', 'reduce-overhead'"),
+    ({"compile": "default", "telemetry_every": 2}, "activation telemetry hooks run in eager mode only"),
+])
+def test_compile_setting_errors_name_the_key(bad, msg):
+    with pytest.raises(PrecswitchError, match=msg):
+        C.resolve({"data": "d", "precision": "fp32", "steps": 1, **bad})
+    assert C.resolve({"data": "d", "precision": "fp32", "steps": 1, "compile": False})["compile"] == "off"

@@ -144,6 +144,9 @@ def _sweep(sweep: dict) -> dict:
           "schedules": {"s-at50": {"finetune": "fp32"}}, "analysis": {"baseline": "s-at50"}},
          "sweeps.s", "already a schedule"),
         ({"train": {"pretrain": {"telemetry_every": -1}}}, "train.pretrain.telemetry_every", "minimum of 0"),
+        ({"train": {"finetune": {"compile": "fast"}}}, "train.finetune.compile", "reduce-overhead"),
+        ({"train": {"pretrain": {"compile": "default", "telemetry_every": 5}}}, "train.pretrain.compile",
+         "eager mode only"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, cfg, key, allowed):
@@ -317,3 +320,19 @@ def test_frontier_end_to_end(tmp_path):
         assert (res / "plots" / f"{name}.png").is_file()
     verdict = (res / "verdict.md").read_text()
     assert "bf16-fp8" in verdict and "skipped" in verdict
+
+
+def test_compile_reaches_the_engine_only_when_on(tmp_path):
+    """train.<stage>.compile goes into the stage's hparams unless off (then the engine's default, so
+    runs made before the key existed keep their parameters); YAML's unquoted off (false) is off."""
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["train"]["pretrain"]["compile"] = "reduce-overhead"
+    cfg["train"]["finetune"]["compile"] = False
+    cfg["train"]["pretrain"]["telemetry_every"] = 0
+    proc = snakemake(tmp_path, "-n", "--printshellcmds", "--forceall", "--configfile",
+                     write_config(tmp_path / "c.yaml", cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hps = _hparams(proc.stdout + proc.stderr)
+    assert {h["compile"] for h in hps if h["stage"] == "pretrain"} == {"reduce-overhead"}
+    fin = [h for h in hps if h["stage"] == "finetune"]
+    assert fin and not any("compile" in h for h in fin)

@@ -292,6 +292,14 @@ def check_config(cfg):
                     f"train.{stage}.eval_precision",
                     f"{ev} cannot evaluate the {precision} {stage} stage of schedule {name}: {why}",
                 )
+    for stage in STAGES:
+        train = cfg["train"][stage]
+        if train["compile"] not in ("off", False) and train["telemetry_every"]:
+            raise config_error(
+                f"train.{stage}.compile",
+                f"{train['compile']} with telemetry_every {train['telemetry_every']}: activation "
+                "telemetry hooks run in eager mode only; set compile: off or telemetry_every: 0",
+            )
     seeds = cfg["seeds"]
     if not seeds:
         raise config_error("seeds", "needs at least one seed")
@@ -501,6 +509,8 @@ def _hparams(stage, spec, seed, init, tags):
         hp.pop(
             "telemetry_every", None
         )  # off: the engine's default (keeps old runs' params)
+    if hp.get("compile") in ("off", False):  # YAML reads an unquoted off as false
+        hp.pop("compile")  # off: the engine's default, likewise
     # init and its hub revision are not BertConfig fields: the revision goes as init_revision, and
     # only when set and the stage starts from model.init (a stage-1 checkpoint records its own)
     model = {k: v for k, v in config["model"].items() if k not in ("init", "revision")}

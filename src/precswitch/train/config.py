@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "adam_beta1": 0.9,
     "adam_beta2": 0.999,
     "optimizer_impl": "fused",  # fused | foreach: torch AdamW kernel (HF Trainer's default is fused)
+    "compile": "off",  # off | default | reduce-overhead: torch.compile the forward and loss (reduce-overhead: CUDA graphs)
     "max_grad_norm": 1.0,  # 0 or null: no clipping (the norm is still recorded)
     "mlm_probability": 0.15,
     "eval_precision": "same",  # same | fp32 | any precision name
@@ -66,6 +67,10 @@ DEFAULTS: dict[str, Any] = {
 }
 
 OBJECTIVES = ("mlm", "classify")
+#: torch.compile of the training forward and loss: off (eager, the default), default (kernel fusion),
+#: reduce-overhead (fusion + CUDA graphs: on an H200 the only mode that lifted 16-bit BERT-base steps
+#: out of the host's kernel launches, docs/gpu.md)
+COMPILE_MODES = ("off", "default", "reduce-overhead")
 MODEL_KEYS = set(DEFAULTS["model"]) | {"vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range"}
 
 
@@ -94,6 +99,15 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         raise PrecswitchError(f"objective {hp['objective']!r}: allowed {', '.join(OBJECTIVES)}")
     if hp["optimizer_impl"] not in ("fused", "foreach"):
         raise PrecswitchError(f"optimizer_impl {hp['optimizer_impl']!r}: allowed 'fused' or 'foreach'")
+    if hp["compile"] is False:  # YAML reads an unquoted off as false
+        hp["compile"] = "off"
+    if hp["compile"] not in COMPILE_MODES:
+        raise PrecswitchError(f"compile {hp['compile']!r}: allowed {', '.join(repr(m) for m in COMPILE_MODES)}")
+    if hp["compile"] != "off" and hp["telemetry_every"]:
+        raise PrecswitchError(
+            f"compile {hp['compile']!r} with telemetry_every {hp['telemetry_every']}: activation telemetry hooks "
+            "run in eager mode only; set compile: off or telemetry_every: 0"
+        )
     if hp["on_unsupported"] not in ("error", "skip"):
         raise PrecswitchError(f"on_unsupported {hp['on_unsupported']!r}: allowed 'error' or 'skip'")
     if not hp["data"]:

@@ -569,6 +569,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     active = lambda step: prec2 if prec2 is not None and step >= switch_step else prec  # noqa: E731
     scaler = active(0).make_scaler(device.type)
     tel = ActivationTelemetry(model, every=hp["telemetry_every"])
+    # torch.compile (hparam compile; off = eager): the training forward and loss only; evaluation stays
+    # eager. Compilation happens in the first steps, inside train_seconds (timing_warmup_steps excludes
+    # it from the steady-state rates). reduce-overhead replays CUDA graphs: each step is marked new.
+    train_loss = forward_loss if hp["compile"] == "off" else torch.compile(forward_loss, mode=hp["compile"])
+    cudagraphs = hp["compile"] == "reduce-overhead" and device.type == "cuda"
     eval_batches = _eval_batches(eval_rows, collate, hp["eval_batch_size"], hp["eval_seed"])
 
     # ------------------------------------------------------------ resume
@@ -667,8 +672,10 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             batch, pending = (pending if pending is not None else host_batch(step)), None
             n_samples, n_tokens = int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            if cudagraphs:  # a new iteration: the last step's graph outputs may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
             with tel.step(step), cur.autocast(device.type):
-                loss = forward_loss(model, batch, hp["objective"])
+                loss = train_loss(model, batch, hp["objective"])
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
@@ -854,6 +861,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **ev,
         **prov,
         "threads": hp["threads"],
+        "compile": hp["compile"],
         "load_avg_1m_start": load0,  # machine load around the timed loop: above cpu_count, clocks stretch
         "load_avg_1m_end": load1,
         **flags,
