@@ -355,6 +355,34 @@ def test_no_load_caveat_when_idle_or_not_recorded(tmp_path):
     assert "oversubscribed" not in render(s)
 
 
+def test_gpu_timings_caveat_names_eager_pytorch(tmp_path):
+    """On a GPU, time ratios of eager steps are the host's as much as the chip's: the verdict says which
+    the runs were, and says nothing of it on a CPU or when the step was compiled."""
+    def on_gpu(compile_mode):
+        def mutate(m, p):
+            m.update(device="cuda:0", device_name="NVIDIA H200", cuda_version="13.0")
+            if compile_mode is not None:
+                m["compile"] = compile_mode
+        return mutate
+
+    out, stats = _small_study(tmp_path / "a", mutate=on_gpu(None))  # runs from before the compile key
+    text = write_verdict(out / "stats.json", tmp_path / "a.md")
+    assert "Timings on a GPU are of eager PyTorch" in text.split("## Caveats")[1]
+    out, stats = _small_study(tmp_path / "b", mutate=on_gpu("off"))
+    assert stats["provenance"]["compile"] == ["off"]
+    text = write_verdict(out / "stats.json", tmp_path / "b.md")
+    assert "training step compiled: `off`" in text.split("## Answer")[0]
+    assert "Timings on a GPU are of eager PyTorch" in text
+    assert "Small scale: a tiny BERT" in text  # no model size recorded (older runs): the default's caveat
+    out, _ = _small_study(tmp_path / "c", mutate=lambda m, p: (on_gpu("reduce-overhead")(m, p),
+                                                              m.update(model_parameters=108_311_810)))
+    text = write_verdict(out / "stats.json", tmp_path / "c.md")
+    assert "eager PyTorch" not in text and "training step compiled: `reduce-overhead`" in text
+    assert "Small scale" not in text and "model 108.3M parameters" in text  # a BERT-base study is not tiny
+    out, _ = _small_study(tmp_path / "d", mutate=lambda m, p: m.update(compile="off"))  # a CPU study
+    assert "Timings on a GPU" not in write_verdict(out / "stats.json", tmp_path / "d.md")
+
+
 def _render_rst(name: str, config: dict) -> str:
     import types
 

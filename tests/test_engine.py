@@ -45,7 +45,7 @@ REQUIRED = [
     "loss_scale_start", "loss_scale_end", "loss_scale_min", "grad_norm", "eval_loss", "eval_precision",
     "param_dtype", "checkpoint_dtype_written", "checkpoint_dtype_read", "device", "device_name", "torch_version",
     "transformers_version", "datasets_version", "threads", "tf32_matmul", "tf32_cudnn", "deterministic",
-    "git_commit", "hostname", "config_hash", "started_at", "finished_at", "resumed", "attempts",
+    "git_commit", "hostname", "config_hash", "started_at", "finished_at", "resumed", "attempts", "model_parameters",
 ]
 
 
@@ -573,6 +573,10 @@ def test_compiled_training_step_matches_eager(data, tmp_path):
     eager = run_stage(hp, tmp_path / "eager")
     comp = run_stage({**hp, "compile": "default"}, tmp_path / "comp")
     assert eager["compile"] == "off" and comp["compile"] == "default"
+    from transformers import BertForMaskedLM
+
+    n = sum(p.numel() for p in BertForMaskedLM.from_pretrained(tmp_path / "eager" / "checkpoint").parameters())
+    assert eager["model_parameters"] == comp["model_parameters"] == n
     assert comp["hparams"]["compile"] == "default" and comp["config_hash"] != eager["config_hash"]
     loss = {k: [float(line.split(",")[1]) for line in (tmp_path / k / "steps.csv").read_text().splitlines()[1:]]
             for k in ("eager", "comp")}

@@ -139,7 +139,8 @@ RUN_COUNTERS = [
 
 PROVENANCE_COLUMNS = [
     "device", "device_name", "memory_kind", "torch_version", "transformers_version", "datasets_version",
-    "cuda_version", "python_version", "threads", "git_commit", "hostname", "process_start",
+    "cuda_version", "python_version", "threads", "git_commit", "hostname", "process_start", "compile",
+    "model_parameters",
 ]
 # (config_hash is not provenance of the study: it hashes each run's hyper-parameters, seed and run_id
 # included, so it differs between every two runs; it stays in runs.csv)

@@ -831,6 +831,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "steps_planned": total_steps,
         "steps_completed": st["step"],
         "batch_size": hp["batch_size"],
+        "model_parameters": sum(p.numel() for p in model.parameters()),
         "samples_seen": st["samples"],
         "tokens_seen": st["tokens"],
         "timing_warmup_steps": w,
