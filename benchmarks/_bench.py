@@ -25,8 +25,11 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         raise
 
 
-def prepare(root: Path, n_corpus: int = 6000, n_train: int = 2000, max_length: int = 64) -> dict[str, Path]:
-    """Synthetic language -> WordPiece tokenizer -> prepared mlm and classify datasets under root."""
+def prepare(root: Path, n_corpus: int = 6000, n_train: int = 2000, max_length: int = 64,
+            pack: bool = False) -> dict[str, Path]:
+    """Synthetic language -> WordPiece tokenizer -> prepared mlm and classify datasets under root.
+    pack: masked-LM text packed into full max_length blocks (as WikiText in the GPU configs), not the
+    synthetic default of one short sentence pair per row."""
     synth, tok = root / "synth", root / "tokenizer"
     src = json.dumps({"kind": "synthetic", "dir": str(synth)})
     cli("synth", "--out", str(synth), "--seed", "0", "--n-corpus", str(n_corpus), "--n-train", str(n_train),
@@ -35,8 +38,9 @@ def prepare(root: Path, n_corpus: int = 6000, n_train: int = 2000, max_length: i
     out = {}
     for obj in ("mlm", "classify"):
         out[obj] = root / f"prepared-{obj}"
-        cli("prepare", "--source", src, "--tokenizer", str(tok), "--objective", obj, "--max-length",
-            str(max_length), "--out", str(out[obj]))
+        spec = json.dumps({"kind": "synthetic", "dir": str(synth), **({"mlm_examples": "pack"} if pack else {})})
+        cli("prepare", "--source", spec if obj == "mlm" else src, "--tokenizer", str(tok), "--objective", obj,
+            "--max-length", str(max_length), "--out", str(out[obj]))
     return out
 
 

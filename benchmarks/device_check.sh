@@ -2,9 +2,9 @@
 # Every GPU check in one command of at most ~9 minutes on one H200 (docs/gpu.md, "Running all GPU
 # checks in one go"). Writes to $OUT (or ./gpu-results): env.txt, gpu_check.{json,txt}
 # (classification steps, eager + compiled rows while the time budget lasts), gpu_check_mlm.{json,txt}
-# (masked-LM steps, eager), engine_cuda.txt (the study's own engine on CUDA, one fresh process per
-# precision: synchronized clocks, CUDA peak memory, NVML energy in metrics.json) and
-# engine_cuda_metrics.json. JSON files are rewritten after every row, so a cut-off run keeps its rows.
+# (masked-LM steps, eager), engine_cuda.txt (the study's own engine on CUDA at BERT-base's size, one
+# fresh process per run, eager and compiled: synchronized clocks, CUDA peak memory, NVML energy in
+# metrics.json) and engine_cuda_metrics.json. JSON files are rewritten after every row, so a cut-off run keeps its rows.
 # Needs python3 with CUDA torch and transformers; on a machine without pip access, wheels in .whl/
 # (benchmarks/device_wheels.sh, fetched elsewhere) add datasets (the engine's data) and torchao (fp8).
 #   bash benchmarks/device_check.sh
@@ -42,11 +42,12 @@ echo "# gpu_check done at $((SECONDS - t0)) s"
 # 2. BERT-base masked-LM steps (stage 1), eager only
 timeout -k 10 100 python3 benchmarks/gpu_check.py --mlm --compile off --profile-steps 3 --out "$OUT/gpu_check_mlm.json" 2>&1 | tee "$OUT/gpu_check_mlm.txt"
 echo "# gpu_check --mlm done at $((SECONDS - t0)) s"
-# 3. the study's engine on CUDA (one process per precision), if time is left
+# 3. the study's engine on CUDA at BERT-base's size (masked LM, seq 128; one process per run), eager
+#    against compile: reduce-overhead (CUDA graphs), fp32 and amp_bf16, if time is left
 left=$((520 - 10 - (SECONDS - t0)))  # 10: the kill grace of timeout -k
 if (( left > 60 )); then
-  timeout -k 10 "$left" python3 benchmarks/precision_throughput.py --device cuda --repeats 1 --steps 100 --warmup 10 \
-    --precisions fp32,tf32,amp_fp16,amp_bf16,pure_fp16,pure_bf16 --metrics-out "$OUT/engine_cuda_metrics.json" \
-    2>&1 | tee "$OUT/engine_cuda.txt"
+  timeout -k 10 "$left" python3 benchmarks/precision_throughput.py --device cuda --model base --max-length 128 \
+    --repeats 1 --steps 80 --warmup 30 --objectives mlm --precisions fp32,amp_bf16 --compile off,reduce-overhead \
+    --metrics-out "$OUT/engine_cuda_metrics.json" 2>&1 | tee "$OUT/engine_cuda.txt"
 fi
 echo "# device_check done in $((SECONDS - t0)) s"

@@ -4,8 +4,9 @@
 # profiled BERT-base steps: eager 16-bit steps are host-bound, CUDA graphs lift amp_bf16 from 41 to
 # 97 steps/s. device_check.sh now profiles every row itself; this script measures what is still open:
 #   1. BERT-small's step times at config/bert-small-scratch.yaml's shapes (for benchmarks/gpu_hours.py);
-#   2. the study's own engine at BERT-base's size (seq 128, masked LM), eager against compile:
-#      reduce-overhead (the hparam compile), fp32 and amp_bf16, one fresh process each.
+#   2. the study's own engine at BERT-base's size (seq 128, masked LM, eager) in every stage-1
+#      precision of config/bert-base-mrpc.yaml, one fresh process each: its step times against
+#      gpu_check's, which gpu_hours.py uses.
 # Writes small_mlm_b128.json, small_classify_b32.json, engine_base.txt, engine_base_metrics.json to
 # $OUT (or ./gpu-results).
 #   bash benchmarks/device_profile.sh
@@ -23,9 +24,10 @@ timeout -k 5 45 "${GC[@]}" --small --mlm --batch 128 --compile off --steps 20 \
 timeout -k 5 30 "${GC[@]}" --small --compile off --steps 20 \
   --precisions fp32,tf32,amp_fp16,amp_bf16 --out "$OUT/small_classify_b32.json" 2>&1
 echo "# BERT-small done at $((SECONDS - t0)) s"
-# 2. the engine at BERT-base's size, eager and CUDA graphs (~170 s)
+# 2. the engine at BERT-base's size, eager, every stage-1 precision of bert-base-mrpc (~150 s)
 left=$((250 - (SECONDS - t0)))
 (( left > 60 )) && timeout -k 5 "$left" python3 benchmarks/precision_throughput.py --device cuda --model base \
-  --max-length 128 --repeats 1 --steps 80 --warmup 30 --objectives mlm --precisions fp32,amp_bf16 \
-  --compile off,reduce-overhead --metrics-out "$OUT/engine_base_metrics.json" 2>&1 | tee "$OUT/engine_base.txt"
+  --max-length 128 --repeats 1 --steps 60 --warmup 10 --objectives mlm \
+  --precisions fp32,tf32,amp_fp16,amp_bf16,pure_fp16,pure_bf16 --metrics-out "$OUT/engine_base_metrics.json" 2>&1 \
+  | tee "$OUT/engine_base.txt"
 echo "# device_profile done in $((SECONDS - t0)) s"
