@@ -379,6 +379,9 @@ def test_gpu_timings_caveat_names_eager_pytorch(tmp_path):
     text = write_verdict(out / "stats.json", tmp_path / "c.md")
     assert "eager PyTorch" not in text and "training step compiled: `reduce-overhead`" in text
     assert "Small scale" not in text and "model 108.3M parameters" in text  # a BERT-base study is not tiny
+    from precswitch.analysis.verdict import _param_span
+
+    assert _param_span(["108311810", "108900000.0"]) == "108.3M-108.9M" and _param_span(["510000", "520000"]) == "0.5M"
     out, _ = _small_study(tmp_path / "d", mutate=lambda m, p: m.update(compile="off"))  # a CPU study
     assert "Timings on a GPU" not in write_verdict(out / "stats.json", tmp_path / "d.md")
 

@@ -25,6 +25,12 @@ from .stats import (
 TITLE = "Pre-train in low precision, fine-tune in fp32: does accuracy go up or down?"
 
 
+def _param_span(values: list) -> str:
+    """'108.3M' or '108.3M-108.9M' (a masked-LM and a classification head differ in size)."""
+    lo, hi = (f"{v / 1e6:.1f}M" for v in (min(map(float, values)), max(map(float, values))))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 #: below this many parameters the verdict calls the model tiny (the embedded default has ~1M; BERT-small
 #: ~29M, BERT-base 108M) and says its numbers need not transfer to BERT-base/large
 TINY_MODEL_PARAMETERS = 10_000_000
@@ -281,8 +287,7 @@ def render(stats: dict) -> str:
                + (f", CUDA {pv('cuda_version')}" if prov.get("cuda_version") else "")
                + f"; git commit {pv('git_commit')}; "
                f"threads {pv('threads')}"
-               + (f"; model {', '.join(f'{float(x) / 1e6:.1f}M' for x in prov['model_parameters'])} parameters"
-                  if prov.get("model_parameters") else "")
+               + (f"; model {_param_span(prov['model_parameters'])} parameters" if prov.get("model_parameters") else "")
                + (f"; training step compiled: {pv('compile')}" if prov.get("compile") else "")
                + f"; memory measured as {pv('memory_kind')}"
                + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
