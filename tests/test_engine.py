@@ -578,6 +578,8 @@ def test_compiled_training_step_matches_eager(data, tmp_path):
     n = sum(p.numel() for p in BertForMaskedLM.from_pretrained(tmp_path / "eager" / "checkpoint").parameters())
     assert eager["model_parameters"] == comp["model_parameters"] == n
     assert comp["hparams"]["compile"] == "default" and comp["config_hash"] != eager["config_hash"]
+    hp_eager = C.resolve(hp)
+    assert C.config_hash(hp_eager) == C.config_hash({k: v for k, v in hp_eager.items() if k != "compile"})
     loss = {k: [float(line.split(",")[1]) for line in (tmp_path / k / "steps.csv").read_text().splitlines()[1:]]
             for k in ("eager", "comp")}
     assert len(loss["comp"]) == 4 and loss["comp"] == pytest.approx(loss["eager"], rel=1e-4)

@@ -186,7 +186,9 @@ def config_hash(hp: dict[str, Any]) -> str:
     """Hash of the hyper-parameters that determine the result (not of run-time plumbing)."""
     ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags",
               "telemetry_every"}
-    canonical = json.dumps({k: v for k, v in hp.items() if k not in ignore}, sort_keys=True, default=str)
+    # compile off (eager) is left out, so runs made before the key existed keep their hash (and resume)
+    kept = {k: v for k, v in hp.items() if k not in ignore and not (k == "compile" and v == "off")}
+    canonical = json.dumps(kept, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
