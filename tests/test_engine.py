@@ -595,3 +595,12 @@ def test_compile_setting_errors_name_the_key(bad, msg):
     with pytest.raises(PrecswitchError, match=msg):
         C.resolve({"data": "d", "precision": "fp32", "steps": 1, **bad})
     assert C.resolve({"data": "d", "precision": "fp32", "steps": 1, "compile": False})["compile"] == "off"
+
+
+def test_compiled_classification_with_loss_scaling(data, tmp_path):
+    """compile: reduce-overhead through the classification step (the [CLS]-only last layer patched into
+    the model) and amp_fp16's GradScaler; on a CPU it compiles without CUDA graphs."""
+    m = run_stage({"data": str(data["classify"]), "objective": "classify", "precision": "amp_fp16", "steps": 5,
+                   "model": TINY, "compile": "reduce-overhead", "timing_warmup_steps": 2}, tmp_path / "c")
+    assert m["status"] == "ok" and m["compile"] == "reduce-overhead" and m["steps_completed"] == 5
+    assert m["loss_scale_start"] is not None and m["accuracy"] is not None and m["eval_loss"] > 0
