@@ -294,7 +294,7 @@ def check_config(cfg):
                 )
     for stage in STAGES:
         train = cfg["train"][stage]
-        if train["compile"] not in ("off", False) and train["telemetry_every"]:
+        if train["compile"] != "off" and train["telemetry_every"]:
             raise config_error(
                 f"train.{stage}.compile",
                 f"{train['compile']} with telemetry_every {train['telemetry_every']}: activation "
@@ -365,6 +365,10 @@ def check_config(cfg):
 
 
 _check_finite(config.get("sweeps") or {}, "sweeps")
+# YAML reads an unquoted `compile: off` as false: one spelling from here on
+for _stage in STAGES:
+    if config["train"][_stage]["compile"] is False:
+        config["train"][_stage]["compile"] = "off"
 SWEEPS = expand_sweeps(config)
 check_config(config)
 
@@ -509,7 +513,7 @@ def _hparams(stage, spec, seed, init, tags):
         hp.pop(
             "telemetry_every", None
         )  # off: the engine's default (keeps old runs' params)
-    if hp.get("compile") in ("off", False):  # YAML reads an unquoted off as false
+    if hp.get("compile") == "off":
         hp.pop("compile")  # off: the engine's default, likewise
     # init and its hub revision are not BertConfig fields: the revision goes as init_revision, and
     # only when set and the stage starts from model.init (a stage-1 checkpoint records its own)
