@@ -20,7 +20,9 @@ eager rows are the study's speed; the compiled rows show what the hardware gives
 Compiled rows use CUDA graphs (--compile-mode reduce-overhead): on an H200, BERT-base at batch 32 in
 16 bits launches ~1,200 kernels per eager step and the host needs ~24 ms to launch them while the GPU
 needs ~12 ms, so eager 16-bit steps are host-bound (benchmarks/h200/). --profile-steps N shows it:
-kernels, GPU kernel time and host synchronizations per step, and the GPU-busy fraction.
+kernels, GPU kernel time and host synchronizations per step, and the GPU-busy fraction; and where
+the GPU time goes, by kind of kernel (KIND_PATTERNS: matmul, attention, optimizer, layer norm, ...),
+with the matmuls' own FLOP rate (model FLOPs / time in matmuls and attention).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -117,29 +120,85 @@ def host_launch_us(device, n: int = 2000) -> float | None:
     return us
 
 
-def profile_steps(step, batches: list[dict], n: int, device) -> dict:
+#: What a kernel (CUDA) or an aten op (CPU) does, read from its name: the first pattern that matches.
+#: Attention before matmul (flash / cutlass-fmha names say gemm-like things); Inductor's fused Triton
+#: kernels are "compiled" (their names list every op they fuse) unless they are matmul templates
+#: (triton_tem_, max-autotune); optimizer before foreach (fused AdamW is a multi_tensor_apply kernel).
+KIND_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product"),
+    ("matmul", r"gemm|gemv|nvjet|cutlass|xmma|cublas|triton_tem|_scaled_mm|aten::(mm|addmm|bmm|baddbmm)$"),
+    ("compiled", r"^triton_|^cpp_fused|CompiledFxGraph"),  # CPU: a compiled graph's own kernels
+    ("views_alloc", r"^aten::(view|_unsafe_view|reshape|_reshape_alias|as_strided|empty|empty_like|empty_strided|t|"
+                    r"transpose|permute|expand|alias|detach|unsqueeze|squeeze|select|slice|linear|matmul|to|"
+                    r"resolve_conj|contiguous)$"),  # CPU only: the dispatcher's cost of views and allocations
+    ("optimizer", r"adam|sgd|lamb(?!da)"),  # not "lambda", in many kernels' template names
+    ("layer_norm", r"layer_?norm|welford|rms_?norm|gammabeta"),
+    ("softmax_ce", r"softmax|nll_loss|cross_entropy|logsumexp"),
+    ("embedding", r"embedding|index_select|indexselect|index_put|indexing_backward|index_add|scatter|gather|"
+                  r"grad_weight|segment|radix|sort"),
+    ("dropout", r"dropout|philox|bernoulli"),
+    ("foreach", r"multi_tensor_apply|foreach|non_finite|update_scale|norm"),
+    ("copy_cast", r"copy|memcpy|memset|(?<!broad)cast|fill|clone|catarray|\bcat\b|zero_"),
+    ("elementwise", r"elementwise|gelu|tanh|erf|aten::(add|mul|div|sub|neg|where|masked_fill|ne|eq|lt|gt)_?$"),
+    ("reduction", r"reduce|aten::(sum|mean|max|min|amax)$"),
+)
+_KIND_RES = [(kind, re.compile(rx, re.IGNORECASE)) for kind, rx in KIND_PATTERNS]
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of one CUDA kernel or aten op, by its name (KIND_PATTERNS); "other" if none matches."""
+    for kind, rx in _KIND_RES:
+        if rx.search(name):
+            return kind
+    return "other"
+
+
+def profile_steps(step, batches: list[dict], n: int, device, top: int = 8) -> dict:
     """n more steps under torch.profiler: kernels launched, GPU kernel time and host-blocking
     synchronizations per step. gpu_kernel_ms_per_step against the unprofiled step time says whether a
-    step is GPU-bound (close to it) or host-bound (far below it: the GPU waits for the launches)."""
+    step is GPU-bound (close to it) or host-bound (far below it: the GPU waits for the launches).
+
+    Where the time goes, by kind (kernel_kind): on CUDA the kernels' GPU time, on a CPU the aten ops'
+    self CPU time (time_basis says which), in ms per step, plus the `top` most expensive names.
+    matmul_ms_per_step (matmuls and attention) lets measure_one say how fast the matmuls themselves run:
+    an MFU far below the matmuls' own rate is lost in the other kinds, not in the tensor cores."""
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         for i in range(n):
             step(batches[i % len(batches)])
         measure.sync(device)
     kernels, kernel_us, syncs, items = 0, 0.0, 0, 0
+    by_kind: dict[str, float] = {}
+    names: list[tuple[float, int, str]] = []
     for e in prof.key_averages():
         if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
             kernels += e.count
-            kernel_us += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+            kernel_us += us
         elif e.key in SYNC_CALLS:
             syncs += e.count
-        elif e.key == "aten::_local_scalar_dense":  # .item(), bool(tensor): a value the host waits for
-            items += e.count
+            continue
+        else:
+            if e.key == "aten::_local_scalar_dense":  # .item(), bool(tensor): a value the host waits for
+                items += e.count
+            if cuda or not (e.key.startswith("aten::") or "CompiledFxGraph" in e.key):
+                continue
+            us = e.self_cpu_time_total  # a CPU has no kernels: its ops' own time is the step's work
+        kind = kernel_kind(e.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + us
+        names.append((us, e.count, e.key))
     last_sync = 1  # the one measure.sync after the n steps
+    names.sort(reverse=True)
     return {"profiled_steps": n, "kernels_per_step": kernels / n, "gpu_kernel_ms_per_step": kernel_us / 1000 / n,
-            "host_syncs_per_step": max(syncs - last_sync, 0) / n, "host_item_calls_per_step": items / n}
+            "host_syncs_per_step": max(syncs - last_sync, 0) / n, "host_item_calls_per_step": items / n,
+            "time_basis": "gpu_kernel_time" if cuda else "cpu_op_self_time",
+            "ms_per_step_by_kind": {k: v / 1000 / n for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "matmul_ms_per_step": (by_kind.get("matmul", 0.0) + by_kind.get("attention", 0.0)) / 1000 / n,
+            "top_kernels": [{"name": k[:200], "kind": kernel_kind(k), "ms_per_step": us / 1000 / n,
+                             "calls_per_step": c / n} for us, c, k in names[:top]]}
 
 
 # ------------------------------------------------------------------ one measurement
@@ -309,6 +368,9 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
             loss_finite=math.isfinite(final),
             loss_scale_end=float(scaler.get_scale()) if scaler is not None else None,
         )
+        if row.get("matmul_ms_per_step"):  # the matmuls' own rate, and the step's share they take
+            row["matmul_tflops"] = step_flops / (row["matmul_ms_per_step"] / 1000) / 1e12
+            row["matmul_share_of_step"] = row["matmul_ms_per_step"] / 1000 / row["step_seconds"]
     except Exception as e:  # noqa: BLE001 - one failing variant (OOM, compile error) must not end the check
         row.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500])
     finally:
@@ -360,6 +422,26 @@ def fmt(v, spec=".2f", scale=1.0):
     return "-" if v is None else format(v * scale, spec)
 
 
+def print_kinds(prof: list[dict], top: int = 4) -> None:
+    """Profiled rows' time by kind (ms per step), the matmuls' own rate, and the top kernels."""
+    order = [k for k, _ in KIND_PATTERNS] + ["other"]
+    kinds = [k for k in order if any(r.get("ms_per_step_by_kind", {}).get(k) for r in prof)]
+    if not kinds:
+        return
+    basis = "GPU kernel time" if prof[0].get("time_basis") == "gpu_kernel_time" else "CPU time of aten ops"
+    print(f"\n{basis} by kind, ms per step; matmul TFLOP/s = model FLOPs / time in matmuls and attention:")
+    print(f"  {'precision':<15} {'variant':<9} " + " ".join(f"{k[:11]:>11}" for k in kinds)
+          + f" {'matmul TFLOP/s':>14} {'matmul share':>12}")
+    for r in prof:
+        by = r.get("ms_per_step_by_kind", {})
+        print(f"  {r['precision']:<15} {r['variant']:<9} " + " ".join(f"{fmt(by.get(k, 0.0), '.2f'):>11}" for k in kinds)
+              + f" {fmt(r.get('matmul_tflops'), '.1f'):>14} {fmt(r.get('matmul_share_of_step'), '.0%'):>12}")
+    for r in prof:
+        print(f"  top {top}, {r['precision']} {r['variant']}: " + "; ".join(
+            f"{k['name'][:60]} ({k['kind']}) {k['ms_per_step']:.2f} ms x{k['calls_per_step']:.0f}"
+            for k in r.get("top_kernels", [])[:top]))
+
+
 def print_table(res: dict) -> None:
     print(f"\nprecswitch gpu_check: {res['device_name']} ({res['device']}), {res['objective']}, "
           f"batch {res['batch']} x seq {res['seq_len']}, {res['steps']} timed steps after {res['warmup']} warm-up")
@@ -385,6 +467,7 @@ def print_table(res: dict) -> None:
             print(f"  {r['precision']:<15} {r['variant']:<9} {fmt(r['step_seconds'], '.2f', 1000):>8} "
                   f"{fmt(r['gpu_kernel_ms_per_step'], '.2f'):>8} {fmt(r.get('gpu_busy_fraction'), '.0%'):>8} "
                   f"{fmt(r['kernels_per_step'], '.0f'):>8} {fmt(r['host_syncs_per_step'], '.1f'):>6}")
+        print_kinds(prof)
     print("\nratios (steps/s over fp32):")
     for k, v in res["ratios"].items():
         print(f"  {k:<28} {v:.2f}x")

@@ -227,8 +227,74 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
     if mlm:  # profiled: no kernels on a CPU, so no GPU-busy fraction either
         assert by["fp32"]["profiled_steps"] == 1 and by["fp32"]["kernels_per_step"] == 0
         assert "gpu_busy_fraction" not in by["fp32"] and "where a step's time goes" in r.stdout
+        # where the time goes on a CPU: the aten ops' own time, by kind, adding up to the matmul figure
+        for name in ("fp32", "amp_bf16"):
+            row = by[name]
+            kinds = row["ms_per_step_by_kind"]
+            assert row["time_basis"] == "cpu_op_self_time"
+            assert {"matmul", "optimizer", "layer_norm", "softmax_ce", "dropout"} <= set(kinds), kinds
+            assert row["matmul_ms_per_step"] == pytest.approx(kinds["matmul"] + kinds.get("attention", 0.0))
+            assert 0 < row["matmul_share_of_step"] < 1
+            assert row["matmul_tflops"] == pytest.approx(
+                row["model_flops_per_step"] / (row["matmul_ms_per_step"] / 1000) / 1e12)
+            assert sum(kinds.values()) < 1000 * row["step_seconds"] * 1.5  # self times: nothing counted twice
+            top = row["top_kernels"]
+            assert top and top[0]["ms_per_step"] >= top[-1]["ms_per_step"]
+        assert "_fused_adamw_" in {t["name"].split("::")[-1] for t in by["fp32"]["top_kernels"]} or \
+            by["fp32"]["ms_per_step_by_kind"]["optimizer"] > 0
+        assert "copy_cast" in by["amp_bf16"]["ms_per_step_by_kind"]  # autocast's weight casts
+        assert "CPU time of aten ops by kind" in r.stdout and "matmul TFLOP/s" in r.stdout
     else:
         assert "profiled_steps" not in by["fp32"]
+
+
+@pytest.mark.parametrize("name, kind", [
+    # CUDA kernels as torch.profiler names them (cuBLAS on Hopper, CUTLASS, flash / mem-efficient attention)
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+     "matmul"),
+    ("nvjet_hsh_192x192_64x4_2x1_v_bz_coopA_TNN", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_"
+     "tn_align4::Params)", "matmul"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>, "
+     "false, false>(pytorch_flash::Flash_fwd_params)", "attention"),
+    ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::Sm80>::Params)",
+     "attention"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+     "(at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, bool*, bool*>", "optimizer"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<float, (at::native::(anonymous namespace)"
+     "::NormType)1, float, float>, float*, int>", "foreach"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
+     "c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)", "layer_norm"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+     "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >",
+     "elementwise"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda()#1}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >", "copy_cast"),
+    ("void at::native::(anonymous namespace)::fused_dropout_kernel_vec<c10::BFloat16, float, unsigned int, 1, 4, bool>",
+     "dropout"),
+    ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 7, false, false>", "softmax_ce"),
+    ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>", "softmax_ce"),
+    ("void at::native::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>", "embedding"),
+    ("void at::native::(anonymous namespace)::krn_partials_per_segment<long>(long*, long const*, long, long)", "embedding"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+     "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>>>",
+     "reduction"),
+    ("Memset (Device)", "copy_cast"),
+    ("Memcpy DtoD (Device -> Device)", "copy_cast"),
+    ("triton_per_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_3", "compiled"),
+    ("triton_tem_fused_addmm_0", "matmul"),
+    ("## Call CompiledFxGraph f6ssdqgbq7l5mb4rid7p5t3qxzy4c7stsvyv72hd4pznfsauaxdz ##", "compiled"),
+    # aten ops on a CPU
+    ("aten::addmm", "matmul"), ("aten::mm", "matmul"), ("aten::_fused_adamw_", "optimizer"),
+    ("aten::native_layer_norm_backward", "layer_norm"), ("aten::embedding_dense_backward", "embedding"),
+    ("aten::view", "views_alloc"), ("aten::linear", "views_alloc"), ("aten::add_", "elementwise"),
+    ("aten::_foreach_norm", "foreach"), ("aten::isneginf", "other"),
+])
+def test_gpu_check_kernel_kind(name, kind):
+    """kernel_kind reads what a kernel (or CPU op) does from its name; "lambda" in a template is no optimizer."""
+    assert _load_gpu_check().kernel_kind(name) == kind
 
 
 def test_gpu_check_profile_counts_host_waits():
@@ -350,11 +416,10 @@ def test_gpu_check_one_compiled_row_in_the_budget_is_amp_bf16s(tmp_path, monkeyp
     assert compiled_ok == ["amp_bf16"]
 
 
-def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
-    """benchmarks/device_check.sh with stub python3 / nvidia-smi / timeout: every step runs even when
-    an earlier one fails, the outputs land in $OUT (at most 8 files come back from a device run), and
-    the engine step's time limit counts the time the wheel install took (the whole script must stay
-    inside a 600 s command)."""
+def _device_script_stubs(tmp_path, script: str):
+    """A copy of benchmarks/<script> in a bare repo, with stub python3 / nvidia-smi / timeout on PATH
+    that log their calls: (repo, env, log). The stub pip takes 2 s; gpu_check writes its --out and
+    fails (exit 1, as on a missed target); the machine's pyarrow is too old for datasets."""
     import shutil
     import stat
 
@@ -362,24 +427,18 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
         pytest.skip("no bash")
     repo = tmp_path / "repo"
     (repo / "benchmarks").mkdir(parents=True)
-    shutil.copy(ROOT / "benchmarks" / "device_check.sh", repo / "benchmarks" / "device_check.sh")
-    (repo / ".whl").mkdir()
-    (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
-    (repo / ".whl" / "fallback").mkdir()
-    (repo / ".whl" / "fallback" / "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    shutil.copy(ROOT / "benchmarks" / script, repo / "benchmarks" / script)
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     stubs = {
-        # pip takes 2 s; gpu_check writes its --out and fails (exit 1, as on a missed target)
         "python3": f"""#!/bin/bash
 echo "python3 $*" >> {log}
 if [[ "$1" == -m && "$2" == pip ]]; then sleep 2; exit 0; fi
-# the machine's pyarrow is too old for datasets: the probe fails
 [[ "$1" == -c && "$2" == *"pyarrow.__version__"* ]] && exit 1
 prev=""; for a in "$@"; do
   if [[ "$prev" == --out || "$prev" == --metrics-out ]]; then echo '{{}}' > "$a"; fi; prev="$a"
 done
-[[ "$1" == benchmarks/gpu_check.py ]] && exit 1
+[[ "$*" == *benchmarks/gpu_check.py* ]] && exit 1
 exit 0
 """,
         "nvidia-smi": "#!/bin/bash\necho 'name'\n",
@@ -393,8 +452,20 @@ exec "$@"
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return repo, env, log
+
+
+def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
+    """benchmarks/device_check.sh with stub python3 / nvidia-smi / timeout: every step runs even when
+    an earlier one fails, the outputs land in $OUT (at most 8 files come back from a device run), and
+    the engine step's time limit counts the time the wheel install took (the whole script must stay
+    inside a 600 s command)."""
+    repo, env, log = _device_script_stubs(tmp_path, "device_check.sh")
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
+    (repo / ".whl" / "fallback").mkdir()
+    (repo / ".whl" / "fallback" / "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
     r = subprocess.run(["bash", str(repo / "benchmarks" / "device_check.sh")], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr
@@ -409,9 +480,35 @@ exec "$@"
     engine_limit = int(timeouts[2][3])
     assert "precision_throughput.py" in " ".join(timeouts[2])
     assert engine_limit <= 520 - 2  # the 2 s of the wheel install count against the budget
-    files = sorted(p.name for p in out.iterdir())
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["engine_cuda.txt", "engine_cuda_metrics.json", "env.txt", "gpu_check.json", "gpu_check.txt",
                      "gpu_check_mlm.json", "gpu_check_mlm.txt"]
+
+
+def test_device_profile_sh_dry_run_steps_and_outputs(tmp_path):
+    """benchmarks/device_profile.sh (the second device call): BERT-small's two shapes, amp_bf16 with
+    CUDA graphs at batch 64 and 128 (profiled, --compile only), then the engine in every stage-1
+    precision within what is left of its 280 s; each step runs after a failed one."""
+    repo, env, log = _device_script_stubs(tmp_path, "device_profile.sh")
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "device_profile.sh")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    timeouts = [c.split() for c in log.read_text().splitlines() if c.startswith("timeout ")]
+    assert all(t[1] == "-k" for t in timeouts)
+    gpu_checks = [t for t in timeouts if "benchmarks/gpu_check.py" in t]
+    assert [("--small" in t, "--mlm" in t) for t in gpu_checks[:2]] == [(True, True), (True, False)]
+    sweep = gpu_checks[2:]
+    assert [t[t.index("--batch") + 1] for t in sweep] == ["64", "128"]
+    for t in sweep:
+        assert t[t.index("--compile") + 1] == "only" and t[t.index("--precisions") + 1] == "amp_bf16"
+        assert "--profile-steps" in t and "--small" not in t
+    engine = timeouts[-1]
+    assert "benchmarks/precision_throughput.py" in engine and int(engine[3]) <= 280
+    assert engine[engine.index("--precisions") + 1].split(",") == \
+        ["fp32", "tf32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["engine_base.txt", "engine_base_metrics.json", "mfu_b128.json", "mfu_b64.json",
+                     "small_classify_b32.json", "small_mlm_b128.json"]
 
 
 def test_gpu_check_fp8_row_fails_alone_when_torchao_cannot_import(monkeypatch, tmp_path):
