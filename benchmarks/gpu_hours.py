@@ -7,7 +7,9 @@ schedules that start the same way; stage 2 once per schedule and seed) it takes 
 measured for that objective (masked LM for stage 1, classification for stage 2), precision, batch size
 and sequence length, adds the engine's per-step extra (--step-overhead-ms: the next batch's collation,
 which on a host-bound GPU step is not hidden) and a fixed cost per job (--stage1-job-s, --stage2-job-s:
-process start, opening the data, evaluation, checkpoint; not measured on a GPU yet). Several
+process start and imports, CUDA and model set-up, evaluation, checkpoints; defaults 25 s and 18 s, from
+benchmarks/job_overhead.py: ~16 s a job at BERT-base's size on the H200 of benchmarks/h200/, plus
+evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md). Several
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
 eager PyTorch, so compiled rows are ignored. A job whose measurement is missing is named, not guessed.
 """
@@ -110,8 +112,10 @@ def main(argv=None) -> int:
     p.add_argument("measured", type=Path, nargs="+", help="gpu_check JSON results")
     p.add_argument("--step-overhead-ms", type=float, default=2.0,
                    help="engine's extra per step over gpu_check's step (next batch's collation; default 2)")
-    p.add_argument("--stage1-job-s", type=float, default=60.0, help="fixed seconds per stage-1 job (default 60)")
-    p.add_argument("--stage2-job-s", type=float, default=25.0, help="fixed seconds per stage-2 job (default 25)")
+    p.add_argument("--stage1-job-s", type=float, default=25.0,
+                   help="fixed seconds per stage-1 job (default 25: benchmarks/job_overhead.py)")
+    p.add_argument("--stage2-job-s", type=float, default=18.0,
+                   help="fixed seconds per stage-2 job (default 18: benchmarks/job_overhead.py)")
     p.add_argument("--pretrain-rows", type=int, default=None, help="stage-1 training sequences (epochs configs)")
     p.add_argument("--finetune-rows", type=int, default=3668, help="stage-2 training examples (default 3668: MRPC)")
     args = p.parse_args(argv)

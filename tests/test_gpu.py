@@ -612,3 +612,30 @@ def test_gpu_hours_of_the_shipped_config_from_the_h200_measurements():
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-small-scratch.yaml"),
                         str(ROOT / "benchmarks" / "h200" / "run1_engine_cuda_metrics.json")], capture_output=True, text=True)
     assert r.returncode != 0 and "not a gpu_check --out result" in r.stderr
+
+
+# ------------------------------------------------------------------ benchmarks/job_overhead.py
+def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
+    """job_overhead.py (tiny model): each process's wall time splits into the engine's timed parts and
+    a positive rest, nothing counted twice (checkpoint_seconds holds the resumable-state save); with
+    the H200 run's files it adds the CUDA setup and per-process costs to this machine's fixed cost."""
+    out = tmp_path / "jo.json"
+    h200 = ROOT / "benchmarks" / "h200"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "job_overhead.py"), "--model", "tiny", "--steps", "2",
+                        "--gpu-metrics", str(h200 / "run1_engine_cuda_metrics.json"),
+                        "--gpu-log", str(h200 / "run1_engine_cuda.txt"), "--json-out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for name, row in res["rows"].items():
+        assert 0 < row["rest_seconds"] < row["wall_seconds"], (name, row)
+        assert row["checkpoint_seconds"] >= row["state_save_seconds"]
+    assert res["rows"]["stage 1"]["state_save_seconds"] > 0 and res["state_save_s"] > 0  # one save, at step 1
+    assert res["rows"]["stage 2"]["state_save_seconds"] == 0
+    s1 = res["rows"]["stage 1"]
+    assert res["stage1_fixed_s"] == pytest.approx(s1["wall_seconds"] - s1["train_seconds"] - s1["eval_seconds"])
+    assert res["cuda_setup_extra_s"] > 0  # the H200's tiny runs took 8-11 s of setup
+    assert res["gpu_stage2_job_s"] > res["stage2_fixed_s"]
+    assert res["gpu_stage1_job_s"] == pytest.approx(res["gpu_stage2_job_s"] - res["stage2_fixed_s"]
+                                                    + res["stage1_fixed_s"] - res["state_save_s"])
+    assert "estimated fixed cost per job on that GPU" in r.stdout
