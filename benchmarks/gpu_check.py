@@ -51,7 +51,13 @@ import torch  # noqa: E402
 from precswitch import flops, gpu, measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
-from precswitch.train.engine import HEAD_KEYS, cls_only_last_layer, forward_loss, mlm_head_rows  # noqa: E402
+from precswitch.train.engine import (  # noqa: E402
+    HEAD_KEYS,
+    cls_only_last_layer,
+    drop_full_attention_mask,
+    forward_loss,
+    mlm_head_rows,
+)
 
 # ------------------------------------------------------------------ peak FLOP/s, dense, TFLOP/s
 #: One table: the peak each precision's MFU is measured against, per GPU (matched by name).
@@ -202,7 +208,9 @@ def profile_steps(step, batches: list[dict], n: int, device, top: int = 8) -> di
 
 
 # ------------------------------------------------------------------ one measurement
-def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4) -> list[dict]:
+def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4, engine_step: bool = True) -> list[dict]:
+    """n synthetic batches of full-length rows (no padding) on device; for the engine's step (as the
+    engine builds them) with the masked-LM head's rows selected and the all-ones mask dropped on the host."""
     g = torch.Generator().manual_seed(1234)
     out = []
     for _ in range(n):
@@ -218,6 +226,8 @@ def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4)
             b["labels"] = torch.randint(0, 2, (batch,), generator=g)
         if mlm:  # the engine selects the head's rows on the host, with the batch (engine.host_batch)
             b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
+        if engine_step:
+            drop_full_attention_mask(b)
         out.append({k: v.to(device) for k, v in b.items()})
     return out
 
@@ -558,7 +568,7 @@ def main(argv=None) -> int:
     compile_on = args.compile in ("on", "only") or (args.compile == "auto" and device.type == "cuda")
     variants = (["eager"] if args.compile != "only" else []) + (["compiled"] if compile_on else [])
     cfg = QUICK if args.quick else SMALL if args.small else BASE
-    batches = make_batches(cfg, args.batch, args.seq, args.mlm, device)
+    batches = make_batches(cfg, args.batch, args.seq, args.mlm, device, engine_step=args.step == "engine")
     launch_us = host_launch_us(device)
     if launch_us is not None:
         print(f"gpu_check: host cost of one tiny eager op (dispatch + launch): {launch_us:.1f} us", file=sys.stderr)

@@ -35,8 +35,11 @@ def make_tokenizer(out: Path, max_length: int = 32):
     return fast
 
 
-def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 40, max_length: int = 32) -> Path:
-    """Write tokenizer + prepared dataset under root; return the dataset dir."""
+def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 40, max_length: int = 32,
+                  packed: bool = False) -> Path:
+    """Write tokenizer + prepared dataset under root; return the dataset dir. packed (mlm): the
+    sentences' tokens concatenated into full max_length blocks, no padding (as the GPU configs'
+    WikiText is prepared); else one padded sentence per row."""
     from datasets import Dataset, DatasetDict
 
     tok_dir = root / "tokenizer"
@@ -48,7 +51,12 @@ def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 4
     splits = {}
     for split, n, seed in (("train", n_train, 1), ("eval", n_eval, 2)):
         a = _sentences(n, seed)
-        if objective == "mlm":
+        if objective == "mlm" and packed:
+            ids = [t for x in tok(a * 4, add_special_tokens=False)["input_ids"] for t in x]
+            blocks = [ids[i:i + max_length] for i in range(0, len(ids) - max_length + 1, max_length)][:n]
+            splits[split] = Dataset.from_dict({"input_ids": blocks, "attention_mask": [[1] * max_length for _ in blocks],
+                                               "token_type_ids": [[0] * max_length for _ in blocks]})
+        elif objective == "mlm":
             enc = tok(a, truncation=True, max_length=max_length, padding="max_length")
             splits[split] = Dataset.from_dict(dict(enc))
         else:
@@ -58,7 +66,7 @@ def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 4
             b = [x if y else s for x, y, s in zip(a, labels, _sentences(n, seed + 20))]
             enc = tok(a, b, truncation=True, max_length=max_length)
             splits[split] = Dataset.from_dict({**dict(enc), "labels": labels})
-    out = root / f"prepared-{objective}"
+    out = root / f"prepared-{objective}{'-packed' if packed else ''}"
     DatasetDict(splits).save_to_disk(str(out))
     meta = {"objective": objective, "n_train": n_train, "n_eval": n_eval, "max_length": max_length,
             "tokenizer": str(tok_dir), "source": {"kind": "test"}}

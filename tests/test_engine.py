@@ -332,6 +332,78 @@ def test_activation_telemetry_off_by_default_and_recorded_when_on(data, tmp_path
     assert on["eval_loss"] == off["eval_loss"]  # watching does not change the numerics
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("objective", ["mlm", "classify"])
+def test_full_attention_mask_dropped_on_the_host_same_numbers_no_host_read(attn, objective):
+    """A mask of all ones is dropped before the batch leaves the host: the loss and every gradient
+    are exactly those with the mask, and the forward no longer reads a value back from the device
+    (on a GPU that read is a sync mid-forward). A padded batch keeps its mask."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                     attn_implementation=attn)
+    model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
+    if objective == "classify":
+        engine.cls_only_last_layer(model)
+    ids = torch.randint(5, 97, (4, 24))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    if objective == "mlm":
+        labels = torch.where(torch.rand(ids.shape) < 0.2, ids, torch.full_like(ids, -100))
+        labels[:, 3] = ids[:, 3]
+        batch.update(labels=labels, **dict(zip(engine.HEAD_KEYS, engine.mlm_head_rows(labels))))
+    else:
+        batch["labels"] = torch.tensor([0, 1, 1, 0])
+
+    def loss_grads(b):
+        model.zero_grad(set_to_none=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loss = engine.forward_loss(model, b, objective)
+        reads = sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, reads
+
+    with_mask, g_with, reads_with = loss_grads(dict(batch))
+    dropped = engine.drop_full_attention_mask(dict(batch))
+    assert "attention_mask" not in dropped and dropped.keys() == batch.keys() - {"attention_mask"}
+    without, g_without, reads_without = loss_grads(dropped)
+    assert torch.equal(with_mask, without)
+    assert g_with.keys() == g_without.keys() and all(torch.equal(g_with[n], g_without[n]) for n in g_with)
+    assert reads_without == 0 and reads_with >= 1  # transformers' check of the mask, gone
+    padded = dict(batch, attention_mask=torch.ones_like(ids))
+    padded["attention_mask"][0, -3:] = 0
+    assert torch.equal(engine.drop_full_attention_mask(padded)["attention_mask"], padded["attention_mask"])
+
+
+def test_engine_drops_the_mask_of_packed_blocks_only(tmp_path, monkeypatch):
+    """In the training loop: packed masked-LM blocks (no padding) train without a mask, every token
+    still counted; padded rows keep theirs."""
+    from engine_fixtures import make_prepared
+
+    calls = []
+    real = engine.drop_full_attention_mask
+
+    def spy(b):
+        had = "attention_mask" in b
+        out = real(b)
+        calls.append(had and "attention_mask" not in out)
+        return out
+
+    monkeypatch.setattr(engine, "drop_full_attention_mask", spy)
+    seen = {}
+    for packed in (True, False):
+        calls.clear()
+        data = make_prepared(tmp_path / str(packed), "mlm", packed=packed)
+        m = run_stage({"data": str(data), "objective": "mlm", "precision": "fp32", "seed": 1, "steps": 3,
+                       "batch_size": 8, "model": TINY, "save_checkpoint": False}, tmp_path / f"run-{packed}")
+        assert m["status"] == "ok" and len(calls) == 3
+        seen[packed] = (all(calls), any(calls), m["tokens_seen"])
+    assert seen[True][:2] == (True, True) and seen[True][2] == 3 * 8 * 32  # full blocks, every token counted
+    assert seen[False][:2] == (False, False) and seen[False][2] < 3 * 8 * 32  # padded: masks kept
+
+
 @pytest.mark.parametrize("n_masked", [7, 16, 40])
 def test_sparse_mlm_scoring_equals_the_dense_loss_and_gradients(n_masked):
     """engine.mlm_forward scores only the labelled positions; loss and every gradient must equal

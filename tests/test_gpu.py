@@ -234,10 +234,11 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
             assert row["time_basis"] == "cpu_op_self_time"
             assert {"matmul", "optimizer", "layer_norm", "softmax_ce", "dropout"} <= set(kinds), kinds
             assert row["matmul_ms_per_step"] == pytest.approx(kinds["matmul"] + kinds.get("attention", 0.0))
-            assert 0 < row["matmul_share_of_step"] < 1
+            # against the unprofiled step: on a CPU the profiler's own cost can push it past 1
+            assert row["matmul_share_of_step"] == pytest.approx(row["matmul_ms_per_step"] / 1000 / row["step_seconds"])
             assert row["matmul_tflops"] == pytest.approx(
                 row["model_flops_per_step"] / (row["matmul_ms_per_step"] / 1000) / 1e12)
-            assert sum(kinds.values()) < 1000 * row["step_seconds"] * 1.5  # self times: nothing counted twice
+            assert all(v >= 0 for v in kinds.values()) and row["matmul_ms_per_step"] < sum(kinds.values())
             top = row["top_kernels"]
             assert top and top[0]["ms_per_step"] >= top[-1]["ms_per_step"]
         assert "_fused_adamw_" in {t["name"].split("::")[-1] for t in by["fp32"]["top_kernels"]} or \
@@ -295,6 +296,27 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
 def test_gpu_check_kernel_kind(name, kind):
     """kernel_kind reads what a kernel (or CPU op) does from its name; "lambda" in a template is no optimizer."""
     assert _load_gpu_check().kernel_kind(name) == kind
+
+
+@pytest.mark.parametrize("mlm", [False, True])
+def test_gpu_check_engine_batches_drop_the_full_mask_and_its_host_read(mlm):
+    """gpu_check's engine-step batches are built as the engine builds them: no padding, so no mask,
+    and the forward reads nothing back from the device (run 2 on the H200 counted one such read per
+    eager step); the stock step keeps the mask, as model(**batch) from a tokenizer gets it."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    gc = _load_gpu_check()
+    cfg = dict(gc.QUICK)
+    model = (BertForMaskedLM if mlm else BertForSequenceClassification)(BertConfig(**cfg, attn_implementation="sdpa"))
+    dev = torch.device("cpu")
+    engine_b = gc.make_batches(cfg, 4, 16, mlm, dev, n=2)
+    stock_b = gc.make_batches(cfg, 4, 16, mlm, dev, n=2, engine_step=False)
+    assert all("attention_mask" not in b for b in engine_b) and all(b["attention_mask"].all() for b in stock_b)
+    objective = "mlm" if mlm else "classify"
+    reads = {name: gc.profile_steps(lambda b: gc.forward_loss(model, b, objective), bs, 2, dev)["host_item_calls_per_step"]
+             for name, bs in (("engine", engine_b), ("stock", stock_b))}
+    assert reads == {"engine": 0.0, "stock": 1.0}
 
 
 def test_gpu_check_profile_counts_host_waits():

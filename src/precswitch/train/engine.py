@@ -289,6 +289,19 @@ HEAD_KEYS = ("head_rows", "head_labels")
 MLM_EXTRA_KEYS = ("labels", *HEAD_KEYS)
 
 
+def drop_full_attention_mask(batch: dict) -> dict:
+    """Drop an attention mask that masks nothing (no padding, as in packed masked-LM blocks), checked
+    on the host before the batch goes to the device. Given such a mask on a GPU, transformers checks
+    it there (``padding_mask.all()`` in its mask utilities: a device-to-host sync in the middle of
+    every forward) and then attends without a mask; given none, it attends without a mask straight
+    away. Same kernels, same numbers (tests/test_engine.py), one sync per step fewer. A batch with
+    any padding keeps its mask."""
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.device.type == "cpu" and bool(mask.all()):
+        del batch["attention_mask"]
+    return batch
+
+
 def mlm_head_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The flat positions the masked-LM head scores and their labels, padded with ignored rows to a
     multiple of 16 (``flops.padded_head_rows``). On a CPU tensor this is host work: the training loop
@@ -652,11 +665,13 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     cur = active(st["step"])
     flags = cur.apply_backend_flags()  # a run resumed past its switch point starts in the switched precision
 
-    def host_batch(step: int) -> dict:
+    def host_batch(step: int) -> tuple[dict, int]:
+        """The step's batch, built on the host, and its token count (counted before a full mask is dropped)."""
         b = batches.get(step)
         if hp["objective"] == "mlm":
             b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
-        return b
+        n_tokens = int(b["attention_mask"].sum())
+        return drop_full_attention_mask(b), n_tokens
 
     pending = None  # the next step's batch, built while the device runs this step's forward and backward
     try:
@@ -669,8 +684,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                     scaler = cur.make_scaler(device.type)
                 elif not cur.loss_scaling:
                     scaler = None
-            batch, pending = (pending if pending is not None else host_batch(step)), None
-            n_samples, n_tokens = int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())
+            (batch, n_tokens), pending = (pending if pending is not None else host_batch(step)), None
+            n_samples = int(batch["input_ids"].shape[0])
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             if cudagraphs:  # a new iteration: the last step's graph outputs may be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
