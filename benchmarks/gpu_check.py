@@ -208,7 +208,8 @@ def profile_steps(step, batches: list[dict], n: int, device, top: int = 8) -> di
 
 
 # ------------------------------------------------------------------ one measurement
-def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4, engine_step: bool = True) -> list[dict]:
+def make_batches(cfg: dict, batch: int, seq: int, mlm: bool, device, n: int = 4,
+                 engine_step: bool = True) -> list[dict]:
     """n synthetic batches of full-length rows (no padding) on device; for the engine's step (as the
     engine builds them) with the masked-LM head's rows selected and the all-ones mask dropped on the host."""
     g = torch.Generator().manual_seed(1234)
