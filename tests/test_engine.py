@@ -634,13 +634,19 @@ def test_init_revision_only_for_a_hub_init(data, tmp_path):
         C.resolve({"data": "d", "steps": 1, "model": {"revision": "v1"}})
 
 
-def test_compiled_training_step_matches_eager(data, tmp_path):
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_training_step_matches_eager(data, tmp_path, packed):
     """compile: default torch.compiles the training forward and loss (mlm: a head-row count that varies
     by batch); training follows the eager run's losses to rounding, evaluation stays eager, and the
     setting is recorded. On a CPU reduce-overhead compiles the same way (CUDA graphs need a GPU).
-    Dropout off: compiled dropout draws its masks from inductor's own generator, not eager's."""
+    Dropout off: compiled dropout draws its masks from inductor's own generator, not eager's.
+    packed: full blocks, so the batches carry no attention mask (drop_full_attention_mask), as the GPU
+    configs' stage 1."""
+    from engine_fixtures import make_prepared
+
     model = {**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    hp = {"data": str(data["mlm"]), "precision": "fp32", "steps": 4, "seed": 5, "model": model, "log_every": 1,
+    mlm = make_prepared(tmp_path / "packed", "mlm", packed=True) if packed else data["mlm"]
+    hp = {"data": str(mlm), "precision": "fp32", "steps": 4, "seed": 5, "model": model, "log_every": 1,
           "timing_warmup_steps": 1}
     eager = run_stage(hp, tmp_path / "eager")
     comp = run_stage({**hp, "compile": "default"}, tmp_path / "comp")
