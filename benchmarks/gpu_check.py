@@ -180,19 +180,19 @@ def profile_steps(step, batches: list[dict], n: int, device, top: int = 8) -> di
     by_kind: dict[str, float] = {}
     names: list[tuple[float, int, str]] = []
     for e in prof.key_averages():
+        if e.key in SYNC_CALLS:
+            syncs += e.count
+            continue
+        if e.key == "aten::_local_scalar_dense":  # .item(), bool(tensor): a value the host waits for
+            items += e.count
         if e.device_type == torch.autograd.DeviceType.CUDA:
             us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
             kernels += e.count
             kernel_us += us
-        elif e.key in SYNC_CALLS:
-            syncs += e.count
-            continue
-        else:
-            if e.key == "aten::_local_scalar_dense":  # .item(), bool(tensor): a value the host waits for
-                items += e.count
-            if cuda or not (e.key.startswith("aten::") or "CompiledFxGraph" in e.key):
-                continue
+        elif not cuda and (e.key.startswith("aten::") or "CompiledFxGraph" in e.key):
             us = e.self_cpu_time_total  # a CPU has no kernels: its ops' own time is the step's work
+        else:
+            continue  # on CUDA the host-side ops: their time is the launches', not the work's
         kind = kernel_kind(e.key)
         by_kind[kind] = by_kind.get(kind, 0.0) + us
         names.append((us, e.count, e.key))
