@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PY = sys.executable
@@ -44,12 +45,16 @@ def prepare(root: Path, n_corpus: int = 6000, n_train: int = 2000, max_length: i
     return out
 
 
-def engine_run(data: Path, objective: str, precision: str, **hp) -> dict:
-    """One `precswitch train` in a fresh process; returns its metrics.json."""
+def engine_run(data: Path, objective: str, precision: str, out: Path | None = None, **hp) -> dict:
+    """One `precswitch train` in a fresh process; returns its metrics.json plus ``wall_seconds``, the
+    process's wall time. out: keep the stage's outputs there (default: a temporary directory)."""
     full = {"data": str(data), "objective": objective, "precision": precision, "seed": 1, "model": MODEL,
             "batch_size": 32, "lr": 5e-4, "warmup_ratio": 0.1, "save_checkpoint": False, "eval_batch_size": 256,
             "on_unsupported": "skip",
             **hp}
     with tempfile.TemporaryDirectory() as t:
-        cli("train", "--hparams", json.dumps(full), "--out", t)
-        return json.loads(Path(t, "metrics.json").read_text())
+        where = Path(out or t)
+        t0 = time.perf_counter()
+        cli("train", "--hparams", json.dumps(full), "--out", str(where))
+        wall = time.perf_counter() - t0
+        return {**json.loads((where / "metrics.json").read_text()), "wall_seconds": wall}

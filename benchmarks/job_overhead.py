@@ -38,21 +38,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import BASE_MODEL, MODEL, cli, prepare  # noqa: E402
+from _bench import BASE_MODEL, MODEL, engine_run, prepare  # noqa: E402
 
 #: the parts of a run the engine times; checkpoint_seconds includes state_save_seconds (resumable state)
 ENGINE_PARTS = ("setup_seconds", "train_seconds", "eval_seconds", "checkpoint_seconds")
 
 
 def timed_run(hp: dict, out: Path) -> dict:
-    """One `precswitch train` process: its metrics.json plus wall_seconds and rest_seconds (wall
-    minus every part the engine reports: interpreter start, imports, metrics write, exit)."""
-    t = time.perf_counter()
-    cli("train", "--hparams", json.dumps(hp), "--out", str(out))
-    wall = time.perf_counter() - t
-    m = json.loads((out / "metrics.json").read_text())
-    m["wall_seconds"] = wall
-    m["rest_seconds"] = wall - sum(m.get(k) or 0.0 for k in ENGINE_PARTS)
+    """One `precswitch train` process (_bench.engine_run, outputs kept in out): its metrics.json plus
+    wall_seconds and rest_seconds (wall minus every part the engine reports: interpreter start,
+    imports, metrics write, exit)."""
+    hp = dict(hp)
+    m = engine_run(hp.pop("data"), hp.pop("objective"), hp.pop("precision"), out=out, **hp)
+    m["rest_seconds"] = m["wall_seconds"] - sum(m.get(k) or 0.0 for k in ENGINE_PARTS)
     return m
 
 
