@@ -638,3 +638,39 @@ def test_switch_point_and_overflow_labels_fit(tmp_path, monkeypatch):
     assert ax.yaxis.label.get_window_extent(r).height <= ax.get_window_extent(r).height
     assert ax.yaxis.label.get_window_extent(r).y1 <= ax.title.get_window_extent(r).y0
     assert " ".join(_legend_texts(ax)[-1].split()) == "lines overlap: curves coincide (amp_fp16, fp32)"
+
+
+def test_a_skipped_steps_extra_row_is_marked_but_not_averaged_into_the_loss_curves(tmp_path, monkeypatch):
+    """The engine logs every log_every-th step plus every skipped step. The loss_scale plot marks the extra row's
+    skip; the loss curves, averaged over seeds per step, use only the log grid the runs share (else one seed's
+    extra row would be the whole 'mean' at its step)."""
+    import numpy as np
+
+    def thin_fp16_logs(m, p):
+        if m["stage"] != "pretrain" or m["precision"] != "amp_fp16":
+            return
+        m["hparams"] = {**(m.get("hparams") or {}), "log_every": 5}
+        st = pd.read_csv(p.parent / "steps.csv")
+        st = st[((st["step"] - 1) % 5 == 0) | (st["step"] == st["step"].max())].copy()
+        st["skipped"] = 0
+        if m["seed"] == 2:  # a skip at step 4, between logged steps, with an outlying loss
+            extra = st.iloc[[0]].assign(step=4, loss=99.0, skipped=1, loss_scale=1024.0)
+            st = pd.concat([st, extra]).sort_values("step")
+        st.to_csv(p.parent / "steps.csv", index=False)
+
+    out, _ = _small_study(tmp_path, mutate=thin_fp16_logs,
+                          schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp16": ("amp_fp16", "amp_fp16")})
+    from precswitch.analysis.plots import load_steps
+
+    steps = load_steps(pd.read_csv(out / "runs.csv"))
+    fp16 = steps[(steps["stage"] == "pretrain") & (steps["precision"] == "amp_fp16")]
+    assert sorted(fp16.loc[~fp16["regular"], "step"]) == [4]
+    assert fp16.loc[fp16["regular"], "step"].drop_duplicates().sort_values().tolist() == [1, 6, 11, 16, 20]
+    assert steps.loc[steps["precision"] == "fp32", "regular"].all()  # no log_every recorded: every row
+
+    figs = _figures(monkeypatch, out, ["loss_curves", "loss_scale"])
+    lines = figs["loss_curves"].axes[0].get_lines()
+    assert [1, 6, 11, 16, 20] in [list(ln.get_xdata()) for ln in lines]  # amp_fp16's mean: the grid only
+    assert np.nanmax(np.concatenate([ln.get_ydata() for ln in lines])) < 99
+    crosses = [ln for ln in figs["loss_scale"].axes[0].get_lines() if ln.get_label().startswith("skipped step")]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [4] and list(crosses[0].get_ydata()) == [1024.0]

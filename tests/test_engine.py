@@ -682,3 +682,28 @@ def test_compiled_classification_with_loss_scaling(data, tmp_path):
                    "model": TINY, "compile": "reduce-overhead", "timing_warmup_steps": 2}, tmp_path / "c")
     assert m["status"] == "ok" and m["compile"] == "reduce-overhead" and m["steps_completed"] == 5
     assert m["loss_scale_start"] is not None and m["accuracy"] is not None and m["eval_loss"] > 0
+
+
+def test_every_skipped_step_gets_a_steps_csv_row(data, tmp_path, monkeypatch):
+    """A loss scale far too large overflows the fp16 gradients of the first steps: each is skipped and the scale
+    halves. steps.csv must record every skip at its own step (not only those on a log_every-th step), so the
+    loss_scale plot can mark them; the rows' skipped column adds up to metrics.json's skipped_steps."""
+    stock = P.Precision.make_scaler
+
+    def huge_scale(self, device_type):
+        s = stock(self, device_type)
+        return None if s is None else torch.amp.GradScaler(device_type, init_scale=2.0**40)
+
+    monkeypatch.setattr(P.Precision, "make_scaler", huge_scale)
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 30, "seed": 3, "model": TINY,
+                   "log_every": 10}, tmp_path / "s")
+    import pandas as pd
+
+    steps = pd.read_csv(tmp_path / "s" / "steps.csv")
+    skipped = steps[steps["skipped"] == 1]
+    assert m["skipped_steps"] >= 3, m["skipped_steps"]
+    assert len(skipped) == m["skipped_steps"] == int(steps["skipped"].sum())
+    assert set(steps["step"]) >= {1, 11, 21, 30}  # the log_every rows are still there
+    assert any((s - 1) % 10 for s in skipped["step"])  # skips between logged steps have rows too
+    assert skipped["loss_scale"].is_monotonic_decreasing and skipped["loss_scale"].iloc[0] == 2.0**40
+    assert steps["step"].is_unique and steps["step"].is_monotonic_increasing

@@ -69,6 +69,20 @@ def _resolve(path: Any, base: Path | None) -> Path | None:
     return None
 
 
+def _regular_rows(st, metrics_path: Path):
+    """True for the rows of the run's regular log (every ``log_every``-th step and the last); False for the rows
+    the engine adds for a skipped step in between, which only one run has at that step, so curves averaged
+    over seeds must leave them out. Without a readable ``log_every`` every row counts as regular."""
+    try:
+        every = int(json.loads(metrics_path.read_text(encoding="utf-8"))["hparams"]["log_every"])
+    except (OSError, ValueError, KeyError, TypeError):
+        every = 0
+    step = st["step"].astype(int)
+    if every < 1:
+        return step == step
+    return ((step - 1) % every == 0) | (step == step.max())
+
+
 def load_steps(runs, base: Path | None = None):
     """Concatenate every run's steps.csv (beside its metrics.json) with run identity columns."""
     import pandas as pd
@@ -88,6 +102,7 @@ def load_steps(runs, base: Path | None = None):
             continue
         if st.empty or "step" not in st or "loss" not in st:
             continue
+        st["regular"] = _regular_rows(st, mp)
         for c in ("run_id", "stage", "precision", "seed", "status", "schedule"):
             st[c] = r.get(c)
         frames.append(st)
@@ -95,7 +110,7 @@ def load_steps(runs, base: Path | None = None):
         print(f"precswitch plots: warning: no steps.csv for {missing} run(s); their curves are missing",
               file=sys.stderr)
     if not frames:
-        return pd.DataFrame(columns=["step", "loss", "loss_scale", "skipped", "run_id", "stage",
+        return pd.DataFrame(columns=["step", "loss", "loss_scale", "skipped", "regular", "run_id", "stage",
                                      "precision", "seed", "status", "schedule"])
     out = pd.concat(frames, ignore_index=True)
     for c in ("step", "loss", "loss_scale", "skipped"):
@@ -406,6 +421,8 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
         return fig
     st = steps.copy()
     st = st[st["loss"].map(lambda v: v is not None and math.isfinite(float(v)))]
+    if "regular" in st:  # the log grid every run shares; a skipped step's extra row is the loss_scale plot's
+        st = st[st["regular"].fillna(True).astype(bool)]
     order = _schedule_order(schedules, stats.get("baseline"))
     # stage 1: one curve per stage-1 precision, labelled with the schedules that share it
     pre = st[st["stage"] == "pretrain"].copy()

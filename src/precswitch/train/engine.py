@@ -724,7 +724,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             if scale_before is not None:
                 st["scales"].append(scale_before)
             gn = float(grad_norm)
-            if step % hp["log_every"] == 0 or step == total_steps - 1:
+            # every skipped step gets its own row (as well as every log_every-th step), so steps.csv and
+            # the loss_scale plot show each skip at its step, not only those that fall on a logged one
+            if step % hp["log_every"] == 0 or step == total_steps - 1 or skipped:
                 st["rows"].append([step + 1, loss_val, lr, gn, scale_before, round(dt, 6), int(skipped)])
             st["step"] = step + 1
             bar.update(1)
