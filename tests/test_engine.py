@@ -634,6 +634,21 @@ def test_init_revision_only_for_a_hub_init(data, tmp_path):
         C.resolve({"data": "d", "steps": 1, "model": {"revision": "v1"}})
 
 
+def test_a_checkpoint_init_records_only_the_attention_kernel(data, tmp_path):
+    """Sizes and dropout apply to a model built from scratch; a checkpoint brings its own, so hparams (and
+    metrics.json) keep only attn_implementation for it, and the fine-tuned model has the checkpoint's sizes."""
+    assert set(C.resolve({"data": "d", "steps": 1})["model"]) == set(C.DEFAULTS["model"])
+    assert C.resolve({"data": "d", "steps": 1, "init": "some/dir", "model": {"hidden_size": 999}})["model"] == {
+        "attn_implementation": "eager"}
+    run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "p")
+    m = run_stage({"data": str(data["classify"]), "objective": "classify", "precision": "fp32", "steps": 1,
+                   "init": str(tmp_path / "p" / "checkpoint"), "save_checkpoint": True,
+                   "model": {"hidden_size": 999, "attn_implementation": "sdpa"}}, tmp_path / "f")
+    assert m["status"] == "ok" and m["hparams"]["model"] == {"attn_implementation": "sdpa"}
+    saved = json.loads((tmp_path / "f" / "checkpoint" / "config.json").read_text())
+    assert saved["hidden_size"] == TINY["hidden_size"]
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_compiled_training_step_matches_eager(data, tmp_path, packed):
     """compile: default torch.compiles the training forward and loss (mlm: a head-row count that varies

@@ -244,6 +244,22 @@ def test_revision_reaches_the_commands_and_null_stays_out(tmp_path):
     assert len(commands) > 5 and not any("revision" in c for c in commands)
 
 
+def test_model_sizes_reach_only_the_stages_built_from_scratch(tmp_path):
+    """A checkpoint or pretrained init brings its own sizes: its jobs get only the attention kernel, so editing
+    the sizes (e.g. of the CPU default that the GPU configs inherit) changes no param of theirs, and their
+    metrics.json does not record sizes the model does not have."""
+    sizes = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings"}
+    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, None, "-p").stdout)]
+    scratch = [hp for hp in default if hp["init"] == "scratch"]
+    assert scratch and all(sizes < set(hp["model"]) for hp in scratch)  # stage 1 from scratch: the sizes
+    from_ckpt = [hp for hp in default if hp["init"] != "scratch"]
+    assert len(from_ckpt) == 12 and all(hp["model"] == {"attn_implementation": "eager"} for hp in from_ckpt)
+    hub = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, HUB_STUDY, "-p").stdout)]
+    assert len(hub) == 3 and all(hp["model"] == {"attn_implementation": "eager"} for hp in hub)
+    bigger = {**HUB_STUDY, "model": {**HUB_STUDY["model"], "hidden_size": 64, "num_hidden_layers": 7}}
+    assert [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, bigger, "-p").stdout)] == hub
+
+
 def test_nested_command_line_config_values_are_typed(tmp_path):
     """config/README.md: `--config seeds='[1,2,3,4,5]'` overrides one key. Snakemake reads nested
     --config values as text (['1', '2', ...]); the Snakefile reads them as YAML, names stay names."""

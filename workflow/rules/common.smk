@@ -518,6 +518,10 @@ def _hparams(stage, spec, seed, init, tags):
     # init and its hub revision are not BertConfig fields: the revision goes as init_revision, and
     # only when set and the stage starts from model.init (a stage-1 checkpoint records its own)
     model = {k: v for k, v in config["model"].items() if k not in ("init", "revision")}
+    if str(init) != "scratch":
+        # a checkpoint or pretrained model brings its own sizes: pass only what applies to it, so that
+        # editing the sizes (e.g. of the CPU default a GPU config inherits) reruns nothing that ignores them
+        model = {"attn_implementation": model["attn_implementation"]}
     hp.update(
         run_id=f"{stage}-{tags['schedule'] if 'schedule' in tags else spec_name(spec)}-seed{seed}",
         stage=stage,

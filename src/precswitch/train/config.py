@@ -91,6 +91,10 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     bad_model = sorted(set(hp["model"]) - MODEL_KEYS)
     if bad_model:
         raise PrecswitchError(f"unknown model key(s) {bad_model}; allowed: {sorted(MODEL_KEYS)}")
+    if str(hp["init"]) != "scratch":
+        # a checkpoint or pretrained model brings its own sizes and dropout: only the attention kernel applies,
+        # and only it is recorded (metrics.json's hparams must not claim sizes the model does not have)
+        hp["model"] = {"attn_implementation": hp["model"]["attn_implementation"]}
 
     P.get(hp["precision"])  # raises with the allowed names
     if hp["eval_precision"] not in ("same",) + P.NAMES:
