@@ -92,6 +92,28 @@ def test_verdict_text(study, tmp_path):
             assert "seeds would detect" in p
     assert "## Caveats" in text and "CPU" in text.split("## Caveats")[1]
     assert "How failures are counted" in text
+    # mixed and pure 16 bits are told apart: the question says so, the study's stage-1 precisions are named
+    assert "mixed precision (amp_fp16, amp_bf16" in head and "pure 16-bit training (pure_fp16, pure_bf16" in head
+    assert ("**Stage 1 ran in:** `fp32`: fp32 throughout, TF32 off; `amp_bf16`, `amp_fp16`: mixed precision "
+            "(fp32 master weights, fp16/bf16 compute). No stage 1 kept its weights in 16 bits") in head
+    # sentences start with a capital; the label is not repeated by the phrase after it
+    import re
+
+    assert not re.search(r"(?<!e\.g)(?<!i\.e)\. [a-z]", per), re.findall(r".{30}\. [a-z].{20}", per)
+    assert "is inconclusive" not in per and "is equivalent to" not in per
+
+
+def test_stage1_kinds_names_what_low_precision_meant():
+    from precswitch.analysis.verdict import _stage1_kinds, precision_kind
+
+    assert precision_kind("amp_fp16-to-fp32-at80").startswith("mixed precision")
+    assert precision_kind("pure_bf16_kahan").startswith("pure 16 bits") and precision_kind("tf32").startswith("fp32 w")
+    both = _stage1_kinds(["pure_bf16", "fp32", "amp_bf16"])
+    assert both == ("**Stage 1 ran in:** `fp32`: fp32 throughout, TF32 off; `amp_bf16`: mixed precision (fp32 master "
+                    "weights, fp16/bf16 compute); `pure_bf16`: pure 16 bits (weights, gradients and optimizer state "
+                    "in fp16/bf16).")
+    assert _stage1_kinds(["fp32", "pure_fp16"]).endswith("No stage 1 used mixed precision (`amp_fp16`, `amp_bf16`).")
+    assert _stage1_kinds([]) == ""
 
 
 def test_verdict_reports_missing_seeds(tmp_path):

@@ -45,7 +45,9 @@ from ..errors import PrecswitchError
 
 QUESTION = (
     "If BERT is pre-trained in low precision (fp16/bf16) and fine-tuned in fp32, does accuracy go up "
-    "or down, and what is saved in time and memory?"
+    "or down, and what is saved in time and memory? \"Low precision\" names two different things, kept apart "
+    "here: mixed precision (amp_fp16, amp_bf16: fp32 master weights, fp16/bf16 compute) and pure 16-bit "
+    "training (pure_fp16, pure_bf16: weights, gradients and optimizer state in 16 bits)."
 )
 
 DEFAULT_SETTINGS: dict[str, Any] = {

@@ -22,7 +22,45 @@ from .stats import (
     not_significant,
 )
 
-TITLE = "Pre-train in low precision, fine-tune in fp32: does accuracy go up or down?"
+TITLE = "Pre-train in 16 bits, fine-tune in fp32: does accuracy go up or down?"
+
+#: what each family of precision names keeps in which format (README's table), for the verdict's
+#: "in this study" line; a switch spec (amp_fp16-to-fp32-at80) counts as its first precision
+PRECISION_KINDS = (
+    ("fp32", "fp32 throughout, TF32 off"),
+    ("tf32", "fp32 weights, TF32 tensor-core matmuls"),
+    ("amp_", "mixed precision (fp32 master weights, fp16/bf16 compute)"),
+    ("pure_", "pure 16 bits (weights, gradients and optimizer state in fp16/bf16)"),
+    ("fp8", "fp8 matmuls (fp32 master weights)"),
+)
+
+
+def precision_kind(spec: str) -> str:
+    name = str(spec).split("-to-")[0]
+    for prefix, kind in PRECISION_KINDS:
+        if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
+            return kind
+    return "other"
+
+
+def _stage1_kinds(specs) -> str:
+    """'**Stage 1 ran in:** fp32: ...; amp_bf16, amp_fp16: mixed precision (...). No stage 1 ...' for the
+    stage-1 precisions of this study, so a reader of the question knows which "low precision" answered it."""
+    groups: dict[str, list[str]] = {}
+    for spec in sorted(map(str, specs)):
+        groups.setdefault(precision_kind(spec), []).append(spec)
+    if not groups:
+        return ""
+    order = [k for _, k in PRECISION_KINDS] + ["other"]
+    parts = [", ".join(f"`{x}`" for x in groups[k]) + (f": {k}" if k != "other" else "") for k in order if k in groups]
+    mixed, pure = PRECISION_KINDS[2][1] in groups, PRECISION_KINDS[3][1] in groups
+    tail = ""
+    if mixed and not pure:
+        tail = (" No stage 1 kept its weights in 16 bits (`pure_fp16`, `pure_bf16`), so the answer below is "
+                "about mixed precision.")
+    elif pure and not mixed:
+        tail = " No stage 1 used mixed precision (`amp_fp16`, `amp_bf16`)."
+    return f"**Stage 1 ran in:** {'; '.join(parts)}.{tail}"
 
 
 def _param_span(values: list) -> str:
@@ -135,18 +173,19 @@ def _acc_phrase(r: dict | None, margin: float, conf: int, with_p: bool = False) 
     return s
 
 
-def _class_phrase(r: dict | None, a: str, b: str, margin: float) -> str:
+def _class_phrase(r: dict | None, b: str, margin: float) -> str:
+    """What the bold label means for this comparison with ``b``, without repeating the label."""
     c = (r or {}).get("classification", "insufficient data")
     if c == "better":
-        s = f"{a} is more accurate than {b}"
+        s = f"more accurate than {b}"
     elif c == "worse":
-        s = f"{a} is less accurate than {b}"
+        s = f"less accurate than {b}"
     elif c == "equivalent":
-        s = f"{a} is equivalent to {b} within {_pm(margin)}"
+        s = f"the same accuracy as {b} within {_pm(margin)}"
     elif c == "inconclusive":
-        s = f"{a} vs {b} is inconclusive (neither a significant difference nor a CI inside {_pm(margin)})"
+        s = f"neither a significant difference from {b} nor a CI inside {_pm(margin)}"
     else:
-        s = f"{a} vs {b} cannot be judged (fewer than 2 paired seeds with results)"
+        s = "fewer than 2 paired seeds with results"
     if c in ("better", "worse") and r and r.get("within_margin"):
         s += f", though by less than the {_pm(margin)} margin"
     return s
@@ -272,6 +311,9 @@ def render(stats: dict) -> str:
     out: list[str] = [f"# {TITLE}", ""]
     out.append(f"**Question.** {stats.get('question', '')}")
     out.append("")
+    kinds = _stage1_kinds(stats.get("stage1_precisions", {}))
+    if kinds:
+        out += [kinds, ""]
 
     def pv(k: str) -> str:
         v = prov.get(k) or []
@@ -359,11 +401,11 @@ def render(stats: dict) -> str:
         else:
             r = D.get("vs_baseline", name, baseline, "accuracy")
             c = (r or {}).get("classification", "insufficient data")
-            label = {"better": "BETTER", "worse": "WORSE", "equivalent": f"EQUIVALENT within {_pm(margin)}",
-                     "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED (fewer than 2 paired seeds with results)")
+            label = {"better": "BETTER", "worse": "WORSE", "equivalent": "EQUIVALENT",
+                     "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED")
             if c != "insufficient data" and _all_degenerate(i) and _all_degenerate(info.get(baseline, {})):
                 label += ", BUT NOT INFORMATIVE: both only predict the majority class"
-            txt = f"{head}: **{label}** — {_class_phrase(r, name, baseline, margin)}. {acc_s}; "
+            txt = f"{head}: **{label}** — {_class_phrase(r, baseline, margin)}. {acc_s[:1].upper()}{acc_s[1:]}; "
             txt += f"paired difference {_acc_phrase(r, margin, conf)}"
             if r and _f(r.get("boot_low")):
                 txt += f" (bootstrap CI {_pt(r['boot_low'])}, {_pt(r['boot_high'])})"
@@ -401,9 +443,9 @@ def render(stats: dict) -> str:
                 line.append(f"Training time vs baseline (geometric-mean ratio [unadjusted {conf}% CI], paired "
                             "log-ratios): " + "; ".join(tm))
             if mm:
-                line.append("peak memory: " + "; ".join(mm))
+                line.append("Peak memory: " + "; ".join(mm))
             if th and _f(th.get("mean")):
-                line.append(f"stage-2 throughput {_ratio(th)} ({_saved(th, 'throughput')})")
+                line.append(f"Stage-2 throughput {_ratio(th)} ({_saved(th, 'throughput')})")
             if line:
                 parts.append(". ".join(line) + ".")
         # health
