@@ -47,7 +47,7 @@ def stage_hparams(cfg: dict, stage: str) -> dict:
     keep = ("steps", "epochs", "batch_size", "eval_batch_size", "lr", "warmup_ratio", "weight_decay", "adam_eps",
             "adam_beta1", "adam_beta2", "max_grad_norm", "mlm_probability")
     hp = {k: t[k] for k in keep if k in t and t[k] is not None}
-    hp["model"] = {k: v for k, v in cfg["model"].items() if k != "init"}
+    hp["model"] = {k: v for k, v in cfg["model"].items() if k not in ("init", "revision")}  # as the workflow (common.smk)
     hp["threads"] = int(cfg.get("threads") or 1)
     hp["device"] = "cpu"
     return hp

@@ -63,6 +63,23 @@ def test_copy_pretrained_from_a_local_dir(synth, tmp_path):
     assert not (tmp_path / "copy3").exists()
 
 
+def test_copy_pretrained_refuses_a_model_dir_without_tokenizer_files(tmp_path):
+    """transformers 5 builds a 5-token tokenizer from a save_pretrained model dir that lacks tokenizer files;
+    every word would become [UNK] and the study would record stage 1 as diverged. Refused, naming the cure."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    BertForMaskedLM(cfg).save_pretrained(tmp_path / "model_only")
+    with pytest.raises(PrecswitchError, match=r"has no vocabulary \(only its \d special tokens\): no "
+                                              r"tokenizer.json or vocab.txt there\?"):
+        copy_pretrained(str(tmp_path / "model_only"), tmp_path / "tok")
+    assert not (tmp_path / "tok").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PrecswitchError, match="cannot load tokenizer") as e:
+        copy_pretrained(str(tmp_path / "empty"), tmp_path / "tok")
+    assert "\n" not in str(e.value) and not str(e.value).endswith("one of: ")  # the whole reason, on one line
+
+
 def test_copy_pretrained_passes_the_hub_revision(synth, tmp_path, monkeypatch):
     import transformers
 

@@ -144,9 +144,19 @@ def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int 
     try:
         hf = AutoTokenizer.from_pretrained(name_or_dir, **rev)
     except Exception as e:  # noqa: BLE001 - missing dir, offline hub, bad files
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = " ".join(str(e).split()) or type(e).__name__  # the whole message on one line, not its first line
+        msg = msg if len(msg) <= 400 else msg[:400] + " ..."
         at = f" at revision {revision!r}" if revision else ""
         raise PrecswitchError(f"--pretrained: cannot load tokenizer {name_or_dir!r}{at}: {msg}") from None
+    words = [t for t in hf.get_vocab() if t not in set(hf.all_special_tokens)]
+    if not words:
+        # transformers 5 builds an empty tokenizer from a model dir without tokenizer files instead of failing:
+        # every word would become [UNK], masked LM would have nothing to mask, and the study would record it as
+        # a numeric divergence
+        raise PrecswitchError(
+            f"--pretrained: tokenizer {name_or_dir!r} has no vocabulary (only its {len(hf.get_vocab())} special "
+            "tokens): no tokenizer.json or vocab.txt there? Save the tokenizer beside the model "
+            "(tokenizer.save_pretrained(dir))")
     if _lowercases(hf) and _cased_vocab(hf):
         # transformers 5 rebuilds a BERT tokenizer's normalizer from tokenizer_config.json, where a missing
         # do_lower_case means True: a cased model whose config omits it would be fed lowercased text that
