@@ -1,4 +1,4 @@
-"""Preemption and resume: SIGTERM saves state (exit 75); kill -9 loses at most the last interval; the
+"""Preemption and resume: SIGTERM saves state (exit 75), so does Ctrl-C (exit 130); kill -9 loses at most the last interval; the
 resumed run ends bitwise-identical to an uninterrupted one."""
 
 from __future__ import annotations
@@ -60,14 +60,19 @@ def _same_result(a: Path, b: Path) -> None:
     assert fa == fb
 
 
-def test_sigterm_saves_state_and_rerun_resumes_identically(setup, tmp_path):
+@pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, EXIT_PREEMPTED, "SIGTERM"),
+                                             (signal.SIGINT, 130, "SIGINT (Ctrl-C)")])
+def test_stop_signal_saves_state_and_rerun_resumes_identically(setup, tmp_path, sig, code, name):
+    """SIGTERM (preemption, Snakemake's cancel) and SIGINT (Ctrl-C) both save the state; Ctrl-C used to end the
+    stage with a KeyboardInterrupt traceback and everything since the last periodic save lost."""
     hp, ref = setup
     out = tmp_path / "run"
     p = _start(hp, out)
     _wait_for(out / "resume" / "state.pt", p)
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=60) == EXIT_PREEMPTED
-    assert "preempted" in p.stderr.read()
+    p.send_signal(sig)
+    assert p.wait(timeout=60) == code
+    err = p.stderr.read()
+    assert f"preempted: {name} at step" in err and "Traceback" not in err, err
     assert (out / "resume" / "state.pt").is_file() and not (out / "metrics.json").exists()
     r = _start(hp, out)
     assert r.wait(timeout=300) == 0, r.stderr.read()

@@ -104,17 +104,20 @@ def _long_run(tmp_path: Path, sock: Path, **hp) -> tuple[subprocess.Popen, Path]
     return _precswitch(["train", "--hparams", json.dumps(hp), "--out", str(out)], sock), out
 
 
-def test_sigterm_to_the_client_reaches_the_stage(server, tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, EXIT_PREEMPTED), (signal.SIGINT, 130)])
+def test_stop_signal_to_the_client_reaches_the_stage(server, tmp_path, sig, code):
+    """SIGTERM and SIGINT (Ctrl-C) reach the forked stage, which saves its state (a warm child used to die of
+    SIGINT at once, with nothing saved and exit 130)."""
     p, out = _long_run(tmp_path, server, checkpoint_every_steps=2)
     t = time.time()
     while not (out / "resume" / "state.pt").exists():
         assert p.poll() is None, p.communicate()
         assert time.time() - t < 120
         time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == EXIT_PREEMPTED, err
-    assert "preempted" in err
+    assert p.returncode == code, err
+    assert "preempted" in err and "state saved" in err
     assert (out / "resume" / "state.pt").is_file() and not (out / "metrics.json").exists()
 
 

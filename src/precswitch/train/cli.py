@@ -49,7 +49,7 @@ def _run(args) -> int:
         m = run_stage(hp, args.out)
     except Preempted as e:
         print(f"precswitch: preempted: {e}", file=sys.stderr)
-        return EXIT_PREEMPTED
+        return e.exit_code
     summary = {k: m.get(k) for k in ("run_id", "status", "train_seconds", "steps_per_second", "eval_loss", "accuracy",
                                       "mlm_accuracy", "peak_memory_bytes")}
     print(json.dumps(summary))

@@ -39,7 +39,17 @@ STEP_FIELDS = ["step", "loss", "lr", "grad_norm", "loss_scale", "step_seconds", 
 
 
 class Preempted(Exception):
-    """SIGTERM arrived: the resumable state was saved; exit with EXIT_PREEMPTED."""
+    """SIGTERM (or SIGINT: Ctrl-C) arrived: the resumable state was saved. ``exit_code``: EXIT_PREEMPTED after
+    SIGTERM, 130 (the shell's code for Ctrl-C) after SIGINT."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_PREEMPTED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+#: the signals that stop a stage with its state saved (SIGTERM: a scheduler's preemption or Snakemake's
+#: cancellation; SIGINT: Ctrl-C), and each one's exit code
+STOP_SIGNALS = {signal.SIGTERM: EXIT_PREEMPTED, signal.SIGINT: 128 + signal.SIGINT}
 
 
 # ====================================================================== inputs
@@ -631,22 +641,30 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             "rng": _rng_state(), "loop": st, "telemetry": tel.state_dict() if tel.enabled else None,
         }
 
-    stop = {"sigterm": False}
-    old_handler = signal.getsignal(signal.SIGTERM)
+    stop = {"sigterm": False, "signal": None}
+    old_handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
     def on_term(signum, frame):  # noqa: ARG001
         stop["sigterm"] = True
+        stop["signal"] = stop["signal"] or signal.Signals(signum)
 
     try:
-        signal.signal(signal.SIGTERM, on_term)
+        for s in STOP_SIGNALS:
+            signal.signal(s, on_term)
     except ValueError:  # not the main thread
         pass
 
     def restore_handler() -> None:
         try:
-            signal.signal(signal.SIGTERM, old_handler)
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
         except ValueError:
             pass
+
+    def preempted(where: str) -> Preempted:
+        sig = stop["signal"] or signal.SIGTERM
+        name = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else sig.name
+        return Preempted(f"{name} {where}: state saved to {state_path}", STOP_SIGNALS.get(sig, EXIT_PREEMPTED))
 
     setup_seconds = time.perf_counter() - t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
     measure.reset_peak_memory(device)
@@ -751,7 +769,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 st["state_seconds"] += _save_state(state_path, snapshot())
                 last_state_t = t_prev = time.perf_counter()
                 if stop["sigterm"]:
-                    raise Preempted(f"SIGTERM at step {st['step']}: state saved to {state_path}")
+                    raise preempted(f"at step {st['step']}")
     except BaseException:
         restore_handler()
         raise
@@ -784,7 +802,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         if stop["sigterm"]:  # preempted while evaluating: keep the finished training, not the evaluation
             st["state_saves"] += 1
             st["state_seconds"] += _save_state(state_path, snapshot())
-            raise Preempted(f"SIGTERM after step {st['step']} (evaluation): state saved to {state_path}")
+            raise preempted(f"after step {st['step']} (evaluation)")
         # ------------------------------------------------------------ checkpoint
         t_ckpt = time.perf_counter()
         written = P.dtype_name(prec.param_dtype)
