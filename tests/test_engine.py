@@ -722,3 +722,29 @@ def test_every_skipped_step_gets_a_steps_csv_row(data, tmp_path, monkeypatch):
     assert any((s - 1) % 10 for s in skipped["step"])  # skips between logged steps have rows too
     assert skipped["loss_scale"].is_monotonic_decreasing and skipped["loss_scale"].iloc[0] == 2.0**40
     assert steps["step"].is_unique and steps["step"].is_monotonic_increasing
+
+
+def test_blown_up_catches_a_run_that_limps_on_between_non_finite_losses():
+    """A pure_fp16 run (AdamW eps 1e-8) on the default study had 13 non-finite losses in 40 steps, never 10 in a
+    row, and ended with eval loss 1481 (fp32: 5.35): it was recorded ok and entered the statistics."""
+    from precswitch.train.engine import blown_up
+
+    assert "13 of 40 training losses were non-finite" in blown_up(13, 40, 1481.0, "mlm", 4000)
+    assert "more than twice ln(vocab) = 8.29" in blown_up(2, 40, 411.5, "mlm", 4000)
+    assert blown_up(10, 40, 5.0, "mlm", 4000) is None  # 25%: not more than it
+    assert blown_up(0, 40, 8.5, "mlm", 4000) is None  # about an untrained model's loss: not a blow-up
+    assert blown_up(0, 40, 30.0, "classify", 2) is None  # a classifier can be overconfident and wrong
+    assert blown_up(0, 0, None, "mlm", 4000) is None
+
+
+def test_a_stage_whose_eval_loss_blew_up_is_recorded_as_diverged(data, tmp_path, monkeypatch):
+    real = engine.evaluate
+
+    def blown(*a, **k):
+        ev = real(*a, **k)
+        return {**ev, "eval_loss": 1481.0} if a[2] == "mlm" else ev
+
+    monkeypatch.setattr(engine, "evaluate", blown)
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "model": TINY}, tmp_path / "s")
+    assert m["status"] == "diverged" and "eval loss 1481 nats is more than twice ln(vocab)" in m["status_reason"]
+    assert json.loads((tmp_path / "s" / "metrics.json").read_text())["status"] == "diverged"

@@ -52,6 +52,27 @@ class Preempted(Exception):
 STOP_SIGNALS = {signal.SIGTERM: EXIT_PREEMPTED, signal.SIGINT: 128 + signal.SIGINT}
 
 
+#: a stage whose losses were non-finite on more than this fraction of its steps diverged, even without
+#: max_nonfinite of them in a row (the scaler's skips keep a pure_fp16 run limping along between them)
+MAX_NONFINITE_FRACTION = 0.25
+
+
+def blown_up(nonfinite: int, steps: int, eval_loss: float | None, objective: str, vocab_size: int) -> str | None:
+    """Why a stage that finished with finite eval outputs still diverged, or None. Two signs: non-finite losses
+    on more than MAX_NONFINITE_FRACTION of the steps; a masked-LM eval loss above twice ln(vocab), the loss of
+    guessing uniformly (an untrained model's), so the training made the model worse than untrained. (A
+    classifier's eval loss can exceed ln(labels) by overconfidence alone: not a sign.)"""
+    if steps and nonfinite / steps > MAX_NONFINITE_FRACTION:
+        return (f"{nonfinite} of {steps} training losses were non-finite (more than "
+                f"{MAX_NONFINITE_FRACTION:.0%}), though never max_nonfinite in a row")
+    uniform = math.log(vocab_size) if vocab_size > 1 else None
+    if objective == "mlm" and uniform and eval_loss is not None and math.isfinite(eval_loss) \
+            and eval_loss > 2 * uniform:
+        return (f"eval loss {eval_loss:.4g} nats is more than twice ln(vocab) = {uniform:.3g}, the loss of "
+                "uniform guessing: training made the model worse than untrained")
+    return None
+
+
 # ====================================================================== inputs
 def _quiet_transformers() -> None:
     import transformers
@@ -798,6 +819,11 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         if st["status"] == "ok" and ev.get("eval_note"):
             st["status"] = "diverged"
             st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
+        if st["status"] == "ok":
+            reason = blown_up(st["nonfinite"], st["step"], ev.get("eval_loss"), hp["objective"],
+                              int(model.config.vocab_size))
+            if reason:
+                st["status"], st["status_reason"] = "diverged", reason
 
         if stop["sigterm"]:  # preempted while evaluating: keep the finished training, not the evaluation
             st["state_saves"] += 1
