@@ -77,6 +77,8 @@ def test_verdict_text(study, tmp_path):
     answer = text.split("## Answer")[1].split("## Per schedule")[0]
     assert "After amp_fp16 pre-training, fine-tuning in fp32 instead of amp_fp16 raises accuracy" in answer
     assert "Pre-training in amp_fp16 instead of fp32" in answer and "Pre-training in amp_bf16 instead of fp32" in answer
+    # a failed run is a finding: the answer names it, not only the per-schedule paragraph
+    assert "; `fp16-fp16` failed in 1 of 8 seeds (1 diverged)." in answer, answer
     per = text.split("## Per schedule")[1]
     fp16 = [p for p in per.split("\n\n") if p.startswith("**fp16-fp16**")][0]
     assert "**WORSE**" in fp16 and "seed 4: diverged" in fp16 and "1 failed run" in fp16

@@ -212,6 +212,20 @@ def _effect_verb(r: dict | None, margin: float) -> str:
     }.get(c, "cannot be judged (fewer than 2 paired seeds with results)")
 
 
+def _failed_phrase(info: dict, names) -> str:
+    """'`pf16-pf16` failed in 2 of 2 seeds (2 diverged)' for the schedules among ``names`` with failed runs."""
+    bits = []
+    for x in names:
+        i = info.get(x, {})
+        if i.get("n_failed"):
+            kinds = [f"{i[k]} {w}" for k, w in (("n_diverged", "diverged"), ("n_skipped", "skipped")) if i.get(k)]
+            other = i["n_failed"] - sum(i.get(k) or 0 for k in ("n_diverged", "n_skipped"))
+            if other > 0:
+                kinds.append(f"{other} without a finite accuracy")
+            bits.append(f"`{x}` failed in {i['n_failed']} of {i.get('n_runs')} seeds ({', '.join(kinds)})")
+    return "; ".join(bits)
+
+
 def _needs(r: dict | None, margin: float, power: float) -> str:
     if not r:
         return ""
@@ -359,6 +373,9 @@ def render(stats: dict) -> str:
         if dead:
             sent += (f" — but every finished run of {' and '.join(f'`{x}`' for x in dead)} predicts only the "
                      "majority class: the task was not learnt, so this says nothing about precision")
+        failed = _failed_phrase(info, (a, b))
+        if failed:  # a failure is a finding: say it here, not only in the per-schedule paragraphs
+            sent += f"; {failed}"
         sentences.append(sent + ".")
     if not sentences:
         sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
