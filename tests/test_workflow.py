@@ -65,6 +65,39 @@ def test_cuda_study_on_a_machine_without_gpu_stops_before_any_job(tmp_path):
     assert dry_run(tmp_path, {"device": "cuda", "threads": 1}).returncode == 0
 
 
+GPU_ONLY_STUDY = {"schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"},
+                               "t": {"pretrain": "tf32", "finetune": "fp32"}},
+                  "analysis": {"contrasts": []}, "seeds": [1], "threads": 1}
+
+
+def test_a_gpu_only_precision_on_cpu_is_refused_before_any_job(tmp_path):
+    """tf32 (or fp8) with device cpu used to be refused only when its training job ran, after the data jobs
+    and other training; device: cpu refuses it when the config is read, device: auto on a machine without a
+    GPU before the first job (a dry run plans it: the GPU may be on the machine that runs it)."""
+    proc = dry_run(tmp_path, {**GPU_ONLY_STUDY, "device": "cpu"})
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and ("config key schedules.t.pretrain: tf32 cannot run on a CPU (device is cpu): tf32 "
+                                     "needs cuda; set device: cuda on a GPU machine, or train.pretrain.on_unsupported: "
+                                     "skip") in err, err[-2000:]
+    skip = {**GPU_ONLY_STUDY, "device": "cpu", "train": {"pretrain": {"on_unsupported": "skip"}}}
+    assert dry_run(tmp_path, skip).returncode == 0  # recorded as skipped: allowed
+    evaluated = {**GPU_ONLY_STUDY, "schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"}},
+                 "train": {"finetune": {"eval_precision": "tf32"}}, "device": "cpu"}
+    assert "config key schedules.fp32-fp32.finetune: tf32 cannot run" in "".join(
+        (r := dry_run(tmp_path, evaluated)).stdout + r.stderr)
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    auto = {**GPU_ONLY_STUDY, "device": "auto"}
+    assert dry_run(tmp_path, auto).returncode == 0
+    proc = snakemake(tmp_path, "--cores", "1", "--configfile", write_config(tmp_path / "auto.yaml", auto))
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and ("config key schedules.t.pretrain: tf32 cannot run on a CPU (device is auto and "
+                                     "torch") in err, err[-2000:]
+    assert not (tmp_path / "results").exists()  # not even the data jobs ran
+
+
 def test_every_output_is_under_results_dir(tmp_path):
     """Two studies run from one directory never share a file: each writes under its results_dir."""
     proc = dry_run(tmp_path, {"results_dir": "studies/mine/"}, "--printshellcmds")

@@ -164,6 +164,29 @@ def _check_precision(name, key):
         )
 
 
+def _gpu_only(spec, train):
+    """The precisions a stage would run (its own, switch_to, eval_precision) that cannot run on a CPU, when
+    the stage is set to fail on them (on_unsupported: error); [] otherwise."""
+    if train["on_unsupported"] != "error":
+        return []
+    names = [spec["precision"], spec["switch_to"], train["eval_precision"]]
+    return [
+        n
+        for n in dict.fromkeys(names)
+        if n in CATALOG and "cpu" not in CATALOG[n].device_types
+    ]
+
+
+def _refuse_gpu_only(names, key, where, stage):
+    if names:
+        raise config_error(
+            key,
+            f"{', '.join(names)} cannot run on a CPU ({where}): "
+            f"{' and '.join(f'{n} needs {CATALOG[n].device_types[0]}' for n in names)}; set device: cuda "
+            f"on a GPU machine, or train.{stage}.on_unsupported: skip to record such runs as skipped",
+        )
+
+
 def _storage(name):
     p = CATALOG[name]
     return (p.param_dtype, p.update_compensation, p.fp8_linear)
@@ -291,6 +314,15 @@ def check_config(cfg):
                 raise config_error(
                     f"train.{stage}.eval_precision",
                     f"{ev} cannot evaluate the {precision} {stage} stage of schedule {name}: {why}",
+                )
+    if cfg["device"] == "cpu":
+        for name, stages in schedules.items():
+            for stage, value in stages.items():
+                _refuse_gpu_only(
+                    _gpu_only(stage_spec(value), cfg["train"][stage]),
+                    f"schedules.{name}.{stage}",
+                    "device is cpu",
+                    stage,
                 )
     for stage in STAGES:
         train = cfg["train"][stage]
@@ -717,7 +749,8 @@ def check_gpu_here():
     """onstart (real runs only): training jobs run here with device cuda need a GPU torch can see.
     Said before any job starts, instead of after the data jobs, when the first training job fails.
     """
-    if not workflow.local_exec or not str(config["device"]).startswith("cuda"):
+    device = str(config["device"])
+    if not workflow.local_exec or not (device.startswith("cuda") or device == "auto"):
         return
     training = [
         j
@@ -728,6 +761,31 @@ def check_gpu_here():
         return  # e.g. only the fetch rule, on a login node
     import torch
 
+    if (
+        device == "auto"
+    ):  # auto without a GPU is cpu: refuse what a CPU cannot run, before any job
+        if torch.cuda.is_available():
+            return
+        where = f"device is auto and torch {torch.__version__} sees no CUDA GPU here"
+        for j in training:
+            stage = "pretrain" if j.rule.name == "pretrain" else "finetune"
+            if stage == "pretrain":
+                spec = STAGE1[j.wildcards.precision]
+                schedule = next(
+                    n
+                    for n, st in SCHEDULES.items()
+                    if "pretrain" in st and st["pretrain"] == spec
+                )
+            else:
+                schedule = j.wildcards.schedule
+                spec = SCHEDULES[schedule]["finetune"]
+            _refuse_gpu_only(
+                _gpu_only(spec, config["train"][stage]),
+                f"schedules.{schedule}.{stage}",
+                where,
+                stage,
+            )
+        return
     if not torch.cuda.is_available():
         raise WorkflowError(
             f"config key device: {config['device']}, but this machine has no CUDA GPU that torch "
