@@ -34,6 +34,7 @@ resamples for an interval worth showing).
 from __future__ import annotations
 
 import json
+import functools
 import math
 import os
 import sys
@@ -445,12 +446,7 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
             if sd == 0:  # the sign test: any consistent difference once n reaches its minimum, none before
                 out["mde"] = 0.0 if n >= _sign_seeds(alpha, "two-sided") else math.inf
             else:
-                try:
-                    dz = float(tp.solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
-                                              alternative="two-sided"))
-                    out["mde"] = dz * sd
-                except Exception:  # noqa: BLE001 - root finding can fail for n=2
-                    pass
+                out["mde"] = _mde_dz(tp, n, alpha, power) * sd
         if margin is not None and math.isfinite(margin):
             if sd == 0:  # the degenerate test is a sign test (see paired_contrast)
                 out["seeds_needed"] = _sign_seeds(alpha, "two-sided")
@@ -466,6 +462,49 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
                     # es = 10, where 2 pairs have power 0.73); scan the power curve instead
                     out["seeds_needed"] = _seeds_by_scan(tp, margin / sd, alpha, power)
     return out
+
+
+def paired_t_power(dz: float, n: int, alpha: float) -> float:
+    """Power of the two-sided paired t-test with n pairs at standardized effect ``dz`` (mean / SD of the
+    differences), exactly: T = (Z + dz·√n) / √(V/df), V ~ χ²(df), df = n − 1, so
+    P(|T| > c) = E_V[Φ(−c√(V/df) + δ) + Φ(−c√(V/df) − δ)], integrated over V. The noncentral-t functions
+    of statsmodels and scipy return NaN at 2-3 pairs with a Holm-divided alpha, where this stays finite."""
+    import numpy as np
+    from scipy import special, stats
+
+    df, nc = n - 1, dz * math.sqrt(n)
+    c = float(stats.t.ppf(1 - alpha / 2, df))
+    r = c * np.sqrt(_chi2_nodes(df) / df)  # the expectation over V as a mean over its quantiles (midpoint rule)
+    return float(np.mean(special.ndtr(-r + nc) + special.ndtr(-r - nc)))
+
+
+@functools.lru_cache(maxsize=64)
+def _chi2_nodes(df: int, k: int = 20_000):
+    import numpy as np
+    from scipy import stats
+
+    return stats.chi2.ppf((np.arange(k) + 0.5) / k, df)
+
+
+def _mde_dz(tp, n: int, alpha: float, power: float) -> float:
+    """Smallest standardized paired effect detected with ``power`` by n pairs at ``alpha``. statsmodels'
+    solve_power is taken when its answer checks out against the exact power; at 2-3 pairs with a Holm-divided
+    alpha it returns a non-root without raising (e.g. 5.0 SD at n = 3, alpha 0.0125, where the power is
+    0.61 and the answer 6.55), so the root is then found on the exact power."""
+    from scipy.optimize import brentq
+
+    try:
+        dz = float(tp.solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided"))
+        if math.isfinite(dz) and abs(paired_t_power(dz, n, alpha) - power) < 1e-4:
+            return dz
+    except Exception:  # noqa: BLE001 - root finding can fail for n=2
+        pass
+    hi = 1.0
+    while paired_t_power(hi, n, alpha) < power:
+        hi *= 2
+        if hi > 1e6:
+            return math.inf
+    return float(brentq(lambda d: paired_t_power(d, n, alpha) - power, 0.0, hi, xtol=1e-6))
 
 
 def _seeds_by_scan(tp, es: float, alpha: float, power: float) -> float:
