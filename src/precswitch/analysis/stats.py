@@ -298,6 +298,8 @@ def _bootstrap_ci(d, alpha: float, n_boot: int, seed: int) -> tuple[float, float
             try:
                 res = stats.bootstrap((d,), np.mean, n_resamples=n_boot, confidence_level=1 - alpha,
                                       method=method, rng=np.random.default_rng(seed))
+            except TypeError:  # a signature problem (e.g. scipy < 1.15 has no rng=) must not vanish as NaN
+                raise
             except Exception:  # noqa: BLE001 - BCa can fail on tiny samples; fall back
                 continue
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
