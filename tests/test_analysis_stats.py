@@ -428,3 +428,12 @@ def test_schedule_stage1_metrics_share_the_stage1_rows_holm_p_and_label(tmp_path
     same = rows[("named", "fp16-fp32", "fp16-fp16", "stage1_train_seconds")]
     assert same["mean"] == pytest.approx(1.0)
     assert checked == 9
+
+
+def test_confidence_level_and_wilcoxon_minimum_follow_alpha():
+    """alpha 0.001 printed a '100% CI' and 0.025 a '98% CI'; the Wilcoxon caveat said 6 pairs and p < 0.05
+    whatever alpha was (at 0.01 it needs 8)."""
+    from precswitch.analysis.stats import _sign_seeds, conf_level
+
+    assert [conf_level(a) for a in (0.05, 0.025, 0.01, 0.001)] == ["95", "97.5", "99", "99.9"]
+    assert [_sign_seeds(a, "two-sided") for a in (0.05, 0.01)] == [6, 8]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import PrecswitchError
+from .stats import conf_level
 
 PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1", "switch_point",
               "overflow")
@@ -269,7 +270,7 @@ def plot_accuracy(schedules, stats: dict, plt, sns):
             lo, hi = d["ci_low"], d["ci_high"]
             yerr = [[d["mean"] - lo], [hi - d["mean"]]] if math.isfinite(lo) else None
             ax.errorbar(i + 0.3, d["mean"], yerr=yerr, fmt="D", color="black", capsize=5, ms=6, zorder=3,
-                        label=f"mean, {int(round((1 - alpha) * 100))}% t CI" if i == 0 else None)
+                        label=f"mean, {conf_level(alpha)}% t CI" if i == 0 else None)
         nf = int((~df.loc[df["schedule"] == s, "used"]).sum())
         if nf:
             ax.annotate(f"{nf} failed", (i, 0.96), xycoords=("data", "axes fraction"), ha="center",
@@ -328,7 +329,7 @@ def plot_forest(stats: dict, plt, sns):
     labels = [f"{r['a']} vs {r['b']}  (n={r['n_pairs']}, {r['classification']})" for r in d.to_dict("records")]
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=9)
-    conf = int(round((1 - alpha) * 100))
+    conf = conf_level(alpha)
     ax.set_ylim(-0.7, len(d) - 0.4)
     ax.set_xlabel("paired accuracy difference A − B (percentage points)")
     bmin = stats.get("bootstrap_min_pairs")
@@ -544,7 +545,7 @@ def plot_stage1(runs, stats: dict, plt, sns):
         ax.set_xlabel("stage-1 (pre-training) precision")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-    fig.suptitle(f"Stage 1 on its own, per precision (dots: seeds; ◆: mean and {int(round((1 - alpha) * 100))}% t CI)",
+    fig.suptitle(f"Stage 1 on its own, per precision (dots: seeds; ◆: mean and {conf_level(alpha)}% t CI)",
                  fontsize=11)
     fig.tight_layout()
     return fig
@@ -563,7 +564,7 @@ def plot_switch_point(schedules, stats: dict, plt, sns):
     df = mark_outcomes(df)
     df = df[df["sweep"].notna() & df["used"]].copy()
     alpha = stats.get("settings", {}).get("alpha", 0.05)
-    conf = int(round((1 - alpha) * 100))
+    conf = conf_level(alpha)
     df["x"] = df["sweep_at"].astype(float) * 100
     df["accuracy_pct"] = df["accuracy"].astype(float) * 100
     stage_of = df["sweep_stage"].map({"pretrain": 1, "finetune": 2}).fillna(2).astype(int)

@@ -417,6 +417,12 @@ def _sign_p(n: int, alternative: str) -> float:
     return float(binomtest(n, n, 0.5, alternative=alternative).pvalue)
 
 
+def conf_level(alpha: float) -> str:
+    """The confidence level of the (1 − alpha) intervals as printed: '95', '97.5', '99.9' (not rounded to
+    an integer: alpha 0.001 is not a '100%' interval)."""
+    return f"{round((1 - alpha) * 100, 6):g}"
+
+
 def _sign_seeds(alpha: float, alternative: str) -> float:
     """Fewest pairs, all of one sign, for which the exact sign test reaches p < alpha (6 two-sided at 0.05)."""
     n = 2
@@ -1088,7 +1094,7 @@ def _mean_ci(d: dict, nd: int = 2, scale: float = 1.0, sig: int = 3) -> str:
 def render_summary_md(summary, settings: dict, deltas=None, stage1_baseline: str | None = None) -> str:
     """summary.md: the summary tables; with ``deltas`` and ``stage1_baseline`` also the stage-1 paired
     differences (the verdict's "Stage 1 on its own" numbers, formatted alike)."""
-    conf = int(round((1 - settings["alpha"]) * 100))
+    conf = conf_level(settings["alpha"])
     out = ["# Summary per schedule and stage\n",
            (f"Mean [{conf}% t CI] over the runs used (ok and degenerate; failed runs excluded and counted). "
             "Accuracy, F1 and masked-token accuracy in %, times in seconds of the training loop, memory in MiB. "

@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import PrecswitchError
 from .stats import (
     NEGLIGIBLE_LOSS_FRACTION,
+    _sign_seeds,
+    conf_level,
     diff_label,
     fmt_num,
     fmt_triple,
@@ -317,7 +319,7 @@ def _has_stage1(stats: dict, s: str) -> bool:
 def render(stats: dict) -> str:
     s = stats.get("settings", {})
     margin, alpha, power = s.get("margin", 1.0), s.get("alpha", 0.05), s.get("power", 0.8)
-    conf = int(round((1 - alpha) * 100))
+    conf = conf_level(alpha)
     baseline = stats.get("baseline")
     info: dict = stats.get("schedules", {})
     D = _Deltas(stats.get("deltas", []))
@@ -578,10 +580,13 @@ def render(stats: dict) -> str:
         cav.append(f"Bootstrap CIs are only computed from {bmin} paired seeds on (n pairs allow only C(2n−1, n) "
                    "distinct resamples: 10 for n = 3); contrasts with fewer pairs show the t CI alone (empty "
                    "boot_low/boot_high in deltas.csv, no thin bar in the forest plot).")
+    # the exact Wilcoxon test's smallest two-sided p is 2 / 2^n, the sign test's: 6 pairs at alpha 0.05
+    w_min = int(_sign_seeds(alpha, "two-sided"))
     small = sorted({f"{r['a']} vs {r['b']}" for r in stats.get("deltas", [])
-                    if r.get("metric") == "accuracy" and r.get("family") != "stage1" and (r.get("n_pairs") or 0) < 6})
+                    if r.get("metric") == "accuracy" and r.get("family") != "stage1"
+                    and (r.get("n_pairs") or 0) < w_min})
     if small:
-        cav.append(f"With fewer than 6 paired seeds the Wilcoxon signed-rank test cannot reach p < 0.05 "
+        cav.append(f"With fewer than {w_min} paired seeds the Wilcoxon signed-rank test cannot reach p < {alpha:g} "
                    f"({', '.join(small)}); the verdict uses the paired t-test.")
     cav.append("Train time is the training loop only (no setup, evaluation or checkpoint writes); time ratios "
                "are geometric means of per-seed ratios. Seed-to-seed noise in fine-tuning accuracy is often "
