@@ -9,7 +9,8 @@ import pytest
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.stats import (
-    classify, compute, holm, load_settings, paired_contrast, run_stats, simulate_false_positive_rate,
+    classify, compute, holm, load_settings, not_significant, paired_contrast, run_stats,
+    simulate_false_positive_rate,
 )
 from precswitch.errors import PrecswitchError
 
@@ -313,7 +314,9 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
                         margin=1.0)
     r["p_holm"] = r["p_t"]
     assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
-    assert r["ci_low"] == r["ci_high"] == pytest.approx(100 / n_eval)
+    # no 95% interval from 3 equal differences (the sign test's covers 1 − 2 · 0.5^3 = 75%), not a point
+    assert math.isnan(r["ci_low"]) and math.isnan(r["ci_high"])
+    assert not_significant({**r, "classification": "inconclusive"}) == "not significant after Holm, p 0.250"
     r = paired_contrast([81.0, 71.0], [80.0, 70.0], margin=1.0)
     r["p_holm"] = r["p_t"]
     assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.5) and classify(r, 0.05) == "inconclusive"
@@ -322,15 +325,21 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
     r = paired_contrast([81.0] * 6, [80.0] * 6, margin=3.0)
     r["p_holm"] = r["p_t"]
     assert r["p_t"] == pytest.approx(2 * 0.5 ** 6) and classify(r, 0.05) == "better"
-    assert r["mde"] == 0.0
-    # identical accuracies: equivalence needs 0.5^n < alpha (n ≥ 5), not TOST p = 0 from two seeds
+    assert r["mde"] == 0.0 and r["ci_low"] == r["ci_high"] == 1.0  # 6 pairs: the interval covers 97%
+    # identical accuracies: equivalence needs the whole 95% interval inside the margin, so the sign test's
+    # minimum of 6 pairs (5 pairs' one-sided 0.5^5 < 0.05 passed TOST, but no 95% interval exists), not TOST
+    # p = 0 from two seeds
     r = paired_contrast([80.0, 75.0], [80.0, 75.0], margin=1.0)
     r["p_holm"] = r["p_t"]
     assert r["tost_p"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
-    assert r["seeds_needed_equivalence"] == 5
-    r = paired_contrast([80.0, 75.0, 70, 82, 79], [80.0, 75.0, 70, 82, 79], margin=1.0)
+    assert r["seeds_needed_equivalence"] == 6
+    five = [80.0, 75.0, 70, 82, 79]
+    r = paired_contrast(five, five, margin=1.0)
     r["p_holm"] = r["p_t"]
-    assert r["tost_p"] == pytest.approx(0.5 ** 5) and classify(r, 0.05) == "equivalent"
+    assert r["tost_p"] == pytest.approx(0.5 ** 5) and classify(r, 0.05) == "inconclusive"
+    r = paired_contrast(five + [77.0], five + [77.0], margin=1.0)
+    r["p_holm"] = r["p_t"]
+    assert r["tost_p"] == pytest.approx(0.5 ** 6) and classify(r, 0.05) == "equivalent"
 
 
 def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():

@@ -317,8 +317,8 @@ def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float) ->
     room = margin - abs(mean)
     if not (math.isfinite(room) and math.isfinite(sd)) or room <= 0:
         return math.nan
-    if sd == 0:  # the degenerate TOST is a sign test: 0.5^n < alpha
-        return _sign_seeds(alpha, "greater")
+    if sd == 0:  # the degenerate interval exists from the sign test's minimum on (see paired_contrast)
+        return _sign_seeds(alpha, "two-sided")
     ns = np.unique(np.concatenate([np.arange(2, 1001), np.geomspace(1001, 1e6, 400).astype(int)]))
     half = stats.t.ppf(1 - alpha / 2, ns - 1) * sd / np.sqrt(ns)
     hit = np.nonzero(half < room)[0]
@@ -372,7 +372,12 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
         # degenerate: every pair differs by exactly the same amount (common with discrete accuracies on a
         # small eval set), the t statistic is undefined. Not p = 0: under the null such ties happen (2 seeds
         # with the same ±1-example difference), so the exact sign test decides (2 · 0.5^n, two-sided).
-        res["ci_low"] = res["ci_high"] = mean
+        # Its interval is the order-statistic one, [min d, max d] = [mean, mean], which covers the median
+        # with probability 1 − 2 · 0.5^n: a (1 − alpha) interval only from the sign test's minimum n on
+        # (6 pairs at alpha 0.05); below that there is none, not a point (which would read as "the CI lies
+        # inside the margin" next to a label saying it does not).
+        if n >= _sign_seeds(alpha, "two-sided"):
+            res["ci_low"] = res["ci_high"] = mean
         res["p_t"] = 1.0 if mean == 0 else _sign_p(n, "two-sided")
     else:
         with warnings.catch_warnings():
