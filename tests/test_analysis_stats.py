@@ -446,3 +446,11 @@ def test_confidence_level_and_wilcoxon_minimum_follow_alpha():
 
     assert [conf_level(a) for a in (0.05, 0.025, 0.01, 0.001)] == ["95", "97.5", "99", "99.9"]
     assert [_sign_seeds(a, "two-sided") for a in (0.05, 0.01)] == [6, 8]
+
+
+def test_a_contrast_of_a_schedule_with_itself_is_refused():
+    with pytest.raises(PrecswitchError, match="compares 'fp16-fp16' with itself"):
+        load_settings(contrasts=[["fp16-fp16", "fp16-fp16"]])
+    with pytest.raises(PrecswitchError, match="compares 'a' with itself"):
+        load_settings(contrasts=["a vs a"])
+    assert load_settings(contrasts=["a vs b"])["contrasts"] == [["a", "b"]]

@@ -166,15 +166,22 @@ LOAD_OVERSUBSCRIBED = 1.25
 # Settings
 # --------------------------------------------------------------------------------------------------
 def _parse_contrast(c: Any) -> tuple[str, str]:
+    pair = None
     if isinstance(c, str):
         for sep in (" vs ", " - ", ","):
             if sep in c:
                 a, b = c.split(sep, 1)
-                return a.strip(), b.strip()
+                pair = a.strip(), b.strip()
+                break
     elif isinstance(c, dict) and "a" in c and "b" in c:
-        return str(c["a"]), str(c["b"])
+        pair = str(c["a"]), str(c["b"])
     elif isinstance(c, (list, tuple)) and len(c) == 2:
-        return str(c[0]), str(c[1])
+        pair = str(c[0]), str(c[1])
+    if pair is not None:
+        if pair[0] == pair[1]:  # it used to be reported as "not run (schedule missing)"
+            raise PrecswitchError(f"analysis setting 'contrasts': entry {c!r} compares {pair[0]!r} with itself; "
+                                  "give two different schedules")
+        return pair
     raise PrecswitchError(
         f"analysis setting 'contrasts': entry {c!r} is not a pair; allowed: [A, B], 'A vs B' or {{a: A, b: B}}"
     )
