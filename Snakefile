@@ -51,7 +51,13 @@ except WorkflowError as e:
         and set(error.validator_value) <= set(PRECISION_NAMES)
     ):
         allowed = name_hint(error.instance)  # bf16: amp_bf16 or pure_bf16?
-    raise WorkflowError(f"config key {key}: {error.message}{allowed}") from None
+    message = error.message
+    if error.validator == "pattern" and key == "results_dir":
+        message = (
+            f"{error.instance!r} cannot hold a study: no whitespace, no braces (Snakemake reads "
+            "{x} as a wildcard), not the working directory (.) nor the root (/)"
+        )
+    raise WorkflowError(f"config key {key}: {message}{allowed}") from None
 
 
 include: "workflow/rules/common.smk"

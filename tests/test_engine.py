@@ -748,3 +748,9 @@ def test_a_stage_whose_eval_loss_blew_up_is_recorded_as_diverged(data, tmp_path,
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "model": TINY}, tmp_path / "s")
     assert m["status"] == "diverged" and "eval loss 1481 nats is more than twice ln(vocab)" in m["status_reason"]
     assert json.loads((tmp_path / "s" / "metrics.json").read_text())["status"] == "diverged"
+
+
+def test_a_seed_beyond_32_bits_is_named_before_training():
+    with pytest.raises(PrecswitchError, match=r"seed must be a non-negative integer below 2\^32, got 4294967296"):
+        C.resolve({"data": "d", "steps": 1, "seed": 2**32})
+    assert C.resolve({"data": "d", "steps": 1, "seed": 2**32 - 1})["seed"] == 2**32 - 1

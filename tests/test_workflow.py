@@ -158,6 +158,13 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"schedules": {"x": {"pretrain": 16, "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
          "schedules.x.pretrain", "not of type 'string', 'object'"),
         ({"model": {"hidden_size": "big"}}, "model.hidden_size", "integer"),
+        # transformers.set_seed and numpy take 0..2^32-1: a bigger seed crashed every training job
+        ({"seeds": [1, 2**32]}, "seeds.1", "greater than the maximum of 4294967295"),
+        # {x} is a wildcard to Snakemake; . and / would scatter the study over the checkout or the root
+        ({"results_dir": "res{x}"}, "results_dir", "no braces (Snakemake reads {x} as a wildcard)"),
+        ({"results_dir": "./"}, "results_dir", "not the working directory (.) nor the root (/)"),
+        ({"results_dir": "/"}, "results_dir", "cannot hold a study"),
+        ({"results_dir": str(ROOT / "pyproject.toml")}, "results_dir", "exists and is not a directory"),
         ({"seeds": []}, "seeds", "non-empty"),
         ({"seeds": [1, 2, 1]}, "seeds", "non-unique"),
         ({"analysis": {"baseline": "fp64-fp64"}}, "analysis.baseline", "fp32-fp32"),

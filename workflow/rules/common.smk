@@ -288,6 +288,11 @@ def expand_sweeps(cfg):
 
 def check_config(cfg):
     _check_finite(cfg, "")
+    if os.path.exists(cfg["results_dir"]) and not os.path.isdir(cfg["results_dir"]):
+        raise config_error(
+            "results_dir",
+            f"{cfg['results_dir']!r} exists and is not a directory; name a directory for the study's outputs",
+        )
     schedules = cfg["schedules"]
     if not schedules:
         raise config_error("schedules", "needs at least one schedule")

@@ -127,8 +127,10 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         hp["steps"] = int(hp["steps"])
     for key in ("seed", "batch_size", "eval_batch_size", "threads", "max_nonfinite", "log_every"):
         v = hp[key]
-        if not isinstance(v, int) or isinstance(v, bool) or (v < 0 if key == "seed" else v <= 0):
-            raise PrecswitchError(f"{key} must be a {'non-negative' if key == 'seed' else 'positive'} integer, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or (v < 0 if key == "seed" else v <= 0) \
+                or (key == "seed" and v >= 2**32):
+            raise PrecswitchError(f"{key} must be a {'non-negative' if key == 'seed' else 'positive'} integer"
+                                  + (" below 2^32" if key == "seed" else "") + f", got {v!r}")
     for key in ("lr", "adam_eps", "weight_decay", "warmup_ratio", "mlm_probability", "adam_beta1", "adam_beta2"):
         v = hp[key]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
