@@ -65,3 +65,11 @@ def test_help_lists_data_commands(capsys):
     text = capsys.readouterr().out
     for cmd in ("synth", "tokenizer", "prepare"):
         assert cmd in text
+
+
+def test_python_dash_m_precswitch_is_the_cli():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "precswitch", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("precswitch "), (r.stdout, r.stderr)

@@ -117,6 +117,16 @@ def test_errors_name_what_is_wrong(tmp_path):
         load_source({"kind": "text", "train": [str(blank)], "eval": [str(blank)]}, "mlm")
     with pytest.raises(PrecswitchError, match="objective must be mlm"):
         load_source({"kind": "text", "train": [str(blank)]}, "classify")
+    # an empty or non-UTF-8 text file gave datasets' 41-line generation traceback naming neither file nor cause
+    empty, binary = tmp_path / "empty.txt", tmp_path / "binary.txt"
+    empty.write_bytes(b"")
+    binary.write_bytes(b"fine line\n\xff\xfe broken\n")
+    with pytest.raises(PrecswitchError, match=r"cannot read text file\(s\): .*empty.txt is empty"):
+        load_source({"kind": "text", "train": [str(empty)], "eval": [str(blank)]}, "mlm")
+    with pytest.raises(PrecswitchError, match=r"binary.txt is not UTF-8 text \(byte 0xff at offset 10\)"):
+        load_source({"kind": "text", "train": [str(binary)], "eval": [str(blank)]}, "mlm")
+    with pytest.raises(PrecswitchError, match=r"text file .* is a directory; name the file\(s\) in it"):
+        load_source({"kind": "text", "train": [str(tmp_path)], "eval": [str(blank)]}, "mlm")
 
 
 def test_parse_source_json_file_and_yaml(tmp_path):

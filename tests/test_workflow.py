@@ -165,6 +165,8 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"results_dir": "./"}, "results_dir", "not the working directory (.) nor the root (/)"),
         ({"results_dir": "/"}, "results_dir", "cannot hold a study"),
         ({"results_dir": str(ROOT / "pyproject.toml")}, "results_dir", "exists and is not a directory"),
+        ({"data": {"pretrain": {"kind": "text", "train": [str(ROOT / "tests")], "eval": [str(ROOT / "README.md")]}}},
+         "data.pretrain", "tests' is a directory; name the file(s) in it"),
         ({"seeds": []}, "seeds", "non-empty"),
         ({"seeds": [1, 2, 1]}, "seeds", "non-unique"),
         ({"analysis": {"baseline": "fp64-fp64"}}, "analysis.baseline", "fp32-fp32"),

@@ -112,6 +112,10 @@ def _check_source(stage, source):
                         f"{key}.{split}", f"kind {kind} takes one file path, not a list"
                     )
         for path in _source_files(source):
+            if os.path.isdir(path):
+                raise config_error(
+                    key, f"{path!r} is a directory; name the file(s) in it"
+                )
             if not os.path.exists(path):
                 raise config_error(
                     key,

@@ -12,6 +12,7 @@ column or key and what is allowed.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -138,6 +139,8 @@ def check_source_files(spec: dict, objective: str | None = None) -> None:
 
 def _check_files(files: list[Path], what: str) -> None:
     for f in files:
+        if f.is_dir():
+            raise PrecswitchError(f"source: {what} file {f} is a directory; name the file(s) in it")
         if not f.is_file():
             raise PrecswitchError(f"source: {what} file not found: {f}")
 
@@ -187,10 +190,30 @@ def _read_text_lines(files: list[Path]):
     import datasets
 
     _check_files(files, "text")
-    ds = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train", keep_in_memory=True)
+    try:
+        ds = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train", keep_in_memory=True)
+    except Exception as e:  # noqa: BLE001 - name the file and why, not datasets' generation traceback
+        raise PrecswitchError(f"source: cannot read text file(s): {_text_file_problem(files) or e}") from None
     ds = ds.filter(lambda b: [bool(t.strip()) and not HEADING_RE.match(t) for t in b["text"]], batched=True,
                    keep_in_memory=True)
     return ds.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, keep_in_memory=True)
+
+
+def _text_file_problem(files: list[Path]) -> str | None:
+    """Which file made the text builder fail, and why (empty, not UTF-8); read only on that failure path."""
+    for f in files:
+        if f.stat().st_size == 0:
+            return f"{f} is empty"
+        with open(f, "rb") as fh:
+            offset = 0
+            dec = codecs.getincrementaldecoder("utf-8")()
+            while chunk := fh.read(1 << 20):
+                try:
+                    dec.decode(chunk)
+                except UnicodeDecodeError as e:
+                    return f"{f} is not UTF-8 text (byte {chunk[e.start]:#04x} at offset {offset + e.start})"
+                offset += len(chunk)
+    return None
 
 
 def _hub(spec: dict, split: str):
