@@ -35,6 +35,26 @@ def test_glue_mrpc_tsv_rows_and_labels():
 
 
 @needs_shared
+def test_a_stray_label_or_a_wrong_label_column_is_refused_when_labels_are_read_from_the_data(tmp_path):
+    """One row of MRPC with label 'x' silently made a 3-class task (F1 turned macro); mapping label to the
+    '#1 ID' column made ~4,000 classes. Read from the data (labels not given), both are refused; listing
+    labels is the way to state the classes."""
+    lines = (MRPC / "train.tsv").read_text(encoding="utf-8-sig").splitlines()
+    lines[5] = "x" + lines[5][1:]
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spec = {"kind": "tsv", "train": str(train), "eval": str(MRPC / "dev.tsv"), "columns": MRPC_COLS}
+    with pytest.raises(PrecswitchError, match=r"train.tsv: label value\(s\) 'x' \(1 row\) of 3668 rows: a typo\? "
+                                              r".*list them in labels \(e.g. \['0', '1'\]\)"):
+        load_source(spec, "classify")
+    with pytest.raises(PrecswitchError, match=r"label value\(s\) \['x'\] not in the allowed labels \[0, 1\]"):
+        load_source({**spec, "labels": [0, 1]}, "classify")  # stated classes: the stray row is named
+    with pytest.raises(PrecswitchError, match=r"the label column has \d{4} distinct values .*is it the label column"):
+        load_source({**spec, "train": str(MRPC / "train.tsv"), "columns": {**MRPC_COLS, "label": "#1 ID"}},
+                    "classify")
+
+
+@needs_shared
 def test_glue_labels_order_and_not_allowed_labels():
     spec = {"kind": "tsv", "train": str(MRPC / "train.tsv"), "eval": str(MRPC / "dev.tsv"), "columns": MRPC_COLS}
     src = load_source({**spec, "labels": [1, 0], "max_train_rows": 50, "max_eval_rows": 10}, "classify")

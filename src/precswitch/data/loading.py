@@ -311,6 +311,39 @@ def _label_key(v: Any) -> str:
     return str(v)
 
 
+#: labels read from the data (``labels`` not given): more classes than this, or a class with fewer rows than
+#: RARE_LABEL_ROWS and under 1% of them, is refused as a likely wrong column or a typo; listing ``labels``
+#: accepts it
+MAX_INFERRED_LABELS = 100
+RARE_LABEL_ROWS = 3
+
+
+def _few(values: list, k: int = 10) -> str:
+    """A list for an error message: at most k items, then how many more."""
+    values = list(values)
+    return str(values) if len(values) <= k else f"{values[:k]} ... and {len(values) - k} more"
+
+
+def _check_inferred_labels(labels: list, where: str) -> None:
+    """Labels taken from the training column: one stray value (a typo in one row) would silently make a
+    binary task 3-class, and F1 macro instead of binary; a wrong column (an ID) makes hundreds of classes."""
+    from collections import Counter
+
+    counts = Counter(_label_key(v) for v in labels)
+    if len(counts) > MAX_INFERRED_LABELS:
+        raise PrecswitchError(f"source: {where}: the label column has {len(counts)} distinct values (e.g. "
+                              f"{_few(sorted(counts), 5)}): is it the label column? List the classes in labels "
+                              "to accept it")
+    n = sum(counts.values())
+    rare = sorted((v for v, c in counts.items() if c < RARE_LABEL_ROWS and c < 0.01 * n), key=str)
+    if rare:
+        shown = ", ".join(f"{v!r} ({counts[v]} row{'s' if counts[v] > 1 else ''})" for v in rare[:10])
+        raise PrecswitchError(f"source: {where}: label value(s) {shown} of {n} rows: a typo? "
+                              f"The classes are read from the data when labels is not given; list them in labels "
+                              f"(e.g. {_few(sorted(v for v in counts if v not in rare), 5)}) to accept or refuse "
+                              "such rows")
+
+
 def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_eval: str):
     import datasets
 
@@ -318,6 +351,7 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
         found = sorted(set(train["label"]), key=lambda v: (not isinstance(v, (int, float)), v if
                                                            isinstance(v, (int, float)) else str(v)))
         allowed = [int(v) if isinstance(v, float) and v.is_integer() else v for v in found]
+        _check_inferred_labels(train["label"], where_train)
     index = {_label_key(v): i for i, v in enumerate(allowed)}
     if len(index) != len(allowed):
         raise PrecswitchError(f"source: labels has duplicates: {allowed}")
@@ -327,8 +361,8 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
     def enc(ds, where):
         bad = sorted({_label_key(v) for v in ds.unique("label")} - set(index))
         if bad:
-            raise PrecswitchError(f"source: {where}: label value(s) {bad[:10]} not in the allowed labels "
-                                  f"{allowed}")
+            raise PrecswitchError(f"source: {where}: label value(s) {_few(bad)} not in the allowed labels "
+                                  f"{_few(allowed)}")
         ds = ds.map(lambda b: {"label": [index[_label_key(v)] for v in b["label"]]}, batched=True,
                     keep_in_memory=True)
         return ds.cast_column("label", datasets.Value("int64"))
