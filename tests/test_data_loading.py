@@ -62,6 +62,8 @@ def test_glue_labels_order_and_not_allowed_labels():
     assert src.train[0]["label"] == 0  # raw label 1 is class index 0 now
     with pytest.raises(PrecswitchError, match=r"label value\(s\) \[.0.\] not in the allowed labels \[1, 2\]"):
         load_source({**spec, "labels": [1, 2]}, "classify")
+    with pytest.raises(PrecswitchError, match=r"allowed labels \[True, False\]; YAML reads unquoted yes/no"):
+        load_source({**spec, "labels": [True, False]}, "classify")
 
 
 @needs_shared

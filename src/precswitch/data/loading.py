@@ -361,8 +361,10 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
     def enc(ds, where):
         bad = sorted({_label_key(v) for v in ds.unique("label")} - set(index))
         if bad:
+            hint = ("; YAML reads unquoted yes/no/true/false as booleans: quote them (labels: ['yes', 'no'])"
+                    if any(isinstance(v, bool) for v in allowed) else "")
             raise PrecswitchError(f"source: {where}: label value(s) {_few(bad)} not in the allowed labels "
-                                  f"{_few(allowed)}")
+                                  f"{_few(allowed)}{hint}")
         ds = ds.map(lambda b: {"label": [index[_label_key(v)] for v in b["label"]]}, batched=True,
                     keep_in_memory=True)
         return ds.cast_column("label", datasets.Value("int64"))
