@@ -22,6 +22,8 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:
 import precswitch.warm as precswitch_warm
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
 from precswitch.fetch import is_hub_model
+from precswitch.data.loading import check_table_headers
+from precswitch.errors import PrecswitchError
 
 PRECISIONS = list(NAMES)
 STAGES = ["pretrain", "finetune"]
@@ -486,6 +488,16 @@ def source_spec(stage):
     if source["kind"] == "synthetic":
         spec["dir"] = SYNTH_DIR
     return spec
+
+
+# a misspelt column of a local table is named now, not by the prepare job that runs beside stage 1
+for _stage in STAGES:
+    try:
+        check_table_headers(source_spec(_stage))
+    except PrecswitchError as e:
+        raise config_error(
+            f"data.{_stage}.columns", str(e).removeprefix("source: ")
+        ) from None
 
 
 def source_json(stage):

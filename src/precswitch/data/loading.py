@@ -116,6 +116,46 @@ def source_files(spec: dict, objective: str | None = None) -> list[Path]:
     return files
 
 
+def check_table_headers(spec: dict) -> None:
+    """The column mapping of a local table source (tsv, csv, jsonl, parquet) against its files' headers: the
+    first line, the first record, the parquet schema; cheap, so that the workflow names a misspelt column
+    when it reads the config, not when it prepares the data while stage 1 already trains. Files that are
+    missing or unreadable here are left to the loader, which says why."""
+    kind = spec.get("kind")
+    if kind not in ("tsv", "csv", "jsonl", "parquet"):
+        return
+    wanted = {k: c for k, c in _columns(spec).items() if c is not None}
+    for f in source_files(spec, "classify"):
+        names = _header(kind, f) if f.is_file() else None
+        if names is None:
+            continue
+        missing = {k: c for k, c in wanted.items() if c not in names}
+        if missing:
+            desc = ", ".join(f"{k}={c!r}" for k, c in missing.items())
+            raise PrecswitchError(f"source: {f}: column(s) not found: {desc}; columns found: {_few(names)}")
+
+
+def _header(kind: str, f: Path) -> list[str] | None:
+    import csv
+
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(f).names)
+        with open(f, encoding="utf-8-sig", newline="") as fh:
+            if kind == "jsonl":
+                line = next((ln for ln in fh if ln.strip()), None)
+                rec = json.loads(line) if line else None
+                return list(rec) if isinstance(rec, dict) else None
+            first = fh.readline().rstrip("\r\n")
+            if not first:
+                return None
+            return first.split("\t") if kind == "tsv" else next(csv.reader([first]))
+    except Exception:  # noqa: BLE001 - unreadable here: the loader reports it with its cause
+        return None
+
+
 def source_hash(spec: dict, objective: str | None = None) -> str:
     """sha256 over the canonical spec and the contents of its local files."""
     h = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode())
