@@ -73,6 +73,7 @@ report: "workflow/report/workflow.rst"
 # warm start (config warm_start): one process imports torch & co. once, every job forks from it
 onstart:
     check_gpu_here()
+    keep_previous_runs()
     start_warm_server()
 
 

@@ -210,3 +210,33 @@ def test_report_renders_in_a_real_browser(tiny_study, tmp_path):
     subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'ud2'}", f"--screenshot={shot}", url],
                    capture_output=True, timeout=180)
     assert shot.exists() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_a_failing_rerun_keeps_the_finished_runs_it_replaces(tiny_study, tmp_path):
+    """A config change reruns finished runs, and Snakemake deletes a job's old outputs when it starts it: a
+    rerun that then failed left the finished run gone. onstart keeps each finished run that will rerun under
+    <results_dir>/previous/ (weights hard-linked, not copied) before any job starts."""
+    import json
+    import shutil
+
+    workdir, _, _ = tiny_study
+    work = tmp_path / "w"
+    shutil.copytree(workdir, work, symlinks=True)
+    before = {p.relative_to(work / "results" / "runs"): p.read_bytes()
+              for p in (work / "results" / "runs" / "finetune").glob("*/seed*/metrics.json")}
+    assert len(before) == len(TINY["schedules"]) * len(TINY["seeds"])
+    cfg = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
+    cfg["train"]["finetune"]["batch_size"] = 100_000  # valid config, fails in the job: larger than the data
+    proc = snakemake(work, "--cores", "1", "--configfile", write_config(tmp_path / "bad.yaml", cfg), timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Error in rule finetune" in out, out[-3000:]
+    assert f"{len(before)} finished run(s) will rerun; their previous results are kept under results/previous/" in out
+    gone = [k for k in before if not (work / "results" / "runs" / k).exists()]
+    assert gone, "the failed job's outputs were not removed: the test no longer shows the problem"
+    prev = work / "results" / "previous" / "runs"
+    for k, data in before.items():
+        assert (prev / k).read_bytes() == data  # every replaced run, as it was, the failed one's included
+        assert (prev / k.parent / "steps.csv").is_file() and (prev / k.parent / f"{k.parent.name}.log").is_file()
+    assert json.loads((prev / gone[0]).read_text())["status"] == "ok"
+    # the stage-1 checkpoints did not rerun: nothing of theirs was kept (or touched)
+    assert not (prev / "pretrain").exists()

@@ -52,6 +52,8 @@ TOKENIZER_DIR = f"{RESULTS}/data/pretrain/tokenizer"
 PREPARED_DIR = f"{RESULTS}/data/{{stage}}/prepared"
 PRETRAIN_DIR = f"{RESULTS}/runs/pretrain/{{precision}}/seed{{seed}}"
 FINETUNE_DIR = f"{RESULTS}/runs/finetune/{{schedule}}/seed{{seed}}"
+# the finished runs a rerun replaces, as they were (keep_previous_runs)
+PREVIOUS = f"{RESULTS}/previous"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
 
@@ -812,6 +814,60 @@ def check_gpu_here():
             f"config key device: {config['device']}, but this machine has no CUDA GPU that torch "
             f"{torch.__version__} can see, and {len(training)} training jobs would run here; run on "
             "a GPU machine, install a CUDA build of torch (README), or set device: cpu"
+        )
+
+
+def _link_or_copy(src, dst):
+    """Hard-link a large file (a checkpoint's weights: no copy, no space until the rerun replaces the
+    original; the engine writes every file anew, never in place), copy a small one."""
+    import shutil
+
+    if os.path.getsize(src) > (1 << 20):
+        try:
+            os.link(src, dst)
+            return dst
+        except OSError:  # another filesystem, or links not allowed: copy
+            pass
+    return shutil.copy2(src, dst)
+
+
+def keep_previous_runs():
+    """onstart (real runs only): Snakemake deletes a job's old outputs when it starts it again (its
+    params, code or inputs changed, or -R), so a rerun that then fails would leave the finished run
+    gone. Keep each finished run that will rerun (its run dir, less resume/, and its log) under
+    <results_dir>/previous/, the latest previous version of each, before any job starts.
+    """
+    import shutil
+
+    from snakemake.logging import logger
+
+    kept = []
+    for j in workflow.dag.needrun_jobs():
+        if j.rule.name not in ("pretrain", "finetune"):
+            continue
+        run_dir = os.path.dirname(j.output.metrics)
+        if not os.path.isfile(j.output.metrics):
+            continue  # nothing finished to lose: a new run, or an interrupted one (resume/ stays put)
+        rel = os.path.relpath(run_dir, RESULTS)
+        dst = os.path.join(PREVIOUS, rel)
+        tmp = f"{dst}.incoming"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(
+            run_dir,
+            tmp,
+            copy_function=_link_or_copy,
+            ignore=shutil.ignore_patterns("resume"),
+        )
+        for log in j.log:
+            if os.path.isfile(log):
+                shutil.copy2(log, os.path.join(tmp, os.path.basename(log)))
+        shutil.rmtree(dst, ignore_errors=True)
+        os.replace(tmp, dst)
+        kept.append(rel)
+    if kept:
+        logger.info(
+            f"precswitch: {len(kept)} finished run(s) will rerun; their previous results are kept "
+            f"under {PREVIOUS}/ (e.g. {kept[0]}): delete it when no longer needed"
         )
 
 
