@@ -754,3 +754,11 @@ def test_a_seed_beyond_32_bits_is_named_before_training():
     with pytest.raises(PrecswitchError, match=r"seed must be a non-negative integer below 2\^32, got 4294967296"):
         C.resolve({"data": "d", "steps": 1, "seed": 2**32})
     assert C.resolve({"data": "d", "steps": 1, "seed": 2**32 - 1})["seed"] == 2**32 - 1
+
+
+def test_model_sizes_that_cannot_build_a_bert_are_named_before_training():
+    """The CLI's `train` used to end in a 39-line ValueError traceback from BertConfig."""
+    with pytest.raises(PrecswitchError, match="model.hidden_size 30 is not a multiple of model.num_attention_heads 4"):
+        C.resolve({"data": "d", "steps": 1, "model": {"hidden_size": 30, "num_attention_heads": 4}})
+    with pytest.raises(PrecswitchError, match="model.num_hidden_layers must be a positive integer, got 0"):
+        C.resolve({"data": "d", "steps": 1, "model": {"num_hidden_layers": 0}})

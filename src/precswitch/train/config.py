@@ -95,6 +95,16 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         # a checkpoint or pretrained model brings its own sizes and dropout: only the attention kernel applies,
         # and only it is recorded (metrics.json's hparams must not claim sizes the model does not have)
         hp["model"] = {"attn_implementation": hp["model"]["attn_implementation"]}
+    else:
+        m = hp["model"]
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "max_position_embeddings"):
+            v = m.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise PrecswitchError(f"model.{key} must be a positive integer, got {v!r}")
+        if m["hidden_size"] % m["num_attention_heads"]:
+            raise PrecswitchError(f"model.hidden_size {m['hidden_size']} is not a multiple of "
+                                  f"model.num_attention_heads {m['num_attention_heads']}")
 
     P.get(hp["precision"])  # raises with the allowed names
     if hp["eval_precision"] not in ("same",) + P.NAMES:
