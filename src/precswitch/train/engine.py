@@ -662,20 +662,20 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             "rng": _rng_state(), "loop": st, "telemetry": tel.state_dict() if tel.enabled else None,
         }
 
-    stop = {"sigterm": False, "signal": None}
+    stop = {"requested": False, "signal": None}
     old_handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
-    def on_term(signum, frame):  # noqa: ARG001
-        stop["sigterm"] = True
+    def on_stop(signum, frame):  # noqa: ARG001
+        stop["requested"] = True
         stop["signal"] = stop["signal"] or signal.Signals(signum)
 
     try:
         for s in STOP_SIGNALS:
-            signal.signal(s, on_term)
+            signal.signal(s, on_stop)
     except ValueError:  # not the main thread
         pass
 
-    def restore_handler() -> None:
+    def restore_handlers() -> None:
         try:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
@@ -785,14 +785,14 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             due = (hp["checkpoint_every_steps"] and st["step"] % hp["checkpoint_every_steps"] == 0) or (
                 hp["checkpoint_every_minutes"] and time.perf_counter() - last_state_t >= 60 * hp["checkpoint_every_minutes"]
             )
-            if stop["sigterm"] or (due and st["step"] < total_steps):
+            if stop["requested"] or (due and st["step"] < total_steps):
                 st["state_saves"] += 1
                 st["state_seconds"] += _save_state(state_path, snapshot())
                 last_state_t = t_prev = time.perf_counter()
-                if stop["sigterm"]:
+                if stop["requested"]:
                     raise preempted(f"at step {st['step']}")
     except BaseException:
-        restore_handler()
+        restore_handlers()
         raise
     finally:
         bar.close()
@@ -800,7 +800,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     energy1 = measure.nvml_energy_mj(device)
     load1 = measure.load_avg_1m()
 
-    # SIGTERM stays caught until the checkpoint is written: preempted during evaluation, the stage saves
+    # SIGTERM and SIGINT stay caught until the checkpoint is written: stopped during evaluation, the stage saves
     # its finished training (a rerun evaluates it); during the checkpoint write, it finishes (seconds)
     try:
         # ------------------------------------------------------------ evaluation
@@ -825,7 +825,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             if reason:
                 st["status"], st["status_reason"] = "diverged", reason
 
-        if stop["sigterm"]:  # preempted while evaluating: keep the finished training, not the evaluation
+        if stop["requested"]:  # preempted while evaluating: keep the finished training, not the evaluation
             st["state_saves"] += 1
             st["state_seconds"] += _save_state(state_path, snapshot())
             raise preempted(f"after step {st['step']} (evaluation)")
@@ -842,7 +842,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                      "status": st["status"], "config_hash": chash, **model_pin},
                 )
     finally:
-        restore_handler()
+        restore_handlers()
     checkpoint_seconds = time.perf_counter() - t_ckpt + st["state_seconds"]
 
     # ------------------------------------------------------------ metrics
