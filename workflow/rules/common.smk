@@ -784,9 +784,8 @@ def check_gpu_here():
         return  # e.g. only the fetch rule, on a login node
     import torch
 
-    if (
-        device == "auto"
-    ):  # auto without a GPU is cpu: refuse what a CPU cannot run, before any job
+    # auto without a GPU is cpu: refuse what a CPU cannot run, before any job
+    if device == "auto":
         if torch.cuda.is_available():
             return
         where = f"device is auto and torch {torch.__version__} sees no CUDA GPU here"
