@@ -680,6 +680,48 @@ def test_compiled_training_step_matches_eager(data, tmp_path, packed):
     assert comp["status"] == "ok" and comp["steps_completed"] == 4
 
 
+def test_compiled_stage_keeps_its_shapes_few(data, tmp_path, monkeypatch):
+    """Each new input shape costs a compiled stage a recompile, and with CUDA graphs a recorded graph. Masked
+    LM: the masked-row count varies by batch, now marked dynamic (one graph, not a second full compile).
+    Classification: training batches padded to a multiple of 32 (a few lengths, not one per batch), each
+    keeping its attention mask (a dropped mask is another graph); eval batches stay as in eager runs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "compile": "default",
+                   "save_checkpoint": False}, tmp_path / "mlm")
+    assert m["status"] == "ok" and counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+    shapes, keys = [], []
+    real_get = engine.Batches.get
+
+    def spy(self, step):
+        b = real_get(self, step)
+        shapes.append(tuple(b["input_ids"].shape))
+        return b
+
+    real_host = engine.drop_full_attention_mask
+    monkeypatch.setattr(engine.Batches, "get", spy)
+    monkeypatch.setattr(engine, "drop_full_attention_mask", lambda b: keys.append(set(real_host(dict(b)))) or b)
+    from engine_fixtures import make_prepared
+
+    pairs = make_prepared(tmp_path / "pairs", "classify", max_length=120)  # pairs of varied length
+    hp = {"data": str(pairs), "objective": "classify", "precision": "fp32", "steps": 6, "save_checkpoint": False,
+          "model": {**TINY, "max_position_embeddings": 128}}
+    e = run_stage(hp, tmp_path / "eager")
+    assert e["status"] == "ok" and len(keys) == 6  # eager: every batch is offered to the mask drop
+    assert len({s[1] for s in shapes}) > 1 and not all(s[1] % 32 == 0 for s in shapes), shapes  # longest pair
+    shapes.clear()
+    keys.clear()
+    torch._dynamo.reset()
+    c = run_stage({**hp, "compile": "default"}, tmp_path / "cls")
+    assert c["status"] == "ok" and len(shapes) == 6
+    assert all(s[1] % engine.COMPILED_PAD_MULTIPLE == 0 for s in shapes), shapes
+    assert not keys  # compiled: no batch goes through the mask drop
+    assert c["eval_loss"] == pytest.approx(e["eval_loss"], rel=0.05)  # eval batches unchanged, eager
+
+
 @pytest.mark.parametrize("bad, msg", [
     ({"compile": "max"}, "compile 'max': allowed 'off', 'default', 'reduce-overhead'"),
     ({"compile": "default", "telemetry_every": 2}, "activation telemetry hooks run in eager mode only"),

@@ -316,6 +316,8 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 #: batch keys of the masked-LM rows selected on the host (mlm_head_rows); not model inputs
 HEAD_KEYS = ("head_rows", "head_labels")
+#: a compiled classification stage pads its training batches to a multiple of this many tokens
+COMPILED_PAD_MULTIPLE = 32
 #: batch keys mlm_forward reads itself (not passed to the encoder)
 MLM_EXTRA_KEYS = ("labels", *HEAD_KEYS)
 
@@ -599,9 +601,14 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     )
     optimizer = prec.wrap_optimizer(optimizer, seed=hp["seed"])  # Kahan / SR variants; else unchanged
     collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"], 16 if fp8_in_stage else None)
+    train_collate = collate
+    if hp["compile"] != "off" and hp["objective"] == "classify":
+        # compiled: pad training batches to a multiple of 32 (a few shapes), not each to its longest pair
+        # (a shape per batch: a recompile or, with CUDA graphs, a recorded graph for each); eval stays eager
+        train_collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"], COMPILED_PAD_MULTIPLE)
     train_rows = _model_columns(train_ds, hp["objective"])
     eval_rows = _model_columns(eval_ds, hp["objective"])
-    batches = Batches(train_rows, hp["batch_size"], hp["seed"], collate)
+    batches = Batches(train_rows, hp["batch_size"], hp["seed"], train_collate)
     total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * batches.per_epoch)))
     warmup = int(round(hp["warmup_ratio"] * total_steps))
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
@@ -710,7 +717,9 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         if hp["objective"] == "mlm":
             b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
         n_tokens = int(b["attention_mask"].sum())
-        return drop_full_attention_mask(b), n_tokens
+        # compiled: the batch keeps one set of keys (a dropped mask is another graph); the compiled forward
+        # has no mask check to sync on anyway
+        return (drop_full_attention_mask(b) if hp["compile"] == "off" else b), n_tokens
 
     pending = None  # the next step's batch, built while the device runs this step's forward and backward
     try:
@@ -726,6 +735,10 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             (batch, n_tokens), pending = (pending if pending is not None else host_batch(step)), None
             n_samples = int(batch["input_ids"].shape[0])
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            if hp["compile"] != "off":
+                for k in HEAD_KEYS:  # the masked-row count varies by batch: one dynamic graph, not a recompile
+                    if k in batch:
+                        torch._dynamo.mark_dynamic(batch[k], 0)
             if cudagraphs:  # a new iteration: the last step's graph outputs may be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
             with tel.step(step), cur.autocast(device.type):
