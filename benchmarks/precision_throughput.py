@@ -76,8 +76,10 @@ def main() -> None:
                 sps = statistics.median(r["steps_per_second"] for r in ok)
                 tps = statistics.median(r["tokens_per_second"] for r in ok)
                 mem = statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20
-                joules = [r["energy_joules"] / r["steps_completed"] for r in ok
-                          if r.get("energy_joules") is not None and r.get("steps_completed")]
+                # steady state: the steps after the warm-up (a compiled run's warm-up is its compilation)
+                joules = [r["energy_joules_steady"] / (r["steps_completed"] - r["timing_warmup_steps"]) for r in ok
+                          if r.get("energy_joules_steady") is not None
+                          and r["steps_completed"] > r["timing_warmup_steps"]]
                 jps = f"{statistics.median(joules):.2f}" if joules else "-"
                 base = base or sps
                 print(f"{obj:<9} {prec:<10} {comp:<15} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>8.0f} {jps:>7} "

@@ -804,3 +804,19 @@ def test_model_sizes_that_cannot_build_a_bert_are_named_before_training():
         C.resolve({"data": "d", "steps": 1, "model": {"hidden_size": 30, "num_attention_heads": 4}})
     with pytest.raises(PrecswitchError, match="model.num_hidden_layers must be a positive integer, got 0"):
         C.resolve({"data": "d", "steps": 1, "model": {"num_hidden_layers": 0}})
+
+
+def test_steady_energy_leaves_out_the_warm_up(data, tmp_path, monkeypatch):
+    """J/step used to divide the whole loop's NVML energy (compilation and the warm-up included) by every step;
+    energy_joules_steady covers the steps after timing_warmup_steps, as the steady-state rates do."""
+    calls = []
+
+    def counter(device):  # a fake NVML total-energy counter: +1 J at every read
+        calls.append(1)
+        return 1000 * len(calls)
+
+    monkeypatch.setattr(engine.measure, "nvml_energy_mj", counter)
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "timing_warmup_steps": 2,
+                   "save_checkpoint": False}, tmp_path / "s")
+    assert len(calls) == 3  # loop start, end of the warm-up, loop end: one read inside the loop
+    assert m["energy_joules"] == 2.0 and m["energy_joules_steady"] == 1.0 and m["timing_warmup_steps"] == 2

@@ -698,6 +698,7 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     measure.reset_peak_memory(device)
     rss_before = measure.current_rss()
     energy0 = measure.nvml_energy_mj(device)
+    energy_warm = None  # the counter at the end of the warm-up steps (compilation, first kernels): steady energy
     load0 = measure.load_avg_1m()
     # Time per step = wall from the end of the previous step to the end of this one (GPU-synchronized):
     # batch collation, transfer, forward, backward, step and bookkeeping; resumable-state saves excluded.
@@ -781,6 +782,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             if step % hp["log_every"] == 0 or step == total_steps - 1 or skipped:
                 st["rows"].append([step + 1, loss_val, lr, gn, scale_before, round(dt, 6), int(skipped)])
             st["step"] = step + 1
+            if st["step"] == hp["timing_warmup_steps"] and energy0 is not None:  # synced above: read once
+                energy_warm = measure.nvml_energy_mj(device)
             bar.update(1)
             if not math.isfinite(loss_val):
                 st["nonfinite"] += 1
@@ -861,6 +864,12 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     # ------------------------------------------------------------ metrics
     times = st["step_times"]
     w = hp["timing_warmup_steps"] if len(times) > hp["timing_warmup_steps"] else 0
+    energy_steady = None
+    if energy1 is not None and energy0 is not None:
+        if not w:
+            energy_steady = (energy1 - energy0) / 1000
+        elif energy_warm is not None:
+            energy_steady = (energy1 - energy_warm) / 1000
     steady = times[w:]
     steady_s = sum(steady)
     steady_steps = len(steady)
@@ -917,6 +926,8 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         **mem,
         "memory_baseline_bytes": rss_before if device.type == "cpu" else None,
         "energy_joules": (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None,
+        # the steps after timing_warmup_steps, the steady-state rates' steps (None if resumed past the warm-up)
+        "energy_joules_steady": energy_steady,
         "loss_scale_start": scales[0] if scales else None,
         "loss_scale_end": scales[-1] if scales else None,
         "loss_scale_min": min(scales) if scales else None,
