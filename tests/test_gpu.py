@@ -283,6 +283,17 @@ def test_gpu_check_cpu_smoke(tmp_path, mlm):
      "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>>>",
      "reduction"),
     ("Memset (Device)", "copy_cast"),
+    # elementwise kernels whose helpers' names say "cast": a mixed-dtype add under autocast is no cast kernel
+    ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float, "
+     "float, float, at::native::binary_internal::MulFunctor<float>>>(at::TensorIteratorBase&, ...)", "elementwise"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>, "
+     "TrivialOffsetCalculator<2, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, "
+     "at::native::memory::LoadWithCast<2>, at::native::memory::StoreWithCast<1>>", "elementwise"),
+    ("void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<unsigned int, 4, "
+     "at::native::templates::cuda::random_from_to_kernel<at::PhiloxCudaState>...>", "elementwise"),  # randint: no dropout
+    ("void at::native::(anonymous namespace)::masked_scale_kernel<c10::BFloat16, float, bool>", "dropout"),
+    ("triton_poi_fused__scaled_dot_product_efficient_attention_add_5", "compiled"),
+    ("triton_tem_fused__scaled_dot_product_flex_attention_0", "attention"),
     ("Memcpy DtoD (Device -> Device)", "copy_cast"),
     ("triton_per_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_3", "compiled"),
     ("triton_tem_fused_addmm_0", "matmul"),
@@ -661,3 +672,21 @@ def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
     assert res["gpu_stage1_job_s"] == pytest.approx(res["gpu_stage2_job_s"] - res["stage2_fixed_s"]
                                                     + res["stage1_fixed_s"] - res["state_save_s"])
     assert "estimated fixed cost per job on that GPU" in r.stdout
+
+
+def test_gpu_check_profiler_failure_keeps_the_rows_timing(tmp_path, monkeypatch, capsys):
+    """The profiled steps run after the timed ones; a profiler error (CUPTI, Kineto) used to mark the row failed
+    and drop the steps/s just measured. Now the row stays ok, with profile_error."""
+    gc = _load_gpu_check()
+
+    def broken(*a, **k):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(gc, "profile_steps", broken)
+    out = tmp_path / "g.json"
+    gc.main(["--device", "cpu", "--quick", "--steps", "2", "--precisions", "fp32", "--profile-steps", "1",
+             "--no-slot", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["status"] == "ok" and row["steps_per_second"] > 0 and row["step_seconds"] > 0
+    assert row["profile_error"] == "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+    assert "profiling fp32 eager failed (its timing above stands)" in capsys.readouterr().out
