@@ -460,7 +460,8 @@ def _device_script_stubs(tmp_path, script: str):
         pytest.skip("no bash")
     repo = tmp_path / "repo"
     (repo / "benchmarks").mkdir(parents=True)
-    shutil.copy(ROOT / "benchmarks" / script, repo / "benchmarks" / script)
+    for name in (script, "_device_env.sh"):
+        shutil.copy(ROOT / "benchmarks" / name, repo / "benchmarks" / name)
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     stubs = {
@@ -485,7 +486,11 @@ exec "$@"
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "PRECSWITCH_SITE": str(tmp_path / "site")}
+    (repo / ".whl" / "fallback").mkdir(parents=True)
+    (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
+    (repo / ".whl" / "fallback" / "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
     return repo, env, log
 
 
@@ -495,10 +500,6 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
     the engine step's time limit counts the time the wheel install took (the whole script must stay
     inside a 600 s command)."""
     repo, env, log = _device_script_stubs(tmp_path, "device_check.sh")
-    (repo / ".whl").mkdir()
-    (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
-    (repo / ".whl" / "fallback").mkdir()
-    (repo / ".whl" / "fallback" / "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
     r = subprocess.run(["bash", str(repo / "benchmarks" / "device_check.sh")], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr
@@ -519,14 +520,19 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
 
 
 def test_device_profile_sh_dry_run_steps_and_outputs(tmp_path):
-    """benchmarks/device_profile.sh (the second device call): BERT-small's two shapes, amp_bf16 with
-    CUDA graphs at batch 64 and 128 (profiled, --compile only), then the engine in every stage-1
-    precision within what is left of its 280 s; each step runs after a failed one."""
+    """benchmarks/device_profile.sh (the second device call, a fresh shell): the wheels of .whl/ installed
+    first (the engine step needs datasets; it used to skip this, as device_check.sh's install does not carry
+    over), BERT-small's two shapes, amp_bf16 with CUDA graphs at batch 64 and 128 (profiled, --compile only),
+    then the engine in every stage-1 precision within what is left of BUDGET; each step runs after a failed
+    one."""
     repo, env, log = _device_script_stubs(tmp_path, "device_profile.sh")
     r = subprocess.run(["bash", str(repo / "benchmarks" / "device_profile.sh")], capture_output=True, text=True,
-                       timeout=120, env=env)
+                       timeout=120, env={**env, "BUDGET": "250"})
     assert r.returncode == 0, r.stderr
-    timeouts = [c.split() for c in log.read_text().splitlines() if c.startswith("timeout ")]
+    calls = log.read_text().splitlines()
+    first_pip = next(i for i, c in enumerate(calls) if "pip install" in c and "--no-index" in c)
+    assert first_pip < min(i for i, c in enumerate(calls) if "gpu_check.py" in c)
+    timeouts = [c.split() for c in calls if c.startswith("timeout ")]
     assert all(t[1] == "-k" for t in timeouts)
     gpu_checks = [t for t in timeouts if "benchmarks/gpu_check.py" in t]
     assert [("--small" in t, "--mlm" in t) for t in gpu_checks[:2]] == [(True, True), (True, False)]
@@ -536,7 +542,7 @@ def test_device_profile_sh_dry_run_steps_and_outputs(tmp_path):
         assert t[t.index("--compile") + 1] == "only" and t[t.index("--precisions") + 1] == "amp_bf16"
         assert "--profile-steps" in t and "--small" not in t
     engine = timeouts[-1]
-    assert "benchmarks/precision_throughput.py" in engine and int(engine[3]) <= 280
+    assert "benchmarks/precision_throughput.py" in engine and int(engine[3]) <= 250 - 2  # the install's 2 s
     assert engine[engine.index("--precisions") + 1].split(",") == \
         ["fp32", "tf32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
