@@ -429,6 +429,12 @@ def test_nvml_readings_come_from_the_gpu_cuda_means(monkeypatch):
     dev = torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES=2: CUDA's 0 is NVML's 2
     assert measure.nvml_energy_mj(dev) == 333_000
     assert measure.nvml_memory_used(dev) == 3 << 30
+    # a MIG slice: NVML knows it as MIG-<uuid> (its PCI bus id would name the whole parent GPU)
+    gpus["MIG-dddd"] = ("nvml3", 444_000, 4 << 30)
+    handles["nvml3"] = (444_000, 4 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="dddd"))
+    monkeypatch.setattr(measure, "_NVML_HANDLES", {})
+    assert measure.nvml_energy_mj(dev) == 444_000
 
 
 def test_gpu_check_one_compiled_row_in_the_budget_is_amp_bf16s(tmp_path, monkeypatch):

@@ -297,10 +297,13 @@ def _nvml_handle_for(pynvml, idx: int, torch):
     uuid = getattr(props, "uuid", None)
     if uuid:
         u = str(uuid)
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}")
-        except Exception:  # noqa: BLE001
-            pass
+        # torch gives the bare UUID; NVML wants it prefixed, GPU- for a whole GPU, MIG- for a MIG slice
+        # (whose PCI bus id below would name the whole parent GPU)
+        for cand in ([u] if u.startswith(("GPU-", "MIG-")) else [f"GPU-{u}", f"MIG-{u}"]):
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(cand)
+            except Exception:  # noqa: BLE001
+                pass
     try:
         bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         return pynvml.nvmlDeviceGetHandleByPciBusId(bus.upper())
