@@ -206,6 +206,33 @@ def test_documented_command_replaces_workflow_profile(tmp_path):
     assert f"workflow specific profile {ROOT / 'profiles' / 'default'}" in proc.stdout + proc.stderr
 
 
+def test_a_cpu_only_torch_is_refused_before_any_cluster_job(tmp_path):
+    """The cluster jobs run this interpreter's environment on GPU nodes: with a CPU-only torch every GPU
+    training job would fail there, after its queue wait and its retries. Refused at the start, before
+    anything is submitted (stub SLURM commands record what would be)."""
+    pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm is not installed")
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build: nothing to refuse")
+    shims, log = tmp_path / "shim", tmp_path / "calls.log"
+    shims.mkdir()
+    for name, out in (("sbatch", "echo 4242"), ("sinfo", "printf 'PARTITION\\ngpu\\n'"), ("sacctmgr", "echo CHANGE_ME"),
+                      ("sacct", "true"), ("squeue", "true"), ("scontrol", "true"), ("scancel", "true")):
+        (shims / name).write_text(f"#!/bin/sh\necho \"{name} $*\" >> {log}\n{out}\n")
+        (shims / name).chmod(0o755)
+    cfg = tmp_path / "gpu.yaml"
+    cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "device": "cuda"}))
+    cmd = snakemake_cmd(240, "-s", str(ROOT / "Snakefile"), "--workflow-profile", str(ROOT / "profiles" / "slurm"),
+                        "--configfile", str(ROOT / "config" / "bert-base-mrpc.yaml"), str(cfg))
+    env = run_env(PATH=f"{shims}:{os.environ['PATH']}")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "is a CPU-only build: every training job would fail on its GPU node" in out, \
+        out[-3000:]
+    assert "sbatch" not in (log.read_text() if log.exists() else "")  # nothing was submitted
+
+
 # --- the local cluster ----------------------------------------------------------------------------
 def _skip_reason() -> str | None:
     if os.name != "posix" or os.geteuid() != 0:

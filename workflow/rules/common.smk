@@ -768,12 +768,36 @@ def _warm_off_reason():
     return None
 
 
+def check_cuda_build_for_cluster(device):
+    """onstart with a cluster executor: the jobs run this interpreter's environment on GPU nodes (unless
+    --sdm gives them their own), so a CPU-only torch here fails every training job there, after its wait
+    in the queue and its retries. A CUDA build is known without a GPU (torch.version.cuda).
+    """
+    if not device.startswith("cuda") or workflow.deployment_settings.deployment_method:
+        return
+    if not any(
+        j.rule.name in ("pretrain", "finetune") for j in workflow.dag.needrun_jobs()
+    ):
+        return
+    import torch
+
+    if torch.version.cuda is None and not getattr(torch.version, "hip", None):
+        raise WorkflowError(
+            f"config key device: {device}, but torch {torch.__version__} in {sys.prefix}, which the "
+            "cluster jobs run, is a CPU-only build: every training job would fail on its GPU node; "
+            "install a CUDA build of torch there (README, docs/slurm.md)"
+        )
+
+
 def check_gpu_here():
     """onstart (real runs only): training jobs run here with device cuda need a GPU torch can see.
     Said before any job starts, instead of after the data jobs, when the first training job fails.
     """
     device = str(config["device"])
-    if not workflow.local_exec or not (device.startswith("cuda") or device == "auto"):
+    if not workflow.local_exec:
+        check_cuda_build_for_cluster(device)
+        return
+    if not (device.startswith("cuda") or device == "auto"):
         return
     training = [
         j
