@@ -174,3 +174,23 @@ def test_diverged_stage_preempted_during_evaluation_resumes_without_training_on(
             engine.run_stage(hp, out)
     res = engine.run_stage(hp, out)  # resumed with finite losses: a diverged stage must not train on
     assert res["status"] == "diverged" and res["steps_completed"] == 2 and res["resumed"] is True
+
+
+def test_a_second_process_training_into_the_same_dir_is_refused(setup, tmp_path):
+    """A rerun while an orphan of a killed Snakemake (or a job of a lost SLURM session) still trains into the
+    run dir: two processes would mix state, checkpoint and metrics. The second is refused at once, naming the
+    first; once the first is gone (even killed: flock goes with it) the dir is free."""
+    hp, _ = setup
+    out = tmp_path / "run"
+    p = _start(hp, out)
+    _wait_for(out / "resume" / "state.pt", p)
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(hp), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is in use by another training process (pid " in r.stderr, r.stderr[-2000:]
+    assert f"pid {p.pid} on " in r.stderr and "Traceback" not in r.stderr
+    assert p.poll() is None  # the first one trains on, untouched
+    p.kill()
+    p.wait(timeout=30)
+    r = _start(hp, out)
+    assert r.wait(timeout=300) == 0, r.stderr.read()
+    assert json.loads((out / "metrics.json").read_text())["resumed"] is True

@@ -8,6 +8,7 @@ The loop is deliberately plain (nanoGPT style): the only place precision enters 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import io
@@ -485,11 +486,54 @@ def _save_state(path: Path, state: dict) -> float:
 
 
 # ====================================================================== the stage
+#: the file in a stage's output dir that the process training into it holds an exclusive lock on
+RUN_LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def _run_dir_lock(out: Path):
+    """Hold an exclusive lock on ``out`` for the stage: a second process training into the same dir (a rerun
+    while an orphan of a killed Snakemake, or a job of a lost SLURM session, still trains there) would mix
+    both runs' state, checkpoint and metrics. It is refused at once, naming the holder; the lock goes with
+    its process (flock), so a killed stage leaves none behind."""
+    import fcntl
+    import socket
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:  # not writable: run_stage says so, naming the dir
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "unknown process"
+            raise PrecswitchError(
+                f"output dir {str(out)!r} is in use by another training process ({holder}): stop it first "
+                "(kill it, or scancel its SLURM job), then run again") from None
+        job = os.environ.get("SLURM_JOB_ID")
+        info = f"pid {os.getpid()} on {socket.gethostname()}" + (f", SLURM job {job}" if job else "")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     """Run one stage. Returns the metrics dict (also written to ``out_dir/metrics.json``).
 
-    Raises PrecswitchError for bad input (before training), Preempted after SIGTERM (state saved).
+    Raises PrecswitchError for bad input (before training, and when another process trains into
+    ``out_dir``), Preempted after SIGTERM or SIGINT (state saved).
     """
+    C.resolve(hparams)  # bad hparams are named before anything is created
+    with _run_dir_lock(Path(out_dir)):
+        return _run_stage(hparams, out_dir)
+
+
+def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     t_setup = time.perf_counter()
     started_at = measure.now_iso()
     hp = C.resolve(hparams)
