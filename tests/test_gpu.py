@@ -80,6 +80,24 @@ def test_one_gpu_second_waits_until_first_releases(tmp_path, no_cvd):
         a.join(30)
 
 
+def test_a_job_waiting_for_a_gpu_says_so_once_naming_the_holder(tmp_path, no_cvd, monkeypatch, capsys):
+    """A job queued behind another's GPU lock used to wait without a word in its log."""
+    q = CTX.Queue()
+    a = CTX.Process(target=_hold_forever, args=(tmp_path, 1, q))
+    a.start()
+    try:
+        assert q.get(timeout=30) == 0
+        monkeypatch.setattr(gpu, "WAIT_NOTICE_S", 0.1)
+        with pytest.raises(gpu.GpuSlotTimeout):
+            with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.5, poll=0.05):
+                pass
+        err = capsys.readouterr().err
+        assert err.count("precswitch: waiting for a free GPU") == 1 and f"gpu-0: pid={a.pid} host=" in err, err
+    finally:
+        os.kill(a.pid, signal.SIGKILL)
+        a.join(30)
+
+
 def test_killed_holder_frees_its_slot(tmp_path, no_cvd):
     q = CTX.Queue()
     a = CTX.Process(target=_hold_forever, args=(tmp_path, 1, q))
@@ -401,8 +419,37 @@ def test_slurm_jobs_lock_in_their_own_dir(monkeypatch):
     node = gpu.default_lock_dir()
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert gpu.default_lock_dir() == node / "slurm-4242"
+    # an exported PRECSWITCH_GPU_LOCK_DIR reaches every SLURM job (--export=ALL): one dir for all of them
+    # queued jobs holding different GPUs behind each other; each job still locks in its own
     monkeypatch.setenv(gpu.LOCK_DIR_ENV, "/x/locks")
+    assert str(gpu.default_lock_dir()) == "/x/locks/slurm-4242"
+    monkeypatch.delenv("SLURM_JOB_ID")
     assert str(gpu.default_lock_dir()) == "/x/locks"
+
+
+def test_a_shared_lock_dir_makes_its_lock_files_writable_for_all(tmp_path):
+    """Two users sharing a workstation share PRECSWITCH_GPU_LOCK_DIR: a lock file made 0644 by the umask
+    gave the other user a PermissionError traceback."""
+    import stat
+
+    from precswitch import gpu
+
+    old = os.umask(0o022)
+    try:
+        fd = gpu._try_lock(tmp_path / "gpu-0.lock")
+    finally:
+        os.umask(old)
+    assert fd is not None
+    os.close(fd)
+    assert stat.S_IMODE((tmp_path / "gpu-0.lock").stat().st_mode) == 0o666
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    (locked / "gpu-0.lock").write_text("")
+    (locked / "gpu-0.lock").chmod(0o444)
+    if os.geteuid() == 0:
+        return  # root opens it anyway: the refusal below cannot happen here
+    with pytest.raises(PrecswitchError, match="is not writable by this user"):
+        gpu._try_lock(locked / "gpu-0.lock")
 
 
 def test_nvml_readings_come_from_the_gpu_cuda_means(monkeypatch):

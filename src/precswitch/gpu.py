@@ -12,10 +12,11 @@ here, with one lock file per GPU and ``fcntl.flock``:
   semantics), but the lock file is named after the *physical* device (the CUDA_VISIBLE_DEVICES entry:
   an ordinal or a ``GPU-<uuid>``/``MIG-<uuid>``), so processes with different CUDA_VISIBLE_DEVICES
   still exclude each other correctly on the same physical GPU.
-* The default lock directory is machine-wide (``$PRECSWITCH_GPU_LOCK_DIR``, else
-  ``<tmp>/precswitch-gpu-locks-<uid>/<hostname>``): two studies in two checkouts on one workstation
-  also stay off each other's GPUs. The host name keeps nodes apart if the directory is on a shared
-  file system.
+* The default lock directory is one per user and machine (``<tmp>/precswitch-gpu-locks-<uid>/<hostname>``):
+  two studies of one user in two checkouts stay off each other's GPUs. Users who share a workstation
+  share a directory by setting ``$PRECSWITCH_GPU_LOCK_DIR`` (its lock files are made writable for all).
+  The host name keeps nodes apart if the directory is on a shared file system; a SLURM job locks in
+  ``slurm-<job id>`` below either, as its GPUs are its own.
 
 Engines call :func:`claim_device` once per process (a stage is one process): it holds the slot
 until the process exits.
@@ -30,6 +31,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,11 +55,11 @@ def default_lock_dir() -> Path:
     directory of its own (``.../slurm-<job id>``).
     """
     env = os.environ.get(LOCK_DIR_ENV)
-    if env:
-        return Path(env)
     uid = os.getuid() if hasattr(os, "getuid") else "user"
-    base = Path(tempfile.gettempdir()) / f"precswitch-gpu-locks-{uid}" / socket.gethostname()
+    base = Path(env) if env else Path(tempfile.gettempdir()) / f"precswitch-gpu-locks-{uid}" / socket.gethostname()
     job = os.environ.get("SLURM_JOB_ID")
+    # also under $PRECSWITCH_GPU_LOCK_DIR, which every job inherits (the plugin submits with --export=ALL):
+    # on a shared file system one dir for all would queue jobs holding different GPUs on different nodes
     return base / f"slurm-{job}" if job else base
 
 
@@ -86,9 +88,29 @@ def _device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+#: after this many seconds of waiting for a GPU slot, say so (with the holders) on stderr
+WAIT_NOTICE_S = 5.0
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()[:200] or "holder unknown"
+    except OSError:
+        return "holder unknown"
+
+
 def _try_lock(path: Path) -> int | None:
     """Open ``path`` and take an exclusive non-blocking flock; the fd, or None if held elsewhere."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        raise PrecswitchError(f"GPU lock file {str(path)!r} is not writable by this user: another user's "
+                              "lock dir? Set PRECSWITCH_GPU_LOCK_DIR to a directory of your own, or make the "
+                              "shared one's files group/world-writable") from None
+    try:
+        os.fchmod(fd, 0o666)  # the umask's 0644 would lock other users of a shared lock dir out
+    except OSError:  # not our file: it already has its mode
+        pass
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except (BlockingIOError, PermissionError):
@@ -139,12 +161,18 @@ def _acquire(
         raise PrecswitchError(f"GPU lock dir {str(d)!r} cannot be created: {e.strerror}") from None
     ids = visible_device_ids(n)
     t0 = time.monotonic()
+    said = False
     while True:
         for i in candidates:
             fd = _try_lock(d / f"gpu-{ids[i]}.lock")
             if fd is not None:
                 return i, fd, time.monotonic() - t0
         waited = time.monotonic() - t0
+        if not said and waited >= WAIT_NOTICE_S:  # a job waiting for a GPU says so in its log, once
+            holders = "; ".join(f"gpu-{ids[i]}: {_holder(d / f'gpu-{ids[i]}.lock')}" for i in candidates)
+            print(f"precswitch: waiting for a free GPU ({holders}); lock files in {str(d)!r}", file=sys.stderr,
+                  flush=True)
+            said = True
         if timeout is not None and waited >= timeout:
             raise GpuSlotTimeout(
                 f"no free GPU slot after {waited:.0f} s: all of GPU(s) {[ids[i] for i in candidates]} are held "
