@@ -222,3 +222,20 @@ def test_copy_pretrained_keeps_a_cased_tokenizer_cased(tmp_path):
     unc = _saved_bert_tokenizer(tmp_path / "uncased", ["the", "witness", "said", "he", "."], lowercase=True)
     copy_pretrained(str(unc), tmp_path / "tok2")
     assert load_tokenizer(tmp_path / "tok2").tokenize("He said The Witness .") == ["he", "said", "the", "witness", "."]
+
+
+def test_copy_pretrained_offline_names_the_cache_and_the_fetch_rule(tmp_path, monkeypatch):
+    """The tokenizer job gave transformers' 'check your internet connection' where prepare, train and fetch
+    name the cache and the fetch rule. (The hub's own offline switch is read at import: its failure is faked.)"""
+    import transformers
+
+    def not_cached(*a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them "
+                      "in the cached files.\nCheck your internet connection")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", not_cached)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "true")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(PrecswitchError, match=r"cannot load tokenizer 'acme/not-cached': offline \(HF_HUB_OFFLINE\) "
+                                              r"and it is not in the cache \(HF_HOME=.*hf\): run the fetch rule first"):
+        copy_pretrained("acme/not-cached", tmp_path / "tok")

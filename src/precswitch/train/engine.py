@@ -201,7 +201,8 @@ def _build_model(hp: dict, tokenizer, meta: dict):
         cfg._attn_implementation = attn
         model = cls.from_pretrained(init, config=cfg, dtype=torch.float32, **rev)
     except OSError as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+        offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
         if is_dir:
             raise PrecswitchError(f"checkpoint {init!r} is corrupt or incomplete: {str(e).splitlines()[0]}") from None
         raise PrecswitchError(
