@@ -264,8 +264,9 @@ def _hub(spec: dict, split: str):
         # revision: the pinned branch/tag/commit (offline, the cache must hold that revision)
         return datasets.load_dataset(name, config, split=split, **({"revision": revision} if revision else {}))
     except Exception as e:  # noqa: BLE001 - offline/missing/unknown split all become one clear line
-        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
-                      for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+        from ..fetch import datasets_offline
+
+        offline = datasets_offline()
         hint = (" (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set and it is not in the local cache: download it "
                 "once online, or use a local file source: kind tsv/csv/jsonl/parquet/text)") if offline else ""
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -148,9 +148,9 @@ def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int 
         msg = " ".join(str(e).split()) or type(e).__name__  # the whole message on one line, not its first line
         msg = msg if len(msg) <= 400 else msg[:400] + " ..."
         at = f" at revision {revision!r}" if revision else ""
-        offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-        if offline and not Path(name_or_dir).expanduser().exists():  # a hub name, and no network allowed
+        from ..fetch import hub_offline
+
+        if hub_offline() and not Path(name_or_dir).expanduser().exists():  # a hub name, and no network allowed
             msg = (f"offline (HF_HUB_OFFLINE) and it is not in the cache (HF_HOME="
                    f"{os.environ.get('HF_HOME') or '~/.cache/huggingface'}): run the fetch rule first, online "
                    f"({msg[:200]})")

@@ -201,8 +201,9 @@ def _build_model(hp: dict, tokenizer, meta: dict):
         cfg._attn_implementation = attn
         model = cls.from_pretrained(init, config=cfg, dtype=torch.float32, **rev)
     except OSError as e:
-        offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+        from ..fetch import hub_offline
+
+        offline = hub_offline()
         if is_dir:
             raise PrecswitchError(f"checkpoint {init!r} is corrupt or incomplete: {str(e).splitlines()[0]}") from None
         raise PrecswitchError(
