@@ -124,15 +124,10 @@ def check_table_headers(spec: dict) -> None:
     kind = spec.get("kind")
     if kind not in ("tsv", "csv", "jsonl", "parquet"):
         return
-    wanted = {k: c for k, c in _columns(spec).items() if c is not None}
     for f in source_files(spec, "classify"):
         names = _header(kind, f) if f.is_file() else None
-        if names is None:
-            continue
-        missing = {k: c for k, c in wanted.items() if c not in names}
-        if missing:
-            desc = ", ".join(f"{k}={c!r}" for k, c in missing.items())
-            raise PrecswitchError(f"source: {f}: column(s) not found: {desc}; columns found: {_few(names)}")
+        if names is not None:
+            _require_column_names(names, _columns(spec), str(f))
 
 
 def _header(kind: str, f: Path) -> list[str] | None:
@@ -306,10 +301,15 @@ def _columns(spec: dict) -> dict:
 
 
 def _require_columns(ds, wanted: dict[str, str], where: str) -> None:
-    missing = {k: c for k, c in wanted.items() if c is not None and c not in ds.column_names}
+    _require_column_names(ds.column_names, wanted, where)
+
+
+def _require_column_names(names: list[str], wanted: dict[str, str | None], where: str) -> None:
+    """Raise naming each mapped column (key=column) that ``names`` lacks, and the columns there are."""
+    missing = {k: c for k, c in wanted.items() if c is not None and c not in names}
     if missing:
         desc = ", ".join(f"{k}={c!r}" for k, c in missing.items())
-        raise PrecswitchError(f"source: {where}: column(s) not found: {desc}; columns found: {ds.column_names}")
+        raise PrecswitchError(f"source: {where}: column(s) not found: {desc}; columns found: {_few(names)}")
 
 
 def _to_mlm(ds, column: str, where: str):
