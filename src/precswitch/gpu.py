@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .errors import PrecswitchError
+from .io import flock_and_sign, lock_holder
 
 LOCK_DIR_ENV = "PRECSWITCH_GPU_LOCK_DIR"
 
@@ -92,13 +93,6 @@ def _device_count() -> int:
 WAIT_NOTICE_S = 5.0
 
 
-def _holder(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace").strip()[:200] or "holder unknown"
-    except OSError:
-        return "holder unknown"
-
-
 def _try_lock(path: Path) -> int | None:
     """Open ``path`` and take an exclusive non-blocking flock; the fd, or None if held elsewhere."""
     try:
@@ -111,21 +105,15 @@ def _try_lock(path: Path) -> int | None:
         os.fchmod(fd, 0o666)  # the umask's 0644 would lock other users of a shared lock dir out
     except OSError:  # not our file: it already has its mode
         pass
+    info = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (BlockingIOError, PermissionError):
-        os.close(fd)
-        return None
+        locked = flock_and_sign(fd, info)
     except OSError:
         os.close(fd)
         raise
-    # who holds it (informational only; the lock is the flock, not this text)
-    try:
-        info = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
-    except OSError:
-        pass
+    if not locked:
+        os.close(fd)
+        return None
     return fd
 
 
@@ -169,7 +157,7 @@ def _acquire(
                 return i, fd, time.monotonic() - t0
         waited = time.monotonic() - t0
         if not said and waited >= WAIT_NOTICE_S:  # a job waiting for a GPU says so in its log, once
-            holders = "; ".join(f"gpu-{ids[i]}: {_holder(d / f'gpu-{ids[i]}.lock')}" for i in candidates)
+            holders = "; ".join(f"gpu-{ids[i]}: {lock_holder(d / f'gpu-{ids[i]}.lock')}" for i in candidates)
             print(f"precswitch: waiting for a free GPU ({holders}); lock files in {str(d)!r}", file=sys.stderr,
                   flush=True)
             said = True

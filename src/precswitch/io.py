@@ -1,4 +1,4 @@
-"""Atomic writes: no reader ever sees a half-written file or directory."""
+"""Atomic writes (no reader ever sees a half-written file or directory) and the lock files of GPU slots and run dirs."""
 
 from __future__ import annotations
 
@@ -187,3 +187,29 @@ def load_mapping_arg(value: str | os.PathLike, option: str) -> dict:
     if not isinstance(obj, dict):
         raise PrecswitchError(f"{option}: expected a mapping (JSON object), got {type(obj).__name__}")
     return obj
+
+
+def flock_and_sign(fd: int, holder: str) -> bool:
+    """Take an exclusive non-blocking flock on ``fd``; False if another process holds it. Taken, the file is
+    overwritten with ``holder`` (who holds it: for messages only, the lock is the flock, which goes with its
+    process). Other OSErrors of flock propagate."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
+        return False
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+    except OSError:
+        pass
+    return True
+
+
+def lock_holder(path: str | os.PathLike, unknown: str = "holder unknown") -> str:
+    """What the holder of a lock file wrote into it (flock_and_sign), or ``unknown``."""
+    try:
+        return Path(path).read_text(errors="replace").strip()[:400] or unknown
+    except OSError:
+        return unknown

@@ -32,7 +32,7 @@ from .. import flops, gpu, measure, warm
 from .. import precision as P
 from ..errors import EXIT_PREEMPTED, PrecisionUnsupported, PrecswitchError
 from ..telemetry import ActivationTelemetry
-from ..io import atomic_path, atomic_write_json, atomic_write_text, read_json
+from ..io import atomic_path, atomic_write_json, atomic_write_text, flock_and_sign, lock_holder, read_json
 from . import config as C
 
 STAGE_FILE = "precswitch_stage.json"
@@ -498,7 +498,6 @@ def _run_dir_lock(out: Path):
     while an orphan of a killed Snakemake, or a job of a lost SLURM session, still trains there) would mix
     both runs' state, checkpoint and metrics. It is refused at once, naming the holder; the lock goes with
     its process (flock), so a killed stage leaves none behind."""
-    import fcntl
     import socket
 
     try:
@@ -508,17 +507,13 @@ def _run_dir_lock(out: Path):
         yield
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "unknown process"
-            raise PrecswitchError(
-                f"output dir {str(out)!r} is in use by another training process ({holder}): stop it first "
-                "(kill it, or scancel its SLURM job), then run again") from None
         job = os.environ.get("SLURM_JOB_ID")
         info = f"pid {os.getpid()} on {socket.gethostname()}" + (f", SLURM job {job}" if job else "")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
+        if not flock_and_sign(fd, info):
+            raise PrecswitchError(
+                f"output dir {str(out)!r} is in use by another training process "
+                f"({lock_holder(out / RUN_LOCK, 'unknown process')}): stop it first "
+                "(kill it, or scancel its SLURM job), then run again") from None
         yield
     finally:
         os.close(fd)  # releases the lock
