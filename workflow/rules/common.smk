@@ -172,20 +172,18 @@ def _check_precision(name, key):
         )
 
 
-def _gpu_only(spec, train):
-    """The precisions a stage would run (its own, switch_to, eval_precision) that cannot run on a CPU, when
-    the stage is set to fail on them (on_unsupported: error); [] otherwise."""
+def _refuse_gpu_only(spec, train, key, where, stage):
+    """Refuse the precisions a stage would run (its own, switch_to, eval_precision) that cannot run on a
+    CPU, when the stage is set to fail on them (on_unsupported: error)."""
     if train["on_unsupported"] != "error":
-        return []
-    names = [spec["precision"], spec["switch_to"], train["eval_precision"]]
-    return [
+        return
+    names = [
         n
-        for n in dict.fromkeys(names)
+        for n in dict.fromkeys(
+            [spec["precision"], spec["switch_to"], train["eval_precision"]]
+        )
         if n in CATALOG and "cpu" not in CATALOG[n].device_types
     ]
-
-
-def _refuse_gpu_only(names, key, where, stage):
     if names:
         raise config_error(
             key,
@@ -332,7 +330,8 @@ def check_config(cfg):
         for name, stages in schedules.items():
             for stage, value in stages.items():
                 _refuse_gpu_only(
-                    _gpu_only(stage_spec(value), cfg["train"][stage]),
+                    stage_spec(value),
+                    cfg["train"][stage],
                     f"schedules.{name}.{stage}",
                     "device is cpu",
                     stage,
@@ -826,7 +825,8 @@ def check_gpu_here():
                 schedule = j.wildcards.schedule
                 spec = SCHEDULES[schedule]["finetune"]
             _refuse_gpu_only(
-                _gpu_only(spec, config["train"][stage]),
+                spec,
+                config["train"][stage],
                 f"schedules.{schedule}.{stage}",
                 where,
                 stage,
