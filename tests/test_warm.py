@@ -153,6 +153,49 @@ def test_no_server_means_cold_start(tmp_path):
     assert r.returncode == 0 and "precswitch" in r.stdout
 
 
+def test_a_client_waits_for_a_server_that_is_still_starting(tmp_path):
+    """Jobs Snakemake starts right after onstart race the server's imports: with the server's pid file
+    written (as onstart does, right after starting it) they wait for it instead of starting cold."""
+    sock = tmp_path / "s"
+    cmd = [sys.executable, "-m", "precswitch.cli", "warm", "serve", "--socket", str(sock), "--idle-timeout", "0"]
+    server = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    warm.write_pid(str(sock), server.pid)
+    assert not sock.exists()  # still importing torch & co.
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
+                       env=_env(**{warm.SOCKET_ENV: str(sock)}), timeout=300)
+    server.terminate()
+    out = server.communicate(timeout=60)[0]
+    assert r.returncode == 0 and "precswitch" in r.stdout and "cold" not in r.stderr
+    assert "served 1 commands" in out
+
+
+def test_a_dead_server_pid_means_cold_start_at_once(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    sock = tmp_path / "s"
+    warm.write_pid(str(sock), dead.pid)
+    t = time.monotonic()
+    assert not warm._wait_until_listening(str(sock))
+    assert time.monotonic() - t < 1
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
+                       env=_env(**{warm.SOCKET_ENV: str(sock)}), timeout=120)
+    assert r.returncode == 0 and "precswitch" in r.stdout
+
+
+def test_a_server_that_never_listens_is_given_up_on(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        sock = tmp_path / "s"
+        warm.write_pid(str(sock), sleeper.pid)
+        t = time.monotonic()
+        assert not warm._wait_until_listening(str(sock), timeout=0.5)
+        assert 0.5 <= time.monotonic() - t < 5
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_server_stops_when_its_parent_is_gone(tmp_path):
     parent = subprocess.Popen(["sleep", "600"])
     sock = tmp_path / "s"

@@ -10,7 +10,7 @@ own exit status, and signals sent to the client (SIGTERM from Snakemake or a sch
 Who uses it: ``snakemake`` with ``warm_start: true`` (the default) starts one server per run for
 local execution (``onstart`` in the Snakefile) and points the jobs at it through the environment
 variable ``PRECSWITCH_WARM_SOCKET``. ``precswitch`` (cli.main) hands its command to the server
-when that variable names a live server, and runs it in-process (a cold start) when it does not, or
+when that variable names a live server (waiting while one that is still importing starts), and runs it in-process (a cold start) when it does not, or
 when the server declines: a client on another host (a cluster job), or an environment variable that
 is read while importing the libraries (HF_*, TORCH*, PYTHON*, ...) that differs from the server's. The run's
 metrics.json records ``process_start: warm`` or ``cold``.
@@ -70,6 +70,11 @@ _IN_WARM_CHILD = False
 
 _HEADER = struct.Struct("!I")
 
+#: How long a client waits for a server that is still importing the libraries (its pid file exists,
+#: its socket not yet) before it starts cold. Jobs that start right after Snakemake's onstart would
+#: otherwise race the server's imports (seconds, more on a loaded machine) and some run cold.
+STARTUP_WAIT_S = 300.0
+
 #: The server's own sockets (listener and client connections): a forked child closes its copies.
 _SERVER_SOCKETS: list[socket.socket] = []
 
@@ -123,7 +128,7 @@ def delegate(argv: list[str]) -> int | None:
     Returns the child's exit status, or None when there is no usable server (then run cold).
     """
     path = os.environ.get(SOCKET_ENV)
-    if not path or not os.path.exists(path) or (argv and argv[0] == "warm"):
+    if not path or (argv and argv[0] == "warm") or not _wait_until_listening(path):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -158,6 +163,22 @@ def delegate(argv: list[str]) -> int | None:
         print(f"precswitch: warm-start server {path} went away while running pid {child}", file=sys.stderr)
         return 1
     return int(msg["status"])
+
+
+def _wait_until_listening(path: str, timeout: float = STARTUP_WAIT_S) -> bool:
+    """True once the socket exists; while it does not, wait as long as the server named by the pid
+    file is alive and still starting (False at once when there is no live server)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        pid = server_pid(path)
+        if pid is None or not alive(pid):
+            return False
+        if time.monotonic() > deadline:
+            print(f"precswitch: warm-start server pid {pid} not listening on {path} after {timeout:.0f} s; "
+                  "starting cold", file=sys.stderr)
+            return False
+        time.sleep(0.05)
+    return True
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -410,11 +431,21 @@ def stop_server(path: str, timeout: float = 30.0) -> bool:
 
 
 def server_pid(path: str) -> int | None:
-    pidfile = path + ".pid"
     try:
-        return int(open(pidfile).read().strip())
+        with open(path + ".pid") as f:
+            return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+def write_pid(path: str, pid: int) -> None:
+    """Name the server serving (or about to serve) on ``path``: clients wait for it while it starts.
+    Written by whoever starts the server as soon as it has the pid (the Snakefile's onstart), and by
+    the server itself; written whole (rename), so a client never reads half a pid."""
+    tmp = f"{path}.pid.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(pid))
+    os.replace(tmp, path + ".pid")
 
 
 def register(sub) -> None:
@@ -433,13 +464,11 @@ def register(sub) -> None:
 
 
 def _cmd_serve(args) -> int:
-    pidfile = args.socket + ".pid"
-    with open(pidfile, "w") as f:
-        f.write(str(os.getpid()))
+    write_pid(args.socket, os.getpid())
     try:
         return serve(args.socket, args.parent_pid, args.idle_timeout)
     finally:
         try:
-            os.unlink(pidfile)
+            os.unlink(args.socket + ".pid")
         except FileNotFoundError:
             pass

@@ -932,6 +932,8 @@ def start_warm_server():
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the jobs (which forward it), not the server
         )
+    # jobs started before the server listens wait for it (not start cold) while this pid is alive
+    precswitch_warm.write_pid(sock, proc.pid)
     os.environ[precswitch_warm.SOCKET_ENV] = sock
     _WARM.update(proc=proc, dir=sock_dir)
     logger.info(f"precswitch warm start: server pid {proc.pid} on {sock}")
