@@ -749,3 +749,28 @@ def test_gpu_check_profiler_failure_keeps_the_rows_timing(tmp_path, monkeypatch,
     assert row["status"] == "ok" and row["steps_per_second"] > 0 and row["step_seconds"] > 0
     assert row["profile_error"] == "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
     assert "profiling fp32 eager failed (its timing above stands)" in capsys.readouterr().out
+
+
+def test_gpu_limit_note_says_when_the_limit_is_not_one_job_per_gpu():
+    from precswitch.gpu import gpu_limit_note
+
+    # one job per GPU, or a single job: nothing to say
+    assert gpu_limit_note(2, 2, 10) is None
+    assert gpu_limit_note(None, 4, 1) is None
+    assert gpu_limit_note(8, 2, 2) is None  # 2 jobs on 2 GPUs, whatever the limit
+    assert gpu_limit_note(1, 1, 10, "cuda:0") is None
+    # no limit: every ready job starts, the extra ones wait for a lock
+    note = gpu_limit_note(None, 2, 10)
+    assert "no gpu resource limit" in note and "up to 10 training jobs" in note and "8 of them wait" in note
+    assert "--resources gpu=2" in note
+    # a limit above the GPU count
+    note = gpu_limit_note(4, 2, 10)
+    assert "limit is 4" in note and "2 of them wait" in note and "--resources gpu=2" in note
+    # cuda:N pins every job to one GPU, however many are visible
+    note = gpu_limit_note(4, 8, 10, "cuda:3")
+    assert "uses GPU 3 only" in note and "3 of them wait" in note and "--resources gpu=1" in note
+    # a limit below the GPU count leaves GPUs idle (unless there are fewer jobs than the limit)
+    note = gpu_limit_note(1, 4, 10)
+    assert "3 GPU(s) stay idle" in note and "--resources gpu=4" in note
+    assert "--resources gpu=3" in gpu_limit_note(1, 4, 3)
+    assert gpu_limit_note(2, 4, 2) is None

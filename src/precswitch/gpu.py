@@ -191,6 +191,33 @@ def acquire_gpu_slot(
         _release(fd)
 
 
+def gpu_limit_note(limit: int | None, n_devices: int, n_jobs: int, device: str = "cuda") -> str | None:
+    """What a local run's ``gpu`` resource limit means on this machine, when it is not one job per GPU.
+
+    ``limit``: Snakemake's ``gpu`` limit (``--resources gpu=K``, the profile's ``resources:``; None when
+    not set: no limit); ``n_devices``: visible GPUs; ``n_jobs``: training jobs that will run; ``device``:
+    config ``device`` (``cuda:N`` pins every job to GPU N). More concurrent jobs than GPUs is not wrong
+    (the extra ones wait for a GPU lock) but each waiting job holds its cores; fewer leaves GPUs idle.
+    Returns a sentence for onstart's log, or None when the limit fits.
+    """
+    pinned = device.startswith("cuda:")
+    slots = 1 if pinned else n_devices
+    where = f"config device {device} uses GPU {device.split(':', 1)[1]} only" if pinned else (
+        f"{n_devices} GPU(s) visible")
+    if n_jobs <= 1 or slots < 1:
+        return None
+    concurrent = n_jobs if limit is None else min(limit, n_jobs)
+    if concurrent > slots:
+        said = "no gpu resource limit is set" if limit is None else f"the gpu resource limit is {limit}"
+        return (f"{said} and {where}: up to {concurrent} training jobs start at once and "
+                f"{concurrent - slots} of them wait for a GPU lock, holding their cores; "
+                f"run with --resources gpu={slots} (profiles/default sets gpu: 1)")
+    if limit is not None and limit < slots and limit < n_jobs:
+        return (f"the gpu resource limit is {limit} and {where}: {slots - limit} GPU(s) stay idle; "
+                f"--resources gpu={min(slots, n_jobs)} runs one training job per GPU")
+    return None
+
+
 # ------------------------------------------------------------------ one slot per process (engines)
 _HELD: dict[str, Any] = {}
 

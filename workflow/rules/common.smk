@@ -19,6 +19,7 @@ WORKFLOW_DIR = os.path.dirname(
 _SRC = os.path.join(os.path.dirname(WORKFLOW_DIR), "src")
 if os.path.isdir(_SRC) and _SRC not in sys.path:
     sys.path.insert(0, _SRC)
+import precswitch.gpu as precswitch_gpu
 import precswitch.warm as precswitch_warm
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
 from precswitch.fetch import is_hub_model
@@ -810,6 +811,7 @@ def check_gpu_here():
     # auto without a GPU is cpu: refuse what a CPU cannot run, before any job
     if device == "auto":
         if torch.cuda.is_available():
+            _note_gpu_limit(device, len(training))
             return
         where = f"device is auto and torch {torch.__version__} sees no CUDA GPU here"
         for j in training:
@@ -838,6 +840,22 @@ def check_gpu_here():
             f"{torch.__version__} can see, and {len(training)} training jobs would run here; run on "
             "a GPU machine, install a CUDA build of torch (README), or set device: cpu"
         )
+    _note_gpu_limit(device, len(training))
+
+
+def _note_gpu_limit(device, n_jobs):
+    """onstart: say when the gpu resource limit is not one training job per visible GPU."""
+    import torch
+    from snakemake.logging import logger
+
+    # Snakemake 9 keeps parsed resources as objects (value None when not set)
+    limit = workflow.global_resources.get("gpu")
+    limit = getattr(limit, "value", limit)
+    note = precswitch_gpu.gpu_limit_note(
+        None if limit is None else int(limit), torch.cuda.device_count(), n_jobs, device
+    )
+    if note:
+        logger.warning(f"precswitch: {note}")
 
 
 def _link_or_copy(src, dst):
