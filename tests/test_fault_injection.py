@@ -22,10 +22,13 @@ from workflow_helpers import CONFIGS, SNAKEFILE, snakemake
 pytestmark = pytest.mark.slow
 
 
-def _one_seed(tmp_path: Path) -> list[Path]:
-    """tests/configs/tiny.yaml with one seed (6 stage runs): enough of a grid to kill mid-way."""
+def _one_seed(tmp_path: Path, finetune_steps: int | None = None) -> list[Path]:
+    """tests/configs/tiny.yaml with one seed (6 stage runs): enough of a grid to kill mid-way.
+    ``finetune_steps``: longer fine-tuning (a tiny one takes ~0.3 s warm: the rest of the grid can end
+    within a second of the second finished run)."""
     extra = tmp_path.parent / f"{tmp_path.name}-one-seed.yaml"
-    extra.write_text("seeds: [1]\n")
+    more = f"train:\n  finetune:\n    steps: {finetune_steps}\n" if finetune_steps else ""
+    extra.write_text("seeds: [1]\n" + more)
     return [CONFIGS / "tiny.yaml", extra]
 
 
@@ -44,7 +47,7 @@ def _wait(pred, proc: subprocess.Popen, timeout: float, what: str) -> None:
         if time.time() - t > timeout:
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def _incomplete(workdir: Path) -> set[Path]:
@@ -73,13 +76,14 @@ def _finished(workdir: Path) -> dict[Path, tuple[bytes, int]]:
 
 
 def test_kill_grid_midway_then_rerun_only_unfinished(tmp_path):
-    cfg = _one_seed(tmp_path)
+    cfg = _one_seed(tmp_path, finetune_steps=300)
     p = _start(tmp_path, cfg)
     # mid-grid: at least two stage runs are finished, the study is not
     _wait(lambda: len(_finished(tmp_path)) >= 2, p, 600, "two finished stage runs")
     os.killpg(p.pid, signal.SIGKILL)
     p.wait(timeout=30)
     before = _finished(tmp_path)
+    assert len(before) < 6, "killed too late: every stage run had already finished (the test's window missed)"
     assert not (tmp_path / "results" / "runs.csv").exists()
 
     # the stale lock refuses a rerun, clearly
@@ -104,6 +108,9 @@ def test_second_snakemake_on_same_results_is_refused(tmp_path):
     try:
         _wait(lambda: (tmp_path / ".snakemake" / "locks").exists() and any((tmp_path / ".snakemake" / "locks").iterdir()),
               p, 300, "the first run's lock")
+        # frozen, the first run cannot end (and drop its lock) before the second, slower on a loaded
+        # machine (imports, DAG), has looked at it; its lock files stay, as for a run that is busy
+        os.killpg(p.pid, signal.SIGSTOP)
         r = snakemake(tmp_path, "--cores", "2", "--configfile", *cfg, timeout=120)
         err = r.stdout + r.stderr
         assert r.returncode != 0 and "LockException" in err and "cannot be locked" in err

@@ -4,6 +4,7 @@ resumed run ends bitwise-identical to an uninterrupted one."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -184,8 +185,12 @@ def test_a_second_process_training_into_the_same_dir_is_refused(setup, tmp_path)
     out = tmp_path / "run"
     p = _start(hp, out)
     _wait_for(out / "resume" / "state.pt", p)
-    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(hp), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    os.kill(p.pid, signal.SIGSTOP)  # still holding the dir (its flock) however slowly the second one starts
+    try:
+        r = subprocess.run([sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(hp), "--out",
+                            str(out)], capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
     assert r.returncode == 2 and "is in use by another training process (pid " in r.stderr, r.stderr[-2000:]
     assert f"pid {p.pid} on " in r.stderr and "Traceback" not in r.stderr
     assert p.poll() is None  # the first one trains on, untouched

@@ -250,10 +250,13 @@ def _skip_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports (all sockets held until every number is taken)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 @contextlib.contextmanager
@@ -280,14 +283,15 @@ def local_cluster(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("slurm-state")
-    env = run_env(
-        SLURMCTLD_PORT=str(_free_port()),
-        SLURMD_PORT=str(_free_port()),
-        FAKE_GPUS="2",
-        MIN_JOB_AGE="900",
-        SLURM_WAIT_S="60",
-    )
     with _exclusive(LOCK_FILE, LOCK_WAIT_S):
+        ctld_port, slurmd_port = _free_ports(2)  # picked once the other session's cluster is gone
+        env = run_env(
+            SLURMCTLD_PORT=str(ctld_port),
+            SLURMD_PORT=str(slurmd_port),
+            FAKE_GPUS="2",
+            MIN_JOB_AGE="900",
+            SLURM_WAIT_S="60",
+        )
         pids = {}
         try:
             proc = subprocess.run(

@@ -196,6 +196,46 @@ def test_a_server_that_never_listens_is_given_up_on(tmp_path):
         sleeper.wait()
 
 
+def test_a_large_environment_still_runs_warm(server, tmp_path):
+    """A request over one sendmsg's worth (a big environment) used to arrive cut off: dropped, run cold."""
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
+                       env=_env(**{warm.SOCKET_ENV: str(server)}, **{f"PRECSWITCH_TEST_BIG{i}": "x" * 100_000 for i in range(4)}),
+                       timeout=120)
+    assert r.returncode == 0 and "precswitch" in r.stdout and "cold" not in r.stderr, r.stderr
+
+
+def test_a_bad_request_is_dropped_and_lets_go_of_the_clients_output(server, tmp_path):
+    """A request that never completes (or is not JSON) is dropped; the server must not keep the client's
+    stdout open (a caller reading it would wait forever) nor stop serving."""
+    import socket as socketlib
+
+    for payload in (warm._HEADER.pack(1000) + b"{", warm._HEADER.pack(3) + b"{x}"):
+        r_fd, w_fd = os.pipe()
+        s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        s.connect(str(server))
+        socketlib.send_fds(s, [payload], [0, w_fd, w_fd])
+        os.close(w_fd)
+        # EOF: the server closed its copies (after its 10 s read timeout at most)
+        import select
+
+        readable, _, _ = select.select([r_fd], [], [], 60)
+        assert readable and os.read(r_fd, 1) == b"", "the server still holds the client's stdout"
+        os.close(r_fd)
+        s.close()
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
+                       env=_env(**{warm.SOCKET_ENV: str(server)}), timeout=60)
+    assert r.returncode == 0 and "precswitch" in r.stdout and "cold" not in r.stderr
+
+
+def test_the_server_removes_its_socket_dir(tmp_path):
+    d = tmp_path / (warm.SOCKET_DIR_PREFIX + "x")
+    d.mkdir()
+    p = _start_server(d / "socket")
+    p.terminate()
+    assert p.wait(timeout=60) == 0
+    assert not d.exists()
+
+
 def test_server_stops_when_its_parent_is_gone(tmp_path):
     parent = subprocess.Popen(["sleep", "600"])
     sock = tmp_path / "s"
@@ -254,12 +294,17 @@ def test_a_child_whose_client_never_learned_its_pid_does_not_run(server, tmp_pat
     import socket as socketlib
 
     out = tmp_path / "out.txt"
-    with open(out, "w") as f:
-        s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
-        s.connect(str(server))
-        warm._send(s, {"argv": ["--version"], "cwd": str(tmp_path), "env": _env(), "host": socketlib.gethostname()},
-                   [0, f.fileno(), f.fileno()])
-        s.close()  # gone before the server can answer: its reply fails
+    pid = _server_pid(server)
+    os.kill(pid, signal.SIGSTOP)  # the request waits in the listener's backlog until the client is gone
+    try:
+        with open(out, "w") as f:
+            s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+            s.connect(str(server))
+            warm._send(s, {"argv": ["--version"], "cwd": str(tmp_path), "env": _env(),
+                           "host": socketlib.gethostname()}, [0, f.fileno(), f.fileno()])
+            s.close()  # gone before the server can answer: its reply fails
+    finally:
+        os.kill(pid, signal.SIGCONT)
     time.sleep(3)
     assert out.read_text() == ""  # `precswitch --version` never ran
     # the server goes on serving

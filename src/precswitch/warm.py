@@ -39,6 +39,8 @@ import traceback
 
 #: The environment variable that points ``precswitch`` at a server.
 SOCKET_ENV = "PRECSWITCH_WARM_SOCKET"
+#: The Snakefile puts the socket in a fresh directory named so; the server removes it when it stops.
+SOCKET_DIR_PREFIX = "precswitch-warm-"
 
 #: Modules a training stage (and data preparation) imports: what the server loads once.
 PRELOAD = (
@@ -89,32 +91,44 @@ def _send(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
     data = json.dumps(obj).encode()
     msg = _HEADER.pack(len(data)) + data
     if fds:
-        socket.send_fds(sock, [msg], fds)
+        sent = socket.send_fds(sock, [msg], fds)  # one sendmsg: may send only part of a large message
+        if sent < len(msg):
+            sock.sendall(msg[sent:])
     else:
         sock.sendall(msg)
 
 
 def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
-    """One message (None at EOF) and the file descriptors that came with it."""
+    """One message (None at EOF) and the file descriptors that came with it (closed here when the
+    rest of the message fails: a server holding a client's stdout would keep its reader waiting)."""
     fds: list[int] = []
     if with_fds:
         buf, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, with_fds)
     else:
         buf = sock.recv(1 << 20)
+    try:
+        return _recv_rest(sock, buf), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _recv_rest(sock: socket.socket, buf: bytes) -> dict | None:
     if not buf:
-        return None, fds
+        return None
     while len(buf) < _HEADER.size:
         more = sock.recv(1 << 20)
         if not more:
-            return None, fds
+            return None
         buf += more
     (n,) = _HEADER.unpack(buf[: _HEADER.size])
     while len(buf) < _HEADER.size + n:
         more = sock.recv(1 << 20)
         if not more:
-            return None, fds
+            return None
         buf += more
-    return json.loads(buf[_HEADER.size : _HEADER.size + n]), fds
+    return json.loads(buf[_HEADER.size : _HEADER.size + n])
 
 
 def _sensitive(env: dict) -> dict:
@@ -361,8 +375,8 @@ def _accept(conn: socket.socket, base_env: dict, added: dict, host: str) -> int 
             os.close(go_w)
         conn.settimeout(None)
         return pid
-    except OSError as e:
-        print(f"precswitch warm: dropped a request: {e}", flush=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a bad request never stops the server
+        print(f"precswitch warm: dropped a request: {e!r}", flush=True)
         conn.close()
         return None
     finally:
@@ -472,3 +486,10 @@ def _cmd_serve(args) -> int:
             os.unlink(args.socket + ".pid")
         except FileNotFoundError:
             pass
+        # the Snakefile's socket dir: removed here too, for a Snakemake killed before its onerror ran
+        parent = os.path.dirname(os.path.abspath(args.socket))
+        if os.path.basename(parent).startswith(SOCKET_DIR_PREFIX):
+            try:
+                os.rmdir(parent)
+            except OSError:  # not empty (or gone): not ours to clear
+                pass

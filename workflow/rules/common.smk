@@ -923,7 +923,7 @@ def start_warm_server():
     if why:
         logger.info(f"precswitch warm start: off ({why})")
         return
-    sock_dir = tempfile.mkdtemp(prefix="precswitch-warm-")
+    sock_dir = tempfile.mkdtemp(prefix=precswitch_warm.SOCKET_DIR_PREFIX)
     sock = os.path.join(sock_dir, "socket")
     env = dict(os.environ)
     env.update(OFFLINE_VARS)  # what every job's shell line sets
