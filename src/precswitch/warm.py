@@ -10,10 +10,11 @@ own exit status, and signals sent to the client (SIGTERM from Snakemake or a sch
 Who uses it: ``snakemake`` with ``warm_start: true`` (the default) starts one server per run for
 local execution (``onstart`` in the Snakefile) and points the jobs at it through the environment
 variable ``PRECSWITCH_WARM_SOCKET``. ``precswitch`` (cli.main) hands its command to the server
-when that variable names a live server (waiting while one that is still importing starts), and runs it in-process (a cold start) when it does not, or
-when the server declines: a client on another host (a cluster job), or an environment variable that
-is read while importing the libraries (HF_*, TORCH*, PYTHON*, ...) that differs from the server's. The run's
-metrics.json records ``process_start: warm`` or ``cold``.
+when that variable names a live server (waiting for one still importing: onstart writes its pid file
+at once), and runs it in-process (a cold start) when it does not, or when the server declines: a
+client on another host (a cluster job), or an environment variable that is read while importing the
+libraries (HF_*, TORCH*, PYTHON*, ...) that differs from the server's. The run's metrics.json records
+``process_start: warm`` or ``cold``.
 
 The server runs no computation itself (CUDA is never initialised in it, no OpenMP pool is started),
 so its children fork from a quiet process. It exits when the process that started it (Snakemake)
