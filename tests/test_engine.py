@@ -196,6 +196,8 @@ def test_unknown_precision_clear_error_no_output(data, tmp_path, capsys):
         ({"batch_size": 10_000}, "batch_size 10000 is larger than the training set"),
         ({"init": "./no/such/model"}, "does not exist"),
         ({"bogus": 1}, "unknown hparams key"),
+        ({"max_nonfinite_fraction": 0}, "max_nonfinite_fraction must be a number in"),
+        ({"max_nonfinite_fraction": "half"}, "max_nonfinite_fraction must be a number in"),
         ({"objective": "classify"}, "prepared for objective 'mlm'"),
         ({"model": {"max_position_embeddings": 16}}, "exceeds the model's position embeddings"),
     ],
@@ -777,6 +779,9 @@ def test_blown_up_catches_a_run_that_limps_on_between_non_finite_losses():
     assert blown_up(0, 40, 8.5, "mlm", 4000) is None  # about an untrained model's loss: not a blow-up
     assert blown_up(0, 40, 30.0, "classify", 2) is None  # a classifier can be overconfident and wrong
     assert blown_up(0, 0, None, "mlm", 4000) is None
+    # max_nonfinite_fraction: the user's threshold, 1 turns the test off
+    assert "more than 10%: max_nonfinite_fraction" in blown_up(5, 40, 5.0, "mlm", 4000, 0.1)
+    assert blown_up(40, 40, 5.0, "mlm", 4000, 1.0) is None
 
 
 def test_a_stage_whose_eval_loss_blew_up_is_recorded_as_diverged(data, tmp_path, monkeypatch):

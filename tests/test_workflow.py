@@ -490,3 +490,16 @@ def test_default_contrasts_naming_missing_schedules_do_not_reach_stats(tmp_path)
     settings = re.search(r"printf '%s\\n' '(\{.*?\})' > results/analysis\.json", proc.stdout + proc.stderr)
     assert settings, (proc.stdout + proc.stderr)[-3000:]
     assert yaml.safe_load(settings.group(1))["contrasts"] == [["bf16-fp32", "fp32-fp32"]]
+
+
+def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for_and_the_default_stays_out(tmp_path):
+    """train.<stage>.max_nonfinite_fraction goes to that stage's hparams; at its default (0.25, the engine's)
+    it stays out, so studies from before the key keep their params (nothing reruns)."""
+    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, None, "-p").stdout)]
+    assert len(default) == 21 and all("max_nonfinite_fraction" not in hp for hp in default)
+    cfg = {"train": {"pretrain": {"max_nonfinite_fraction": 0.05}}}
+    hps = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, cfg, "-p").stdout)]
+    assert {hp["stage"]: hp.get("max_nonfinite_fraction") for hp in hps} == {"pretrain": 0.05, "finetune": None}
+    bad = dry_run(tmp_path, {"train": {"finetune": {"max_nonfinite_fraction": 1.5}}})
+    err = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "max_nonfinite_fraction" in err and "1.5" in err, err[-2000:]

@@ -570,6 +570,8 @@ def _hparams(stage, spec, seed, init, tags):
         )  # off: the engine's default (keeps old runs' params)
     if hp.get("compile") == "off":
         hp.pop("compile")  # off: the engine's default, likewise
+    if hp.get("max_nonfinite_fraction") == 0.25:
+        hp.pop("max_nonfinite_fraction")  # the engine's default, likewise
     # init and its hub revision are not BertConfig fields: the revision goes as init_revision, and
     # only when set and the stage starts from model.init (a stage-1 checkpoint records its own)
     model = {k: v for k, v in config["model"].items() if k not in ("init", "revision")}

@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "eval_precision": "same",  # same | fp32 | any precision name
     "eval_seed": 1234,  # fixed MLM eval masks: every run is scored on the same masked tokens
     "max_nonfinite": 10,  # K consecutive non-finite losses end the stage as "diverged"
+    "max_nonfinite_fraction": 0.25,  # non-finite losses on more than this fraction of the steps: "diverged"
     "timing_warmup_steps": 5,  # excluded from steady-state throughput
     "threads": 1,  # torch intra-op threads (pinned: results depend on it)
     "device": "auto",  # auto | cpu | cuda | cuda:N
@@ -153,6 +154,9 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         raise PrecswitchError(f"warmup_ratio must be in [0, 1), got {hp['warmup_ratio']!r}")
     if not 0 < hp["mlm_probability"] < 1:
         raise PrecswitchError(f"mlm_probability must be in (0, 1), got {hp['mlm_probability']!r}")
+    v = hp["max_nonfinite_fraction"]
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
+        raise PrecswitchError(f"max_nonfinite_fraction must be a number in (0, 1], got {v!r}")
     # run-time keys the loop reads only after training started: a wrong type would crash mid-stage
     for key in ("timing_warmup_steps", "checkpoint_every_steps", "eval_seed"):
         v = hp[key]

@@ -53,19 +53,17 @@ class Preempted(Exception):
 STOP_SIGNALS = {signal.SIGTERM: EXIT_PREEMPTED, signal.SIGINT: 128 + signal.SIGINT}
 
 
-#: a stage whose losses were non-finite on more than this fraction of its steps diverged, even without
-#: max_nonfinite of them in a row (the scaler's skips keep a pure_fp16 run limping along between them)
-MAX_NONFINITE_FRACTION = 0.25
-
-
-def blown_up(nonfinite: int, steps: int, eval_loss: float | None, objective: str, vocab_size: int) -> str | None:
+def blown_up(nonfinite: int, steps: int, eval_loss: float | None, objective: str, vocab_size: int,
+             max_fraction: float = 0.25) -> str | None:
     """Why a stage that finished with finite eval outputs still diverged, or None. Two signs: non-finite losses
-    on more than MAX_NONFINITE_FRACTION of the steps; a masked-LM eval loss above twice ln(vocab), the loss of
-    guessing uniformly (an untrained model's), so the training made the model worse than untrained. (A
-    classifier's eval loss can exceed ln(labels) by overconfidence alone: not a sign.)"""
-    if steps and nonfinite / steps > MAX_NONFINITE_FRACTION:
-        return (f"{nonfinite} of {steps} training losses were non-finite (more than "
-                f"{MAX_NONFINITE_FRACTION:.0%}), though never max_nonfinite in a row")
+    on more than ``max_fraction`` (hparams max_nonfinite_fraction) of the steps, even without max_nonfinite
+    of them in a row (the scaler's skips keep a pure_fp16 run limping along between them); a masked-LM
+    eval loss above twice ln(vocab), the loss of guessing uniformly (an untrained model's), so the training
+    made the model worse than untrained. (A classifier's eval loss can exceed ln(labels) by overconfidence
+    alone: not a sign.)"""
+    if steps and nonfinite / steps > max_fraction:
+        return (f"{nonfinite} of {steps} training losses were non-finite (more than {max_fraction:.0%}: "
+                "max_nonfinite_fraction), though never max_nonfinite in a row")
     uniform = math.log(vocab_size) if vocab_size > 1 else None
     if objective == "mlm" and uniform and eval_loss is not None and math.isfinite(eval_loss) \
             and eval_loss > 2 * uniform:
@@ -878,7 +876,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
         if st["status"] == "ok":
             reason = blown_up(st["nonfinite"], st["step"], ev.get("eval_loss"), hp["objective"],
-                              int(model.config.vocab_size))
+                              int(model.config.vocab_size), hp["max_nonfinite_fraction"])
             if reason:
                 st["status"], st["status_reason"] = "diverged", reason
 
