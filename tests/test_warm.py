@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,13 +30,16 @@ def _env(**extra) -> dict:
     return env
 
 
-def _start_server(sock: Path, parent_pid: int | None = None, idle: float = 0) -> subprocess.Popen:
+def _start_server(sock: Path, parent_pid: int | None = None, idle: float = 0, wait: bool = True) -> subprocess.Popen:
+    """Start a server on ``sock``; ``wait``: return once it listens (else at once, while it imports)."""
     cmd = [sys.executable, "-m", "precswitch.cli", "warm", "serve", "--socket", str(sock),
            "--idle-timeout", str(idle)]
     if parent_pid:
         cmd += ["--parent-pid", str(parent_pid)]
     p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
+    if not wait:
+        return p
     t = time.time()
     while not sock.exists():
         assert p.poll() is None, p.stdout.read()
@@ -157,9 +161,7 @@ def test_a_client_waits_for_a_server_that_is_still_starting(tmp_path):
     """Jobs Snakemake starts right after onstart race the server's imports: with the server's pid file
     written (as onstart does, right after starting it) they wait for it instead of starting cold."""
     sock = tmp_path / "s"
-    cmd = [sys.executable, "-m", "precswitch.cli", "warm", "serve", "--socket", str(sock), "--idle-timeout", "0"]
-    server = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+    server = _start_server(sock, wait=False)
     warm.write_pid(str(sock), server.pid)
     assert not sock.exists()  # still importing torch & co.
     r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
@@ -216,8 +218,6 @@ def test_a_bad_request_is_dropped_and_lets_go_of_the_clients_output(server, tmp_
         socketlib.send_fds(s, [payload], [0, w_fd, w_fd])
         os.close(w_fd)
         # EOF: the server closed its copies (after its 10 s read timeout at most)
-        import select
-
         readable, _, _ = select.select([r_fd], [], [], 60)
         assert readable and os.read(r_fd, 1) == b"", "the server still holds the client's stdout"
         os.close(r_fd)

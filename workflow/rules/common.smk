@@ -22,6 +22,7 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:
 import precswitch.gpu as precswitch_gpu
 import precswitch.warm as precswitch_warm
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
+from precswitch.train.config import DEFAULTS as HP_DEFAULTS
 from precswitch.fetch import is_hub_model
 from precswitch.data.loading import check_table_headers
 from precswitch.errors import PrecswitchError
@@ -570,7 +571,7 @@ def _hparams(stage, spec, seed, init, tags):
         )  # off: the engine's default (keeps old runs' params)
     if hp.get("compile") == "off":
         hp.pop("compile")  # off: the engine's default, likewise
-    if hp.get("max_nonfinite_fraction") == 0.25:
+    if hp.get("max_nonfinite_fraction") == HP_DEFAULTS["max_nonfinite_fraction"]:
         hp.pop("max_nonfinite_fraction")  # the engine's default, likewise
     # init and its hub revision are not BertConfig fields: the revision goes as init_revision, and
     # only when set and the stage starts from model.init (a stage-1 checkpoint records its own)

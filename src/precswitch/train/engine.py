@@ -54,7 +54,7 @@ STOP_SIGNALS = {signal.SIGTERM: EXIT_PREEMPTED, signal.SIGINT: 128 + signal.SIGI
 
 
 def blown_up(nonfinite: int, steps: int, eval_loss: float | None, objective: str, vocab_size: int,
-             max_fraction: float = 0.25) -> str | None:
+             max_fraction: float = C.DEFAULTS["max_nonfinite_fraction"]) -> str | None:
     """Why a stage that finished with finite eval outputs still diverged, or None. Two signs: non-finite losses
     on more than ``max_fraction`` (hparams max_nonfinite_fraction) of the steps, even without max_nonfinite
     of them in a row (the scaler's skips keep a pure_fp16 run limping along between them); a masked-LM
