@@ -480,6 +480,22 @@ def test_readme_quick_start_runs_the_study_and_report():
     assert "--unlock" in readme and "--workflow-profile profiles/slurm" in readme
 
 
+def test_checkout_has_the_standard_layout_and_git_ignores_every_output():
+    """A clone has the top-level layout the README describes, results/ included (its README.md is the one
+    tracked file there), and git ignores what a study writes under results/."""
+    for path in ("Snakefile", "workflow/rules", "config/config.yaml", "results/README.md", "envs/precswitch.yaml",
+                 "tests", "README.md", "profiles/default/config.yaml", "profiles/slurm/config.yaml",
+                 "pyproject.toml"):
+        assert (ROOT / path).exists(), path
+    outputs = ["results/runs.csv", "results/verdict.md", "results/runs/pretrain/fp32/seed1/metrics.json",
+               "results/bert-base-mrpc/report.html", "results/README.md"]
+    proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", *outputs], capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.stdout.split() == outputs[:-1]  # every output ignored, results/README.md not
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "results"], capture_output=True, text=True)
+    assert tracked.stdout.split() == ["results/README.md"]
+
+
 def test_default_contrasts_naming_missing_schedules_do_not_reach_stats(tmp_path):
     """A study without fp16 schedules keeps the default contrasts (a copied config): the pairs it cannot run
     are dropped before `precswitch stats`, so the verdict does not list them as 'not run'."""
