@@ -134,3 +134,21 @@ def test_mixed_warm_and_cold_starts_warn_about_memory(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "CPU runs mix process starts (cold: 1, warm: " in err and "peak memory" in err
     assert set(runs["process_start"]) == {"warm", "cold"}
+
+
+def test_schedule_names_that_look_missing_survive_the_csv(tmp_path):
+    """The schema allows a schedule named `None`, `NA` or `nan`: read back from runs.csv/schedules.csv they
+    stay those names (pandas would read them as missing and pool or drop the schedules); only an empty text
+    cell is missing."""
+    names = {"fp32-fp32": ("fp32", "fp32"), "None": (None, "fp32"), "NA": ("amp_bf16", "fp32"),
+             "nan": ("amp_bf16", "amp_bf16")}
+    aggregate(write_fake_study(tmp_path / "s", schedules=names, seeds=[1, 2]), tmp_path / "out")
+    schedules = read_table(tmp_path / "out" / "schedules.csv")
+    assert sorted(schedules["schedule"].value_counts().items()) == sorted((n, 2) for n in names)
+    assert sorted(read_table(tmp_path / "out" / "schedules.parquet")["schedule"]) == sorted(schedules["schedule"])
+    runs = read_table(tmp_path / "out" / "runs.csv")
+    finetune = runs[runs["stage"] == "finetune"]
+    assert set(finetune["schedule"]) == set(names)
+    # an empty text cell is still missing: the finetune-only schedule's stage-1 columns
+    row = schedules[schedules["schedule"] == "None"].iloc[0]
+    assert row["stage1_precision"] is None and row["stage1_run_id"] is None

@@ -454,3 +454,35 @@ def test_a_contrast_of_a_schedule_with_itself_is_refused():
     with pytest.raises(PrecswitchError, match="compares 'a' with itself"):
         load_settings(contrasts=["a vs a"])
     assert load_settings(contrasts=["a vs b"])["contrasts"] == [["a", "b"]]
+
+
+def test_power_at_or_below_alpha_is_refused_and_the_detectable_difference_never_crashes():
+    """power <= alpha has no 'seeds needed' answer (a test rejects with probability alpha at no effect):
+    `precswitch stats` crashed in scipy's brentq after the whole study trained. The settings refuse it, naming
+    both keys; the detectable difference itself is 0 there instead of a crash."""
+    from precswitch.analysis.stats import _mde_dz, paired_t_power
+    from statsmodels.stats.power import TTestPower
+
+    for kw in ({"alpha": 0.9}, {"power": 0.02}, {"power": 0.5, "alpha": 0.5}):
+        with pytest.raises(PrecswitchError, match=r"'power' \(.*\) must exceed 'alpha'"):
+            load_settings(**kw)
+    assert load_settings(power=0.5, alpha=0.3)["power"] == 0.5
+    assert _mde_dz(TTestPower(), 5, 0.9, 0.8) == 0.0
+    dz = _mde_dz(TTestPower(), 5, 0.3, 0.5)
+    assert dz > 0 and paired_t_power(dz, 5, 0.3) == pytest.approx(0.5, abs=1e-4)
+
+
+def test_a_contrast_listed_twice_is_compared_once(tmp_path):
+    s = load_settings(contrasts=[["fp16-fp32", "fp32-fp32"], "fp16-fp32 vs fp32-fp32", ["fp16-fp16", "fp32-fp32"]])
+    assert s["contrasts"] == [["fp16-fp32", "fp32-fp32"], ["fp16-fp16", "fp32-fp32"]]
+    runs, sched = _study(tmp_path, seeds=range(1, 4))
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0, contrasts=s["contrasts"] * 2))
+    named = deltas[(deltas["family"] == "named") & (deltas["metric"] == "accuracy")]
+    assert sorted(zip(named["a"], named["b"])) == [("fp16-fp16", "fp32-fp32"), ("fp16-fp32", "fp32-fp32")]
+
+
+def test_margin_is_in_accuracy_points_up_to_100():
+    assert load_settings(margin=100)["margin"] == 100
+    for bad in (0, 100.5, 1e9):
+        with pytest.raises(PrecswitchError, match="margin"):
+            load_settings(margin=bad)

@@ -217,6 +217,9 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"data": {"pretrain": {"kind": "synthetic", "revision": "v1"}}}, "data.pretrain.revision",
          "kind synthetic"),
         ({"model": {"init": "bert-base-cased", "revision": ""}}, "model.revision", "non-empty"),
+        # precswitch stats could not size "seeds needed" and stopped after the whole study trained
+        ({"analysis": {"alpha": 0.9}}, "analysis.power", "must exceed analysis.alpha (0.9)"),
+        ({"analysis": {"margin": 150}}, "analysis.margin", "maximum of 100"),
     ],
 )
 def test_config_error_names_the_key(tmp_path, cfg, key, allowed):

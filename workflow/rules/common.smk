@@ -375,6 +375,13 @@ def check_config(cfg):
                 f"analysis.contrasts[{i}]",
                 f"{', '.join(map(repr, missing))} is not a schedule; allowed: {', '.join(schedules)}",
             )
+    if analysis["power"] <= analysis["alpha"]:
+        # precswitch stats would stop on it after the whole study trained
+        raise config_error(
+            "analysis.power",
+            f"{analysis['power']} must exceed analysis.alpha ({analysis['alpha']}): with no effect a "
+            "test already rejects with probability alpha, so no number of seeds reaches a lower power",
+        )
     model = cfg["model"]
     for stage in STAGES:
         hp = cfg["train"][stage]

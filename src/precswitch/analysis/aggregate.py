@@ -342,8 +342,11 @@ def read_table(path: str | os.PathLike):
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
     header = pd.read_csv(path, nrows=0).columns
-    return pd.read_csv(path, dtype={c: "string" for c in STRING_COLUMNS if c in header}).astype(
-        {c: object for c in STRING_COLUMNS if c in header}).replace({pd.NA: None})
+    text = [c for c in STRING_COLUMNS if c in header]
+    df = pd.read_csv(path, dtype={c: "string" for c in text})
+    if text:  # only an empty cell is missing text: a schedule may be named `NA`, `None` or `nan`
+        df[text] = pd.read_csv(path, usecols=text, dtype="string", keep_default_na=False, na_values=[""])[text]
+    return df.astype({c: object for c in text}).replace({pd.NA: None})
 
 
 def warn_mixed_process_start(runs) -> bool:

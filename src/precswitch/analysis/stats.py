@@ -220,7 +220,8 @@ def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> di
                 f"unknown analysis setting '{k}'; allowed: {', '.join(sorted(DEFAULT_SETTINGS))}"
             )
         settings[k] = v
-    settings["contrasts"] = [list(_parse_contrast(c)) for c in (settings["contrasts"] or [])]
+    # a pair given twice is one comparison (one row per metric, one Holm slot)
+    settings["contrasts"] = [list(c) for c in dict.fromkeys(_parse_contrast(c) for c in (settings["contrasts"] or []))]
     try:
         settings["margin"] = float(settings["margin"])
         settings["alpha"] = float(settings["alpha"])
@@ -233,8 +234,13 @@ def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> di
         raise PrecswitchError(f"analysis setting 'alpha' must be in (0, 1), got {settings['alpha']}")
     if not 0 < settings["power"] < 1:
         raise PrecswitchError(f"analysis setting 'power' must be in (0, 1), got {settings['power']}")
-    if settings["margin"] <= 0:
-        raise PrecswitchError(f"analysis setting 'margin' must be > 0 points, got {settings['margin']}")
+    if settings["power"] <= settings["alpha"]:
+        raise PrecswitchError(
+            f"analysis setting 'power' ({settings['power']:g}) must exceed 'alpha' ({settings['alpha']:g}): "
+            "with no effect at all a test already rejects with probability alpha, so there is no "
+            "smallest detectable difference or number of seeds for a power at or below it")
+    if not 0 < settings["margin"] <= 100:
+        raise PrecswitchError(f"analysis setting 'margin' must be in (0, 100] accuracy points, got {settings['margin']}")
     if settings["bootstrap_resamples"] < 0:
         raise PrecswitchError("analysis setting 'bootstrap_resamples' must be >= 0 (0 = no bootstrap)")
     settings["baseline"] = str(settings["baseline"])
@@ -513,6 +519,8 @@ def _mde_dz(tp, n: int, alpha: float, power: float) -> float:
     0.61 and the answer 6.55), so the root is then found on the exact power."""
     from scipy.optimize import brentq
 
+    if paired_t_power(0.0, n, alpha) >= power:  # power <= alpha: even no effect is "detected"
+        return 0.0
     try:
         dz = float(tp.solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided"))
         if math.isfinite(dz) and abs(paired_t_power(dz, n, alpha) - power) < 1e-4:
