@@ -698,3 +698,29 @@ def test_a_skipped_steps_extra_row_is_marked_but_not_averaged_into_the_loss_curv
     assert np.nanmax(np.concatenate([ln.get_ydata() for ln in lines])) < 99
     crosses = [ln for ln in figs["loss_scale"].axes[0].get_lines() if ln.get_label().startswith("skipped step")]
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [4] and list(crosses[0].get_ydata()) == [1024.0]
+
+
+def test_verdict_does_not_sell_warm_vs_cold_rss_as_memory_saved(tmp_path):
+    """fp32's runs started cold (+120 MiB RSS), the rest warm: the verdict said '16% memory saved' for amp_bf16
+    (really +10%). Now the memory ratios that would pair a cold with a warm run read 'not compared', the Answer
+    and the Caveats say why, and no memory 'saved' claim is made for those comparisons."""
+    paths = write_fake_study(tmp_path / "s", seeds=range(1, 6))
+    for p in paths:
+        m = json.loads(p.read_text())
+        if m["run_id"].startswith(("pretrain-fp32-", "finetune-fp32-fp32-")):
+            m.update(process_start="cold", peak_memory_bytes=m["peak_memory_bytes"] + 120 * 2**20)
+            p.write_text(json.dumps(m))
+    aggregate(paths, tmp_path / "t")
+    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+                      load_settings(bootstrap_resamples=0), tmp_path / "t")
+    text = render(stats)
+    answer = text.split("## Answer", 1)[1].split("##", 1)[0]
+    for sentence in answer.split(". "):  # a comparison with the cold fp32 baseline states no memory ratio
+        if "− `fp32-fp32`" in sentence:
+            assert "memory" not in sentence, sentence
+    assert "Memory: the ratios above leave out every seed whose two runs were started differently" in answer
+    para = next(ln for ln in text.splitlines() if ln.startswith("**bf16-fp32**"))
+    assert "Peak memory: stage 1 not compared (in every seed with both runs, one was started warm, the other cold)" in para
+    assert "started two ways (cold 10, warm 25)" in text
+    # the named contrast of two warm schedules keeps its memory ratio
+    assert "the stage-2 peak memory" in answer

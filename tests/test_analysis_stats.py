@@ -486,3 +486,52 @@ def test_margin_is_in_accuracy_points_up_to_100():
     for bad in (0, 100.5, 1e9):
         with pytest.raises(PrecswitchError, match="margin"):
             load_settings(margin=bad)
+
+
+def _cold_start(paths, run_prefix: str, seeds, extra_mib: float = 120):
+    """Mark the runs whose run_id starts with ``run_prefix`` (and whose seed is in ``seeds``) as cold-started
+    processes, with the RSS a cold start adds (config/README.md, warm_start)."""
+    import json
+
+    for p in paths:
+        m = json.loads(p.read_text())
+        if m["run_id"].startswith(run_prefix) and m["seed"] in seeds:
+            m.update(process_start="cold", peak_memory_bytes=m["peak_memory_bytes"] + int(extra_mib * 2**20))
+            p.write_text(json.dumps(m))
+
+
+def test_memory_pairs_only_processes_started_the_same_way(tmp_path):
+    """On CPU, peak memory is process RSS, ~120 MB lower for a process forked from the warm-start server. A study
+    whose fp32 runs started cold and the rest warm reported '16% memory saved' for amp_bf16, whose memory is
+    really 10% higher: a memory comparison now pairs only seeds whose two runs started the same way."""
+    paths = write_fake_study(tmp_path / "s", seeds=range(1, 6))
+    _cold_start(paths, "pretrain-fp32-", {1, 2})
+    _cold_start(paths, "finetune-fp32-fp32-", {1, 2}, extra_mib=60)
+    runs, sched = aggregate(paths, tmp_path / "t")
+    _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    assert stats["process_starts"] == {"cold": 4, "warm": 31}
+    # the fakes' real ratios (amp_bf16 stage 1 +10%, stage 2 fp32 on both sides), not the cold starts' artefact
+    for metric, family, a, b, real in [("peak_memory_bytes", "vs_baseline", "bf16-fp32", "fp32-fp32", 1.1),
+                                       ("stage2_peak_memory_bytes", "vs_baseline", "bf16-fp32", "fp32-fp32", 1.0),
+                                       ("peak_memory_bytes", "stage1", "amp_bf16", "fp32", 1.1)]:
+        r = _acc(deltas, a, b, family=family, metric=metric)
+        assert r["n_mixed_starts"] == 2 and r["n_pairs"] == 3 and r["seeds"] == "3 4 5", (metric, family)
+        assert r["mean"] == pytest.approx(real, abs=0.03), (metric, family)
+    # both sides warm in every seed: all 5 pairs, none left out
+    same = _acc(deltas, "fp16-fp32", "fp16-fp16", family="named", metric="stage2_peak_memory_bytes")
+    assert same["n_mixed_starts"] == 0 and same["n_pairs"] == 5
+    # every seed mixed: no memory ratio at all (not a number built from the artefact)
+    _cold_start(paths, "pretrain-fp32-", {3, 4, 5})
+    runs, sched = aggregate(paths, tmp_path / "t2")
+    _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    r = _acc(deltas, "amp_bf16", "fp32", family="stage1", metric="peak_memory_bytes")
+    assert r["n_mixed_starts"] == 5 and r["n_pairs"] == 0 and math.isnan(r["mean"])
+    assert stats["memory_pairs_mixed_starts"] > 0
+
+
+def test_memory_of_a_study_started_one_way_is_compared_as_before(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 4))
+    _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    assert stats["process_starts"] is None and stats["memory_pairs_mixed_starts"] == 0
+    assert (deltas["n_mixed_starts"] == 0).all()
+    assert _acc(deltas, "bf16-fp32", metric="peak_memory_bytes")["n_pairs"] == 3

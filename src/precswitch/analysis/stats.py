@@ -646,14 +646,59 @@ def _counts(df, group_col: str) -> dict[str, dict]:
     return out
 
 
-def _pair(df, group_col: str, a: str, b: str, col: str):
-    """Values of ``col`` for A and B aligned by seed (only seeds where both rows are used)."""
+def _aligned(df, group_col: str, a: str, b: str, col: str):
+    """``col`` of A and of B as Series aligned by seed (only seeds where both rows are used), and the seeds."""
     sa = df[(df[group_col] == a) & df["used"]].set_index("seed")[col]
     sb = df[(df[group_col] == b) & df["used"]].set_index("seed")[col]
     sa = sa[~sa.index.duplicated()]
     sb = sb[~sb.index.duplicated()]
     seeds = sorted(set(sa.index) & set(sb.index))
-    return sa.reindex(seeds).astype(float).to_numpy(), sb.reindex(seeds).astype(float).to_numpy(), seeds
+    return sa.reindex(seeds), sb.reindex(seeds), seeds
+
+
+def _pair(df, group_col: str, a: str, b: str, col: str):
+    """Values of ``col`` for A and B aligned by seed (only seeds where both rows are used)."""
+    sa, sb, seeds = _aligned(df, group_col, a, b, col)
+    return sa.astype(float).to_numpy(), sb.astype(float).to_numpy(), seeds
+
+
+#: the processes whose peak memory a memory column of the schedules table takes (a runs table's
+#: peak_memory_bytes is its own run's)
+MEMORY_STAGES = {"stage1_peak_memory_bytes": ("stage1",), "stage2_peak_memory_bytes": ("stage2",),
+                 "peak_memory_bytes": ("stage1", "stage2")}
+
+
+def _process_starts(runs) -> dict[str, str]:
+    """run_id → process_start (warm | cold) of the runs whose peak memory is the process's RSS on a CPU, when
+    those runs were started both ways; {} otherwise. A warm-started (forked) process never touches the
+    shared-library pages a cold one loads, so its RSS is ~120 MB lower (config/README.md, warm_start):
+    a memory comparison may pair only processes started the same way."""
+    if not {"run_id", "process_start", "memory_kind"} <= set(runs.columns):
+        return {}
+    cpu = runs[(runs["memory_kind"] == "cpu_peak_rss") & runs["process_start"].notna()]
+    if cpu["process_start"].astype(str).nunique() < 2:
+        return {}
+    return dict(zip(cpu["run_id"].astype(str), cpu["process_start"].astype(str)))
+
+
+def _with_start_keys(df, starts: dict[str, str]):
+    """df plus, per memory column, ``_start_of_<column>``: how the process(es) it measures started ('' when
+    unknown or not CPU RSS). :func:`_contrast_rows` pairs a seed's memory only when both sides' keys match."""
+    if not starts:
+        return df
+    df = df.copy()
+
+    def start(ids):
+        return ids.map(lambda r: starts.get(str(r), "") if isinstance(r, str) else "").astype(str)
+
+    if "stage1_run_id" in df and "stage2_run_id" in df:  # the schedules table
+        by_stage = {"stage1": start(df["stage1_run_id"]), "stage2": start(df["stage2_run_id"])}
+        for col, stages in MEMORY_STAGES.items():
+            if col in df:
+                df[f"_start_of_{col}"] = by_stage[stages[0]].str.cat([by_stage[x] for x in stages[1:]], sep="/")
+    elif "run_id" in df and "peak_memory_bytes" in df:  # a runs table
+        df["_start_of_peak_memory_bytes"] = start(df["run_id"])
+    return df
 
 
 def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str, str]]]], metrics: list[Metric],
@@ -662,6 +707,8 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
     comparisons of all the given families together (A vs B and B vs A, or the same pair in two families,
     count once and share one adjusted p): a comparison the verdict reports twice (a named contrast that is
     also a vs-baseline one) then gets one p and one label, not two that may disagree."""
+    import numpy as np
+
     alpha, margin = settings["alpha"], settings["margin"]
     rows = []
     for family, pairs in families:
@@ -670,6 +717,12 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
                 continue
             for a, b in pairs:
                 xa, xb, seeds = _pair(df, group_col, a, b, m.column)
+                mixed_starts = 0
+                if f"_start_of_{m.column}" in df:  # CPU RSS of warm- and cold-started processes: not comparable
+                    ka, kb, _ = _aligned(df, group_col, a, b, f"_start_of_{m.column}")
+                    differ = (ka.to_numpy() != kb.to_numpy()) & np.isfinite(xa) & np.isfinite(xb)
+                    mixed_starts = int(differ.sum())
+                    xa, xb = np.where(differ, np.nan, xa), np.where(differ, np.nan, xb)
                 # ``seeds`` lists the pairs that enter the statistics (paired_contrast drops non-finite
                 # values and, for ratios, non-positive ones), so it always has n_pairs entries
                 keep = [math.isfinite(x) and math.isfinite(y) and (m.kind != "ratio" or (x > 0 and y > 0))
@@ -683,7 +736,8 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
                 )
                 r.update({"family": family, "contrast": f"{a} vs {b}", "a": a, "b": b, "metric": m.column,
                           "label": m.label, "unit": m.delta_unit,
-                          "higher_is_better": m.higher_is_better, "seeds": " ".join(str(s) for s in seeds)})
+                          "higher_is_better": m.higher_is_better, "seeds": " ".join(str(s) for s in seeds),
+                          "n_mixed_starts": mixed_starts})
                 rows.append(r)
     for m in metrics:
         mrows = [r for r in rows if r["metric"] == m.column]
@@ -736,7 +790,7 @@ DELTA_COLUMNS = [
     "family", "contrast", "a", "b", "metric", "label", "kind", "unit", "n_pairs", "mean", "sd",
     "ci_low", "ci_high", "boot_low", "boot_high", "p_t", "p_holm", "p_wilcoxon", "p_wilcoxon_holm",
     "margin", "tost_p", "within_margin", "mde", "seeds_needed", "seeds_needed_equivalence",
-    "classification", "higher_is_better", "seeds",
+    "classification", "higher_is_better", "seeds", "n_mixed_starts",
 ]
 SUMMARY_COLUMNS = [
     "level", "group", "metric", "label", "unit", "n", "mean", "std", "ci_low", "ci_high", "min", "max",
@@ -875,6 +929,8 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             f"{', '.join(available) if available else '(none)'} (set analysis setting 'baseline')"
         )
     alpha = settings["alpha"]
+    starts = _process_starts(runs)
+    sched = _with_start_keys(sched, starts)
 
     # ---- schedule level
     counts = _counts(sched, "schedule")
@@ -908,7 +964,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         pre = pre.copy()
         if "spec" in pre:
             pre["precision"] = pre["spec"].where(pre["spec"].notna(), pre["precision"])
-        pre = pre.drop_duplicates(["precision", "seed"])
+        pre = _with_start_keys(pre.drop_duplicates(["precision", "seed"]), starts)
         stage1_counts = _counts(pre, "precision")
         summary_rows += _summary_rows(pre, "stage1", "precision", STAGE1_METRICS + RUN_COUNTERS, alpha,
                                       stage1_counts)
@@ -991,6 +1047,11 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         "stage1_summary": stage1_summary,
         "bootstrap_min_pairs": MIN_BOOTSTRAP_PAIRS,
         "load": _load_check(runs),
+        # CPU-RSS runs started both ways (warm: forked from the warm-start server; cold): how many of each,
+        # and the paired seeds the memory comparisons left out because their two sides started differently
+        "process_starts": ({k: sum(v == k for v in starts.values()) for k in sorted(set(starts.values()))}
+                           if starts else None),
+        "memory_pairs_mixed_starts": int(sum(r.get("n_mixed_starts") or 0 for r in delta_rows)),
         "missing_contrasts": missing,
         "deltas": deltas.to_dict("records"),
     }

@@ -98,6 +98,10 @@ def _n(v: Any, nd: int = 2, sig: int = 2, sign: bool = True) -> str:
     return fmt_num(v, nd, sig, sign) if _f(v) else "n/a"
 
 
+#: a memory ratio with no pair left after dropping the seeds whose two runs started differently (stats.py)
+MEMORY_NOT_COMPARED = "not compared (in every seed with both runs, one was started warm, the other cold)"
+
+
 def _ratio(r: dict | None) -> str:
     """×0.87 [0.86, 0.88]; more decimals (up to 4) where 2 would print a CI as one number (×0.969 [0.967,
     0.972], not ×0.97 [0.97, 0.97])."""
@@ -390,6 +394,9 @@ def render(stats: dict) -> str:
         sentences.append(f"Timings: {load['n_oversubscribed']} of {load.get('n_runs_checked')} runs ran on an "
                          "oversubscribed machine, so the time ratios above are unreliable (see Caveats); "
                          "accuracy and memory are not affected.")
+    if stats.get("process_starts") and (stats.get("memory_pairs_mixed_starts") or 0) > 0:
+        sentences.append("Memory: the ratios above leave out every seed whose two runs were started differently "
+                         "(warm vs cold: their RSS is not comparable; see Caveats).")
     out.append(" ".join(sentences))
     out.append("")
     out.append(f"Accuracy is the fine-tuned model's accuracy on the eval split; differences are in percentage "
@@ -456,6 +463,8 @@ def render(stats: dict) -> str:
                     continue
                 if rr and _f(rr.get("mean")):
                     mm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'memory')})")
+                elif rr and (rr.get("n_mixed_starts") or 0) > 0:
+                    mm.append(f"{lab} {MEMORY_NOT_COMPARED}")
             th = D.get("vs_baseline", name, baseline, "stage2_samples_per_second")
             line = []
             if tm:
@@ -526,6 +535,8 @@ def render(stats: dict) -> str:
                 bits.append(f"train time {_ratio(ts)} ({_saved(ts, 'time')})")
             if pm and _f(pm.get("mean")):
                 bits.append(f"peak memory {_ratio(pm)} ({_saved(pm, 'memory')})")
+            elif pm and (pm.get("n_mixed_starts") or 0) > 0:
+                bits.append(f"peak memory {MEMORY_NOT_COMPARED}")
             n = (el or ma or {}).get("n_pairs", 0)
             cnt = stats.get("stage1_precisions", {}).get(p, {})
             fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
@@ -574,6 +585,14 @@ def render(stats: dict) -> str:
                    "cores, so those runs' timings are distorted and the time and throughput ratios are unreliable "
                    "(accuracy and peak memory are per process and not affected). Rerun with fewer parallel jobs (`--cores`) on an "
                    "otherwise idle machine for timings.")
+    starts = stats.get("process_starts") or {}
+    if len(starts) > 1:
+        how = ", ".join(f"{k} {v}" for k, v in starts.items())
+        cav.append(f"Peak memory here is each CPU process's RSS, and the runs were started two ways ({how}): a "
+                   "warm-started process (forked from the warm-start server) does not count the shared-library "
+                   "pages it never touches, so its RSS is about 120 MB below a cold one's (config/README.md, "
+                   "`warm_start`). Memory ratios pair only seeds whose two runs started the same way (deltas.csv's "
+                   "`n_mixed_starts` counts the seeds left out of each); the memory means in summary.md mix both. For memory figures, run every job one way (e.g. `warm_start: false`).")
     bmin = stats.get("bootstrap_min_pairs")
     if bmin and s.get("bootstrap_resamples", 0) and any(
             2 <= (r.get("n_pairs") or 0) < bmin for r in stats.get("deltas", [])):
