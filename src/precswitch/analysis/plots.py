@@ -152,11 +152,65 @@ def _rotate_long_ticks(ax, names: list[str], inches_per_tick: float) -> None:
             t.set_rotation_mode("anchor")
 
 
-def _palette(levels: list[str]) -> dict[str, Any]:
-    """One colour per level (a precision or a schedule), seaborn's default palette in ``levels`` order."""
+#: more levels than the default palette's 10 colours get evenly spaced "husl" hues (else colours repeat)
+PALETTE_MAX = 10
+
+
+def _colors(n: int) -> list:
+    """``n`` distinct colours: seaborn's default palette, or "husl" hues beyond PALETTE_MAX."""
     import seaborn as sns
 
-    return dict(zip(levels, sns.color_palette(n_colors=max(1, len(levels)))))
+    return sns.color_palette("husl" if n > PALETTE_MAX else None, n_colors=max(1, n))
+
+
+def _palette(levels: list[str]) -> dict[str, Any]:
+    """One colour per level (a precision or a schedule), seaborn's default palette in ``levels`` order
+    (distinct "husl" hues when there are more levels than it has colours)."""
+    return dict(zip(levels, _colors(len(levels))))
+
+
+def _category_axis(ax, order: list[str], failed: dict | None = None, dodge: list[str] | None = None) -> None:
+    """Keep every level of ``order`` as a column of the categorical x axis and write "k failed" over it.
+
+    seaborn only spans the levels that have points: a level without any (all its runs failed) at either end
+    of ``order`` lost its column, and its "k failed" note landed outside the axes (PNGs 15 000 px wide with
+    ``bbox_inches="tight"``). ``failed``: {level: count} or, with ``dodge`` (the hue order of a dodged
+    plot), {(level, hue level): count}, each written over its own dodged position.
+    """
+    ax.set_xticks(range(len(order)), [str(o) for o in order])
+    ax.set_xlim(-0.5, len(order) - 0.5)
+    if any(int(v) for v in (failed or {}).values()):  # headroom: the notes sit above the data, not on it
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi + 0.12 * (hi - lo))
+    for (key, nf) in (failed or {}).items():
+        nf = int(nf)
+        if not nf:
+            continue
+        level, hue = key if dodge else (key, None)
+        if level not in order or (dodge and hue not in dodge):
+            continue
+        x = order.index(level)
+        if dodge:
+            x += -0.4 + 0.8 / len(dodge) * (dodge.index(hue) + 0.5)
+        ax.annotate(f"{nf} failed", (x, 0.96), xycoords=("data", "axes fraction"), ha="center", va="top",
+                    color="tab:red", fontsize=9 if not dodge else 8, zorder=5)
+
+
+def _note(ax, text: str) -> None:
+    """A grey note in the middle of axes that keep their columns (over a white patch, not the grid)."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=11, color="0.4",
+            bbox={"facecolor": "white", "edgecolor": "none"})
+
+
+def _failed_schedule_runs(schedules) -> set[str]:
+    """run_ids of the stage-2 runs that finished (status ok) but whose schedule row failed (its stage 1
+    diverged or was skipped): the statistics leave them out with their schedule, so the plots must too."""
+    if schedules is None or "stage2_run_id" not in schedules or "status" not in schedules:
+        return set()
+    bad = schedules["status"].fillna("ok").astype(str) != "ok"
+    if "stage2_status" in schedules:
+        bad &= schedules["stage2_status"].fillna("ok").astype(str) == "ok"
+    return {str(r) for r in schedules.loc[bad, "stage2_run_id"].dropna()}
 
 
 def _series_style(i: int, n: int, n_points: int) -> dict[str, Any]:
@@ -234,15 +288,15 @@ def _overlap_note(group: list[str]) -> str:
     return textwrap.fill(f"{OVERLAP_NOTE} ({', '.join(names)})", 48)
 
 
-def _legend(ax, coincide: list[list[str]], outside: bool = False, **kw):
-    """The axes legend, with a last handle-less entry per group of coinciding curves naming them;
-    ``outside``: right of the axes (many entries would cover the data)."""
+def _legend(ax, coincide: list[list[str]], outside: bool = False, notes: Iterable[str] = (), **kw):
+    """The axes legend, with a last handle-less entry per group of coinciding curves naming them, then one
+    per ``notes``; ``outside``: right of the axes (many entries would cover the data)."""
     from matplotlib.lines import Line2D
 
     handles, labels = ax.get_legend_handles_labels()
-    for group in coincide:
+    for text in [_overlap_note(group) for group in coincide] + list(notes):
         handles.append(Line2D([], [], ls="none"))
-        labels.append(_overlap_note(group))
+        labels.append(text)
     if outside:
         kw.update(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return ax.legend(handles, labels, **kw)
@@ -258,31 +312,49 @@ def plot_accuracy(schedules, stats: dict, plt, sns):
     df["accuracy_pct"] = df["accuracy"].astype(float) * 100
     order = _schedule_order(df, stats.get("baseline"))
     alpha = stats.get("settings", {}).get("alpha", 0.05)
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.4 * len(order) + 2), 4.5))
+    # slanted long names (see _rotate_long_ticks) take ~0.085 in per character times sin/cos 30°: the figure
+    # grows by what they need beyond a short flat label, so the data axes keep their size (12 schedules with
+    # 60-character names left a 0.5 in strip; slanted names need less room per column); many schedules put
+    # the legend right of the axes, where it covers no seed
+    longest = max((len(str(s)) for s in order), default=0)
+    slanted = longest * 0.085 > 1.4
+    outside = len(order) > LEGEND_INSIDE_MAX
+    width = max(5.5, (1.1 if slanted else 1.4) * len(order) + 2) \
+        + (max(0.0, 0.074 * longest - 1.5) if slanted else 0) + (2.8 if outside else 0)
+    height = 4.5 + (max(0.0, 0.0425 * longest - 0.4) if slanted else 0)
+    fig, ax = plt.subplots(figsize=(width, height))
     used = df[df["used"]]
     label_of = {"ok": "run (ok)", "degenerate": "degenerate (≤ majority class)"}
     sns.stripplot(data=used, x="schedule", y="accuracy_pct", hue=used["outcome"].map(label_of),
                   order=order, hue_order=list(label_of.values()), palette=["tab:blue", "tab:red"],
                   dodge=False, jitter=0.12, size=6, alpha=0.75, ax=ax, zorder=2)
+    labelled = False  # the mean's legend entry goes on the first schedule that has a mean
     for i, s in enumerate(order):
         d = describe(used.loc[used["schedule"] == s, "accuracy_pct"], alpha)
         if d["n"]:
             lo, hi = d["ci_low"], d["ci_high"]
             yerr = [[d["mean"] - lo], [hi - d["mean"]]] if math.isfinite(lo) else None
             ax.errorbar(i + 0.3, d["mean"], yerr=yerr, fmt="D", color="black", capsize=5, ms=6, zorder=3,
-                        label=f"mean, {conf_level(alpha)}% t CI" if i == 0 else None)
-        nf = int((~df.loc[df["schedule"] == s, "used"]).sum())
-        if nf:
-            ax.annotate(f"{nf} failed", (i, 0.96), xycoords=("data", "axes fraction"), ha="center",
-                        va="top", color="tab:red", fontsize=9)
-    maj = df["majority_accuracy"].astype(float).dropna()
-    if not maj.empty:
+                        label=None if labelled else f"mean, {conf_level(alpha)}% t CI")
+            labelled = True
+    maj = df["majority_accuracy"].astype(float).dropna() if "majority_accuracy" in df else None
+    if maj is not None and not maj.empty:
         ax.axhline(maj.median() * 100, color="0.5", ls=":", lw=1, label="majority-class accuracy")
+    _category_axis(ax, order, {s: (~df.loc[df["schedule"] == s, "used"]).sum() for s in order})
+    if used.empty:  # no schedule has a usable run: a percent axis and a note, not a bare 0-1 axis
+        ax.set_ylim(0, 100)
+        _note(ax, "no schedule has a usable run")
     _rotate_long_ticks(ax, order, 1.4)
     ax.set_xlabel("schedule (pre-train → fine-tune precision)")
     ax.set_ylabel("fine-tuned accuracy on the eval split (%)")
     ax.set_title("Accuracy per schedule (each dot = one seed)")
-    ax.legend(fontsize=8, loc="best")
+    if ax.get_legend_handles_labels()[0]:
+        if outside:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        else:
+            ax.legend(fontsize=8, loc="best")
+    elif ax.get_legend() is not None:
+        ax.get_legend().remove()
     fig.tight_layout()
     return fig
 
@@ -298,11 +370,18 @@ def plot_forest(stats: dict, plt, sns):
         # a named contrast that repeats a vs-baseline one is shown once (vs-baseline row)
         d = d.drop_duplicates(["a", "b"], keep="first")
     n = max(1, len(d))
-    fig, ax = plt.subplots(figsize=(8, 1.8 + 0.6 * n))
+    if not d.empty:
+        d = d.reset_index(drop=True)
+        labels = [f"{r['a']} vs {r['b']}  (n={r['n_pairs']}, {r['classification']})" for r in d.to_dict("records")]
+    else:
+        labels = []
+    # the y labels take ~0.07 in per character (9 pt): the figure widens with the longest, so that the data
+    # keep ~4.5 in (long schedule names left ~1 in and x tick labels running into each other)
+    longest = max((len(t) for t in labels), default=0)
+    fig, ax = plt.subplots(figsize=(max(8.0, 5.0 + 0.07 * longest), 1.8 + 0.6 * n))
     if d.empty:
         _empty(ax, "no paired contrasts (one schedule only?)")
         return fig
-    d = d.reset_index(drop=True)
     ys = list(range(len(d)))[::-1]
     ax.axvspan(-margin, margin, color="tab:green", alpha=0.12, label=f"equivalence band ±{margin:g} points")
     ax.axvline(0, color="0.3", lw=1)
@@ -326,7 +405,6 @@ def plot_forest(stats: dict, plt, sns):
             ax.plot([blo, bhi], [y - 0.18, y - 0.18], color=c, lw=1, alpha=0.7)
             n_boot += 1
         ax.plot([m], [y], "o", color=c, ms=7)
-    labels = [f"{r['a']} vs {r['b']}  (n={r['n_pairs']}, {r['classification']})" for r in d.to_dict("records")]
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=9)
     conf = conf_level(alpha)
@@ -368,32 +446,59 @@ def _below_axes(fig, ax, note: str | None) -> None:
         fig.text(x_mid, bottom - pad, note, ha="center", va="top", fontsize=7.5, color="0.4")
 
 
-def plot_time_memory(runs, plt, sns):
+#: time_memory's columns: runs.csv column → (plotted column, scale, y label)
+_TIME_MEMORY = {"train_seconds": ("train_s", 1.0, "training-loop time (s)"),
+                "peak_memory_bytes": ("peak_mib", 1 / 2**20, "peak memory (MiB{kinds})")}
+
+
+def plot_time_memory(runs, plt, sns, schedules=None):
+    """Per precision (x) and stage (hue); every precision of the study keeps its column, with "k failed"
+    over the stage whose runs failed; ``schedules``: stage-2 runs of schedules that failed as a whole (their
+    stage 1 failed) are left out and counted with the failed ones, as the statistics leave them out."""
     df = runs.copy()
-    df = df[df["status"].fillna("ok") == "ok"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
     if df.empty:
         for ax in axes:
-            _empty(ax, "no finished runs")
+            _empty(ax, "no runs")
         return fig
     df["stage_label"] = df["stage"].map({"pretrain": "stage 1 (pre-train)", "finetune": "stage 2 (fine-tune)"})
-    df["train_s"] = df["train_seconds"].astype(float)
-    df["peak_mib"] = df["peak_memory_bytes"].astype(float) / 2**20
+    df["precision"] = df["precision"].astype(str)
+    ok = df["status"].fillna("ok") == "ok"
+    of_failed = ok & (df["stage"] == "finetune") & df["run_id"].astype(str).isin(_failed_schedule_runs(schedules))
+    left_out = ~ok | of_failed
     order = sorted(df["precision"].unique(), key=lambda p: (p != "fp32", p))
     hue_order = [h for h in ("stage 1 (pre-train)", "stage 2 (fine-tune)") if h in set(df["stage_label"])]
-    kinds = sorted({str(k) for k in df.get("memory_kind", []) if isinstance(k, str)})
-    for ax, col, ylabel in ((axes[0], "train_s", "training-loop time (s)"),
-                            (axes[1], "peak_mib", "peak memory (MiB" + (f", {', '.join(kinds)}" if kinds else "") + ")")):
-        sns.barplot(data=df, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
-                    errorbar=None, alpha=0.45, ax=ax)
-        sns.stripplot(data=df, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
-                      dodge=True, jitter=0.1, size=4, ax=ax, legend=False)
+    failed = left_out.groupby([df["precision"], df["stage_label"]]).sum().to_dict()
+    use = df[~left_out].copy()
+    kinds = sorted({str(k) for k in use.get("memory_kind", []) if isinstance(k, str)})
+    for ax, (src, (col, scale, ylabel)) in zip(axes, _TIME_MEMORY.items()):
+        ylabel = ylabel.format(kinds=f", {', '.join(kinds)}" if kinds else "")
+        values = use.get(src)  # a hand-made or older metrics.json may lack the column (stats skips it too)
+        use[col] = values.astype(float) * scale if values is not None else math.nan
+        if not use.empty and use[col].notna().any():
+            sns.barplot(data=use, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
+                        errorbar=None, alpha=0.45, ax=ax)
+            sns.stripplot(data=use, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
+                          dodge=True, jitter=0.1, size=4, ax=ax, legend=False)
+            ax.legend(fontsize=8, title=None)
+        else:
+            ax.set_yticks([])
+            why = ("no finished runs" if use.empty else
+                   f"no {src} column in runs.csv" if values is None else f"no {src} recorded")
+            _note(ax, why)
+        _category_axis(ax, order, failed, dodge=hue_order)
         ax.set_xlabel("precision of the stage")
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8, title=None)
     axes[0].set_title("Training time per stage and precision")
     axes[1].set_title("Peak memory per stage and precision")
     fig.tight_layout()
+    if left_out.any():
+        n_sched = int(of_failed.sum())
+        note = "“k failed”: runs that failed (diverged, skipped, ...), not drawn"
+        if n_sched:
+            note += (f"; they include {n_sched} stage-2 run(s) that finished but whose stage 1 failed, "
+                     "left out with their schedule as in the statistics")
+        fig.text(0.5, 0.0, textwrap.fill(note, 140), ha="center", va="top", fontsize=8, color="0.4")
     return fig
 
 
@@ -455,15 +560,29 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
     if fin.empty:
         _empty(ax, "no stage-2 runs")
     else:
+        # a finished stage-2 run whose schedule failed (its stage 1 diverged or was skipped) is no data: the
+        # statistics leave the schedule out, so it is not drawn (neither as a curve nor as a failed run)
+        of_failed = (fin["status"] == "ok") & fin["run_id"].astype(str).isin(_failed_schedule_runs(schedules))
+        left_out = fin[of_failed]
+        fin = fin[~of_failed]
         ok = fin[fin["status"] == "ok"]
         present = [s for s in order if s in set(fin["schedule"])]
         means = _styled_lines(ax, sns, ok, "step", "loss", "schedule", present, _palette(present),
                               errorbar="sd") if not ok.empty else {}
         _failed_runs(ax, fin[fin["status"] != "ok"])
+        notes = []
+        if not left_out.empty:
+            names = [s for s in order if s in set(left_out["schedule"])]
+            notes.append(textwrap.fill(f"not drawn: {left_out['run_id'].nunique()} run(s) of schedules that failed "
+                                       f"in stage 1 ({', '.join(names)})", 48))
         ax.set_title("Stage 2: fine-tuning loss (mean ± SD over seeds)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (cross-entropy, nats)")
-        _legend(ax, _coinciding(means), outside=many, fontsize=8, title="schedule", title_fontsize=9)
+        if fin.empty:
+            _empty(ax, "no stage-2 run to draw\n" + "\n".join(notes))
+        else:
+            _legend(ax, _coinciding(means), outside=many, notes=notes, fontsize=8, title="schedule",
+                    title_fontsize=9)
     for ax in axes:
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     fig.tight_layout()
@@ -520,19 +639,32 @@ def _seed_key(seed: Any) -> tuple:
 def plot_stage1(runs, stats: dict, plt, sns):
     from .stats import describe
 
-    pre = runs[(runs["stage"] == "pretrain") & (runs["status"].fillna("ok") == "ok")].copy()
+    every = runs[runs["stage"] == "pretrain"].copy()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    if pre.empty:
+    if every.empty:
         for ax in axes:
-            _empty(ax, "no finished stage-1 runs")
+            _empty(ax, "no stage-1 runs")
         return fig
+    every["precision"] = every["precision"].astype(str)
+    ok = every["status"].fillna("ok") == "ok"
+    pre = every[ok].copy()
     alpha = stats.get("settings", {}).get("alpha", 0.05)
     base = stats.get("stage1_baseline_precision")
-    order = sorted(pre["precision"].unique(), key=lambda p: (p != base, p))
+    # every stage-1 precision keeps its column: one whose runs all failed is the study's finding
+    order = sorted(every["precision"].unique(), key=lambda p: (p != base, p))
+    failed = (~ok).groupby(every["precision"]).sum().to_dict()
     pre["mlm_acc_pct"] = pre.get("mlm_accuracy").astype(float) * 100 if "mlm_accuracy" in pre else math.nan
     pre["eval_loss_f"] = pre["eval_loss"].astype(float) if "eval_loss" in pre else math.nan
     for ax, col, ylabel, title in ((axes[0], "eval_loss_f", "MLM eval loss (nats/token)", "Stage-1 eval loss"),
                                    (axes[1], "mlm_acc_pct", "masked-token accuracy (%)", "Stage-1 masked-token accuracy")):
+        if pre.empty:  # every stage-1 run failed: the columns with their "k failed", no values
+            ax.set_yticks([])
+            _note(ax, "no finished stage-1 runs")
+            _category_axis(ax, order, failed)
+            ax.set_xlabel("stage-1 (pre-training) precision")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            continue
         if pre[col].notna().sum() == 0:
             _empty(ax, f"no {ylabel}")
             continue
@@ -542,6 +674,7 @@ def plot_stage1(runs, stats: dict, plt, sns):
             if d["n"] and math.isfinite(d["ci_low"]):
                 ax.errorbar(i + 0.25, d["mean"], yerr=[[d["mean"] - d["ci_low"]], [d["ci_high"] - d["mean"]]],
                             fmt="D", color="black", capsize=5, ms=5)
+        _category_axis(ax, order, failed)
         ax.set_xlabel("stage-1 (pre-training) precision")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -568,12 +701,13 @@ def plot_switch_point(schedules, stats: dict, plt, sns):
     df["x"] = df["sweep_at"].astype(float) * 100
     df["accuracy_pct"] = df["accuracy"].astype(float) * 100
     stage_of = df["sweep_stage"].map({"pretrain": 1, "finetune": 2}).fillna(2).astype(int)
-    df["swept_seconds"] = [float(r[f"stage{k}_train_seconds"]) for k, (_, r) in zip(stage_of, df.iterrows())]
+    df["swept_seconds"] = [float(r.get(f"stage{k}_train_seconds", math.nan))
+                           for k, (_, r) in zip(stage_of, df.iterrows())]
     stages = sorted(set(stage_of))
     panels = ((axes[0], "accuracy_pct", "fine-tuned accuracy (%)", "Accuracy vs switch point"),
               (axes[1], "swept_seconds",
                f"stage-{'/'.join(map(str, stages)) or 2} training-loop time (s)", "Swept stage's train time"))
-    palette = sns.color_palette(n_colors=max(1, df["sweep"].nunique()))
+    palette = _colors(df["sweep"].nunique())
     for ax, col, ylabel, title in panels:
         if df.empty:
             _empty(ax, "no finished sweep runs")
@@ -740,7 +874,7 @@ def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
         elif name == "forest":
             fig = plot_forest(stats, plt, sns)
         elif name == "time_memory":
-            fig = plot_time_memory(runs, plt, sns)
+            fig = plot_time_memory(runs, plt, sns, schedules)
         elif name == "loss_curves":
             fig = plot_loss_curves(runs, schedules, steps, stats, plt, sns)
         elif name == "loss_scale":
