@@ -724,3 +724,54 @@ def test_verdict_does_not_sell_warm_vs_cold_rss_as_memory_saved(tmp_path):
     assert "started two ways (cold 10, warm 25)" in text
     # the named contrast of two warm schedules keeps its memory ratio
     assert "the stage-2 peak memory" in answer
+
+
+def test_verdict_of_a_study_with_only_the_baseline_and_one_seed(tmp_path):
+    """A one-schedule, one-seed study: the Answer says there is nothing to compare (not 'none of the configured
+    contrasts could be computed'), no empty stage-1 section, and the counts read in the singular."""
+    paths = write_fake_study(tmp_path / "s", seeds=[1], schedules={"fp32-fp32": ("fp32", "fp32")})
+    aggregate(paths, tmp_path / "t")
+    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+                      load_settings(bootstrap_resamples=0, contrasts=[]), tmp_path / "t")
+    text = render(stats)
+    assert "Only the baseline schedule `fp32-fp32` ran: there is nothing to compare it with" in text
+    assert "could be computed" not in text and "## Stage 1 on its own" not in text
+    assert "(1 run per schedule)" in text and "1 of 1 run used" in text
+
+
+def test_equal_values_get_no_interval_below_the_sign_tests_minimum(tmp_path):
+    """Three seeds with the very same accuracy printed '[95% CI 80.00, 80.00]': no t interval exists, and a
+    point reads as an exact mean. As for paired differences, [v, v] is a 95% interval only from 6 values on."""
+    import math
+
+    from precswitch.analysis.stats import describe
+
+    three, six = describe([80.0] * 3), describe([80.0] * 6)
+    assert math.isnan(three["ci_low"]) and math.isnan(three["ci_high"]) and three["std"] == 0
+    assert six["ci_low"] == six["ci_high"] == 80.0
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3], sd=0.0, seed_sd=0.0)
+    aggregate(paths, tmp_path / "t")
+    text = render(run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+                            load_settings(bootstrap_resamples=0), tmp_path / "t"))
+    base = next(ln for ln in text.splitlines() if ln.startswith("**fp32-fp32**"))
+    assert "accuracy 80.00%, seed SD 0.00 points" in base and "CI" not in base
+
+
+def test_numeric_health_unknown_counters_are_not_reported_as_none(tmp_path):
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2])
+    for p in paths:
+        m = json.loads(p.read_text())
+        m.update(skipped_steps=None, nonfinite_losses=None)
+        p.write_text(json.dumps(m))
+    aggregate(paths, tmp_path / "t")
+    text = render(run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
+                            load_settings(bootstrap_resamples=0), tmp_path / "t"))
+    assert "Numeric health: no failed runs; skipped steps and non-finite losses not recorded." in text
+    assert "no skipped steps" not in text
+
+
+def test_parameter_count_of_a_small_model_is_not_zero_millions():
+    from precswitch.analysis.verdict import _param_span
+
+    assert _param_span([22562]) == "22.6k"
+    assert _param_span([108_310_272, 108_893_186]) == "108.3M-108.9M"

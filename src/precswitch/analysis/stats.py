@@ -290,7 +290,11 @@ def describe(x: Sequence[float], alpha: float = 0.05) -> dict:
         sd = float(x.std(ddof=1))
         out["std"] = sd
         if sd == 0:
-            out["ci_low"] = out["ci_high"] = out["mean"]
+            # n equal values: no t interval. [min, max] = [v, v] covers the median with probability
+            # 1 − 2 · 0.5^n, a (1 − alpha) interval only from the sign test's minimum n on (6 at alpha 0.05),
+            # as in paired_contrast; below it there is none, not a point that reads as an exact mean
+            if n >= _sign_seeds(alpha, "two-sided"):
+                out["ci_low"] = out["ci_high"] = out["mean"]
         else:
             lo, hi = stats.t.interval(1 - alpha, n - 1, loc=x.mean(), scale=sd / math.sqrt(n))
             out["ci_low"], out["ci_high"] = float(lo), float(hi)

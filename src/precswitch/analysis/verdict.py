@@ -66,8 +66,10 @@ def _stage1_kinds(specs) -> str:
 
 
 def _param_span(values: list) -> str:
-    """'108.3M' or '108.3M-108.9M' (a masked-LM and a classification head differ in size)."""
-    lo, hi = (f"{v / 1e6:.1f}M" for v in (min(map(float, values)), max(map(float, values))))
+    """'108.3M' or '108.3M-108.9M' (a masked-LM and a classification head differ in size); '22.6k' below 0.1M
+    (not '0.0M')."""
+    lo, hi = (f"{v / 1e6:.1f}M" if v >= 1e5 else f"{v / 1e3:.1f}k"
+              for v in (min(map(float, values)), max(map(float, values))))
     return lo if lo == hi else f"{lo}-{hi}"
 
 
@@ -353,7 +355,7 @@ def render(stats: dict) -> str:
                + (f"; training step compiled: {pv('compile')}" if prov.get("compile") else "")
                + f"; memory measured as {pv('memory_kind')}"
                + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
-               f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} runs per schedule); "
+               f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} run{'' if n_per == [1] else 's'} per schedule); "
                f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
                f"(paired t-tests, Holm-adjusted per metric over every schedule comparison below, each counted once). "
                f"Intervals in brackets are "
@@ -383,7 +385,10 @@ def render(stats: dict) -> str:
         if failed:  # a failure is a finding: say it here, not only in the per-schedule paragraphs
             sent += f"; {failed}"
         sentences.append(sent + ".")
-    if not sentences:
+    if not sentences and set(info) <= {baseline} and not stats.get("missing_contrasts"):
+        sentences.append(f"Only the baseline schedule `{baseline}` ran: there is nothing to compare it with "
+                         "(add schedules to the config to answer the question); its own figures are below.")
+    elif not sentences:
         sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
     for a, b in stats.get("missing_contrasts", []):
         sentences.append(f"The contrast `{a}` vs `{b}` was not run (schedule missing).")
@@ -414,7 +419,7 @@ def render(stats: dict) -> str:
         if i is None:
             continue
         head = (f"**{name}** (stage 1 {i.get('stage1_precision') or 'none (fine-tune only)'} → stage 2 "
-                f"{i.get('stage2_precision')}; {i.get('n_used')} of {i.get('n_runs')} runs used)")
+                f"{i.get('stage2_precision')}; {i.get('n_used')} of {_count(i.get('n_runs'), 'run')} used)")
         parts = []
         acc = i.get("accuracy_points", {})
         acc_s = f"accuracy {_pt(acc.get('mean'), 2, False)}%" if _f(acc.get("mean")) else "no finished runs"
@@ -500,15 +505,20 @@ def render(stats: dict) -> str:
         for k, lab in (("stage1_loss_scale_min", "stage 1"), ("stage2_loss_scale_min", "stage 2")):
             if _f(i.get(k)) and i[k] < 1:
                 h.append(f"the {lab} loss scale fell to {i[k]:g} (gradients underflow or overflow persistently)")
-        parts.append(("Numeric health: " + "; ".join(h) + ".") if h else "Numeric health: no failed runs, "
-                     "no skipped steps, no non-finite losses.")
+        if h:
+            parts.append("Numeric health: " + "; ".join(h) + ".")
+        elif not any(_f(i.get(k)) for k in ("stage2_skipped_steps", "nonfinite_losses")):
+            # runs.csv without the counters (hand-made or older metrics.json): not "none", unknown
+            parts.append("Numeric health: no failed runs; skipped steps and non-finite losses not recorded.")
+        else:
+            parts.append("Numeric health: no failed runs, no skipped steps, no non-finite losses.")
         out.append(" ".join(parts))
         out.append("")
 
     # ---------------- stage 1
     b1 = stats.get("stage1_baseline_precision")
     st1 = [r for r in stats.get("deltas", []) if r.get("family") == "stage1"]
-    if b1:
+    if b1 and (st1 or len(stats.get("stage1_precisions") or {}) > 1):  # something to compare b1 with
         out.append(f"## Stage 1 on its own (pre-training, against {b1})")
         out.append("")
         base_loss = ((stats.get("stage1_summary") or {}).get(b1) or {}).get("eval_loss", {}).get("mean")
