@@ -535,3 +535,21 @@ def test_memory_of_a_study_started_one_way_is_compared_as_before(tmp_path):
     assert stats["process_starts"] is None and stats["memory_pairs_mixed_starts"] == 0
     assert (deltas["n_mixed_starts"] == 0).all()
     assert _acc(deltas, "bf16-fp32", metric="peak_memory_bytes")["n_pairs"] == 3
+
+
+def test_stage2_summary_leaves_out_runs_whose_stage1_failed(tmp_path):
+    """A stage-2 run that finished from a failed stage 1 belongs to a failed schedule: the schedule statistics
+    leave it out, so the stage-2-by-precision summary does too (it used to pool it as a normal fp32 run)."""
+    import json
+
+    paths = write_fake_study(tmp_path / "s", seeds=range(1, 4), diverged={("amp_fp16", s) for s in range(1, 4)})
+    for p in paths:  # the workflow fine-tunes them anyway: their own status is ok
+        m = json.loads(p.read_text())
+        if m["stage"] == "finetune" and m["status"] != "ok":
+            m.update(status="ok", status_reason=None)
+            p.write_text(json.dumps(m))
+    runs, sched = aggregate(paths, tmp_path / "t")
+    summary, _, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    row = summary[(summary["level"] == "stage2") & (summary["group"] == "fp32") & (summary["metric"] == "train_seconds")]
+    # fp32 stage 2: fp32-fp32 and bf16-fp32 (3 seeds each) used; fp16-fp32's 3 runs from a diverged stage 1 not
+    assert row.iloc[0][["n_runs", "n_used", "n_failed", "n"]].tolist() == [9, 6, 3, 6]

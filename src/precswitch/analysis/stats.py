@@ -981,6 +981,13 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             stage_rows = _contrast_rows(pre, "precision", [("stage1", [(p, stage1_baseline) for p in precs])],
                                         STAGE1_METRICS, settings)
     if len(fin):
+        # a finished stage 2 of a schedule whose stage 1 failed: the schedule is left out, so is the run
+        failed_init = []
+        if {"stage1_status", "stage2_run_id"} <= set(sched.columns):
+            s1 = sched["stage1_status"]
+            failed_init = sched.loc[s1.notna() & (s1.astype(str) != "ok"), "stage2_run_id"].dropna()
+        fin = fin.copy()
+        fin["used"] = fin["used"] & ~fin["run_id"].astype(str).isin({str(r) for r in failed_init})
         stage2_counts = _counts(fin, "precision")
         summary_rows += _summary_rows(fin, "stage2", "precision", STAGE2_METRICS + RUN_COUNTERS, alpha,
                                       stage2_counts)
@@ -1218,7 +1225,8 @@ def render_summary_md(summary, settings: dict, deltas=None, stage1_baseline: str
     block("schedule", "Per schedule: time and memory",
           [m for m in SCHEDULE_METRICS if m.kind == "ratio"])
     block("stage1", "Stage 1 (pre-training) by precision", STAGE1_METRICS + RUN_COUNTERS)
-    block("stage2", "Stage 2 (fine-tuning) by precision (all schedules pooled; inits differ)",
+    block("stage2", "Stage 2 (fine-tuning) by precision (all schedules pooled; inits differ; a run whose "
+          "stage 1 failed is counted as failed)",
           STAGE2_METRICS + RUN_COUNTERS)
     if deltas is not None and stage1_baseline and len(deltas):
         st1 = deltas[deltas["family"] == "stage1"]

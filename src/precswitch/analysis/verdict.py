@@ -230,7 +230,10 @@ def _failed_phrase(info: dict, names) -> str:
             other = i["n_failed"] - sum(i.get(k) or 0 for k in ("n_diverged", "n_skipped"))
             if other > 0:
                 kinds.append(f"{other} without a finite accuracy")
-            bits.append(f"`{x}` failed in {i['n_failed']} of {i.get('n_runs')} seeds ({', '.join(kinds)})")
+            if i.get("n_skipped") == i["n_failed"]:  # not run (e.g. a precision this device lacks): no numerical failure
+                bits.append(f"`{x}` was not run in {i['n_failed']} of {i.get('n_runs')} seeds (skipped: see its paragraph)")
+            else:
+                bits.append(f"`{x}` failed in {i['n_failed']} of {i.get('n_runs')} seeds ({', '.join(kinds)})")
     return "; ".join(bits)
 
 
