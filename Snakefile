@@ -55,7 +55,8 @@ except WorkflowError as e:
     if error.validator == "pattern" and key == "results_dir":
         message = (
             f"{error.instance!r} cannot hold a study: no whitespace, no braces (Snakemake reads "
-            "{x} as a wildcard), not the working directory (.) nor the root (/)"
+            "{x} as a wildcard), no shell characters ($ ` ' \" \\ ; & | < > ( ) * ? [ ] ! #; every "
+            "job's shell command names it), no leading - or ~, not the working directory (.) nor the root (/)"
         )
     raise WorkflowError(f"config key {key}: {message}{allowed}") from None
 

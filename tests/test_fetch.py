@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a red blue old young fox dog cat bird chased saw liked met quickly slowly".split()
 
 
-def make_tiny_model(out: Path, objective: str = "mlm") -> Path:
-    """A tiny BERT (+ its tokenizer) written with save_pretrained: a stand-in for bert-base-cased."""
+def make_tiny_model(out: Path, objective: str = "mlm", max_positions: int = 64) -> Path:
+    """A tiny BERT (+ its tokenizer) written with save_pretrained: a stand-in for bert-base-cased (whose
+    512 positions a study's max_length is checked against: ``max_positions``)."""
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, PreTrainedTokenizerFast
@@ -33,10 +34,10 @@ def make_tiny_model(out: Path, objective: str = "mlm") -> Path:
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=64)
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_positions)
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=64, pad_token_id=0)
+                     intermediate_size=32, max_position_embeddings=max_positions, pad_token_id=0)
     model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -143,7 +143,7 @@ def local_standins(tmp_path: Path, name: str) -> Path:
     (tmp_path / "data" / "train.tsv").write_text(header + "1\t1\t2\tthe fox\tthe dog\n" * 8)
     (tmp_path / "data" / "dev.tsv").write_text(header + "0\t1\t2\tthe cat\tthe bird\n" * 4)
     if cfg["model"]["init"] != "scratch":
-        cfg["model"]["init"] = str(make_tiny_model(tmp_path / "models" / "tiny-bert"))
+        cfg["model"]["init"] = str(make_tiny_model(tmp_path / "models" / "tiny-bert", max_positions=512))
     cfg["data"]["pretrain"] = {"kind": "text", "train": ["data/wiki.train.txt"], "eval": ["data/wiki.valid.txt"]}
     cfg["data"]["finetune"] = {"kind": "tsv", "train": "data/train.tsv", "eval": "data/dev.tsv",
                                "columns": {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}}

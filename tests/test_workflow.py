@@ -220,6 +220,37 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         # precswitch stats could not size "seeds needed" and stopped after the whole study trained
         ({"analysis": {"alpha": 0.9}}, "analysis.power", "must exceed analysis.alpha (0.9)"),
         ({"analysis": {"margin": 150}}, "analysis.margin", "maximum of 100"),
+        # keys a source kind does not read were dropped silently: files without `kind: tsv` trained on the
+        # synthetic language
+        ({"data": {"finetune": {"kind": "synthetic", "train": str(ROOT / "README.md")}}}, "data.finetune.train",
+         "does not apply to kind synthetic, which reads only eval_fraction, labels, max_eval_rows, "
+         "max_train_rows, mlm_examples; remove it (set kind: tsv, csv, jsonl, parquet or text to read files)"),
+        ({"data": {"pretrain": {"kind": "text", "train": [str(ROOT / "README.md")], "text_column": "t"}}},
+         "data.pretrain.text_column", "does not apply to kind text"),
+        ({"data": {"finetune": {"kind": "text", "train": [str(ROOT / "README.md")]}}}, "data.finetune.kind",
+         "text is unlabelled lines (masked LM only)"),
+        # found by the engine only when the stage starts (stage 2: after every stage-1 run trained)
+        ({"data": {"synthetic": {"n_train": 10}}}, "train.finetune.batch_size",
+         "32 exceeds the 10 training rows of data.synthetic.n_train"),
+        ({"data": {"pretrain": {"kind": "synthetic", "max_train_rows": 4}}}, "train.pretrain.batch_size",
+         "exceeds the 4 training rows of data.pretrain.max_train_rows"),
+        # an in-stage switch that rounds to step 0 or to the last step is no switch
+        ({"schedules": {"x": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.001},
+                              "finetune": "fp32"}}, "analysis": {"baseline": "x"}, "train": {"pretrain": {"steps": 300}}},
+         "schedules.x.pretrain.switch_at", "0.001 of the stage's 300 steps rounds to step 0: the whole stage would "
+         "run in fp32; use a switch_at in [0.00167, 0.998), or a plain precision"),
+        ({"schedules": {"x": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.999}}},
+          "analysis": {"baseline": "x"}, "train": {"finetune": {"steps": 300}}},
+         "schedules.x.finetune.switch_at", "rounds to the last step: it would never switch to fp32"),
+        ({"sweeps": {"s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32"}, "finetune": "fp32",
+                           "switch_at": [0.0, 0.001, 1.0]}}, "train": {"pretrain": {"steps": 300}}},
+         "schedules.s-at0.1.pretrain.switch_at", "rounds to step 0"),
+        ({"train": {"pretrain": {"steps": 5, "timing_warmup_steps": 5}}}, "train.pretrain.timing_warmup_steps",
+         "5 leaves none of the stage's 5 steps"),
+        # every job's shell command names results_dir: shell characters broke the first job
+        ({"results_dir": "res$x"}, "results_dir", "no shell characters"),
+        ({"results_dir": "~/res"}, "results_dir", "no leading - or ~"),
+        ({"results_dir": "res;rm"}, "results_dir", "no shell characters"),
     ],
 )
 def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
@@ -481,6 +512,18 @@ def test_readme_quick_start_runs_the_study_and_report():
     assert "snakemake --cores all" in readme
     assert "--report results/report.html" in readme
     assert "--unlock" in readme and "--workflow-profile profiles/slurm" in readme
+
+
+def test_max_length_is_checked_against_a_local_model_init(tmp_path):
+    """A local model.init with fewer positions than a stage's max_length was refused only by `prepare`, naming
+    a CLI flag, and after stage 1 trained."""
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
+    proc = dry_run(tmp_path, {"model": {"init": str(init)}, "train": {"finetune": {"max_length": 128}}})
+    assert proc.returncode != 0
+    assert (f"config key train.finetune.max_length: 128 exceeds the position embeddings (64) of model.init "
+            f"'{init}'") in proc.stdout + proc.stderr
 
 
 def test_checkout_has_the_standard_layout_and_git_ignores_every_output():

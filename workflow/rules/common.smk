@@ -73,6 +73,39 @@ def _schema_default(*keys):
 DEFAULT_CONTRASTS = _schema_default("analysis", "contrasts")
 
 
+def _source_defaults():
+    import yaml
+
+    with open(os.path.join(WORKFLOW_DIR, "schemas", "config.schema.yaml")) as f:
+        props = yaml.safe_load(f)["$defs"]["source"]["properties"]
+    return {k: v.get("default") for k, v in props.items()}
+
+
+#: the schema's default of every data-source key (a key a kind does not read must keep it)
+SOURCE_DEFAULTS = _source_defaults()
+
+# keys of a source spec that mean something for each kind (the schema fills defaults for all)
+_CAPS = {"max_train_rows", "max_eval_rows"}
+_MLM = {"eval_fraction", "mlm_examples"}
+SOURCE_KEYS = {
+    "synthetic": {"labels"} | _CAPS | _MLM,
+    "text": {"train", "eval"} | _CAPS | _MLM,
+    "hub": {
+        "name",
+        "config",
+        "revision",
+        "train_split",
+        "eval_split",
+        "columns",
+        "text_column",
+        "labels",
+    }
+    | _CAPS
+    | _MLM,
+}
+TABLE_KEYS = {"train", "eval", "columns", "labels", "max_train_rows", "max_eval_rows"}
+
+
 def config_error(key, message):
     """A config mistake: one line naming the key, raised before the DAG is built."""
     return WorkflowError(f"config key {key}: {message}")
@@ -136,6 +169,24 @@ def _check_source(stage, source):
         )
     if kind == "hub" and not source.get("name"):
         raise config_error(f"{key}.name", "required for kind hub (e.g. nyu-mll/glue)")
+    if stage == "finetune" and kind == "text":
+        raise config_error(
+            f"{key}.kind",
+            "text is unlabelled lines (masked LM only); stage 2 (classification) takes "
+            "synthetic, tsv, csv, jsonl, parquet or hub",
+        )
+    # a key this kind does not read would be dropped silently (e.g. train/eval files with the
+    # default kind synthetic: the study would train on the synthetic language)
+    reads = SOURCE_KEYS.get(kind, TABLE_KEYS)
+    for k, v in source.items():
+        if k != "kind" and k not in reads and v != SOURCE_DEFAULTS.get(k):
+            files = " (set kind: tsv, csv, jsonl, parquet or text to read files)"
+            raise config_error(
+                f"{key}.{k}",
+                f"does not apply to kind {kind}, which reads only "
+                f"{', '.join(sorted(reads))}; remove it"
+                + (files if k in ("train", "eval") else ""),
+            )
     if stage == "pretrain" and kind in ("tsv", "csv", "jsonl", "parquet"):
         raise config_error(
             f"{key}.kind",
@@ -294,6 +345,61 @@ def expand_sweeps(cfg):
     return meta
 
 
+def _init_positions(model):
+    """The position embeddings of the model a study starts from: model.max_position_embeddings
+    (scratch) or a local model.init's config.json; None for a hub model (known after fetch).
+    """
+    if model["init"] == "scratch":
+        return model["max_position_embeddings"]
+    path = os.path.join(str(model["init"]), "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("max_position_embeddings")
+
+
+def _check_switch_step(spec, hp, key):
+    """The engine switches at step round(switch_at * steps): one that rounds to step 0 runs the whole
+    stage in switch_to, one that rounds to the last step never switches. Checked here when the
+    stage has steps (the engine checks epochs stages, whose step count only it knows).
+    """
+    if spec["switch_to"] is None or hp["steps"] is None or spec["switch_at"] >= 1:
+        return
+    steps, at = hp["steps"], spec["switch_at"]
+    step = int(round(at * steps))
+    if 0 < step < steps:
+        return
+    lo, hi = 0.5 / steps, 1 - 0.5 / steps
+    what = (
+        f"step 0: the whole stage would run in {spec['switch_to']}"
+        if step <= 0
+        else f"the last step: it would never switch to {spec['switch_to']}"
+    )
+    raise config_error(
+        f"{key}.switch_at",
+        f"{at} of the stage's {steps} steps rounds to {what}; use a switch_at in "
+        f"[{lo:.3g}, {hi:.3g}), or a plain precision",
+    )
+
+
+def _check_batch_fits(cfg, stage):
+    """A batch larger than the training rows is refused by the engine when the stage starts (for
+    stage 2: after every stage-1 run trained); what is known now is checked now."""
+    batch, source = cfg["train"][stage]["batch_size"], cfg["data"][stage]
+    rows = []
+    if source.get("max_train_rows") is not None:
+        rows.append((source["max_train_rows"], f"data.{stage}.max_train_rows"))
+    if stage == "finetune" and source["kind"] == "synthetic":
+        n = (cfg["data"].get("synthetic") or {}).get("n_train", 3000)
+        rows.append((n, "data.synthetic.n_train"))
+    for n, what in rows:
+        if batch > n:
+            raise config_error(
+                f"train.{stage}.batch_size",
+                f"{batch} exceeds the {n} training rows of {what}",
+            )
+
+
 def check_config(cfg):
     _check_finite(cfg, "")
     if os.path.exists(cfg["results_dir"]) and not os.path.isdir(cfg["results_dir"]):
@@ -391,14 +497,28 @@ def check_config(cfg):
                 "set exactly one of steps and epochs (the other null); "
                 f"got steps={hp['steps']}, epochs={hp['epochs']}",
             )
-        if (
-            model["init"] == "scratch"
-            and hp["max_length"] > model["max_position_embeddings"]
-        ):
+        positions = _init_positions(model)
+        if positions is not None and hp["max_length"] > positions:
             raise config_error(
                 f"train.{stage}.max_length",
-                f"{hp['max_length']} exceeds model.max_position_embeddings "
-                f"({model['max_position_embeddings']})",
+                f"{hp['max_length']} exceeds the position embeddings ({positions}) of "
+                + (
+                    "model.max_position_embeddings"
+                    if model["init"] == "scratch"
+                    else f"model.init {model['init']!r}"
+                ),
+            )
+        if hp["steps"] is not None and hp["timing_warmup_steps"] >= hp["steps"]:
+            raise config_error(
+                f"train.{stage}.timing_warmup_steps",
+                f"{hp['timing_warmup_steps']} leaves none of the stage's {hp['steps']} steps "
+                "for the steady-state throughput; use fewer",
+            )
+        _check_batch_fits(cfg, stage)
+    for name, stages in schedules.items():
+        for stage, value in stages.items():
+            _check_switch_step(
+                stage_spec(value), cfg["train"][stage], f"schedules.{name}.{stage}"
             )
     if model["hidden_size"] % model["num_attention_heads"]:
         raise config_error(
@@ -467,26 +587,6 @@ os.environ.update(
 
 
 # --- data -----------------------------------------------------------------------------------------
-# keys of a source spec that mean something for each kind (the schema fills defaults for all)
-_CAPS = {"max_train_rows", "max_eval_rows"}
-_MLM = {"eval_fraction", "mlm_examples"}
-SOURCE_KEYS = {
-    "synthetic": {"labels"} | _CAPS | _MLM,
-    "text": {"train", "eval"} | _CAPS | _MLM,
-    "hub": {
-        "name",
-        "config",
-        "revision",
-        "train_split",
-        "eval_split",
-        "columns",
-        "text_column",
-        "labels",
-    }
-    | _CAPS
-    | _MLM,
-}
-TABLE_KEYS = {"train", "eval", "columns", "labels", "max_train_rows", "max_eval_rows"}
 
 
 def source_spec(stage):
