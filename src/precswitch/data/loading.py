@@ -34,6 +34,8 @@ SPEC_KEYS = {
 HEADING_RE = re.compile(r"^\s*(=\s+)+\S.*?(\s+=)+\s*$")
 #: Share of lines held out for eval when an MLM source has no eval files (synthetic corpus, text without eval).
 DEFAULT_EVAL_FRACTION = 0.05
+#: ... but at most this many lines, so that a large corpus does not get a huge eval set; when the cap applies,
+#: ``prepare`` says so and meta.json records the requested fraction, the cap and the lines held out.
 MAX_AUTO_EVAL_LINES = 2000
 
 GLUE_MRPC_COLUMNS = {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}
@@ -49,6 +51,25 @@ class LoadedSource:
     label_values: list | None = None
     spec: dict = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    #: the held-out tail split of an MLM source without eval files (see :func:`_split_tail`), else None
+    held_out: dict | None = None
+    #: rows dropped per split ("train", "eval") because a mapped text or label cell is empty
+    dropped: dict = field(default_factory=dict)
+
+    def notes(self) -> list[str]:
+        """One line per thing a user should know about how the splits were made (for the prepare log)."""
+        out = []
+        h = self.held_out
+        if h and h["capped"]:
+            out.append(f"eval_fraction {h['eval_fraction']:g} of the {h['lines']} lines of {h['where']} would hold out "
+                       f"{h['eval_lines_requested']} lines, above the cap of {h['eval_lines_cap']} held-out lines: "
+                       f"{h['eval_lines']} lines ({100 * h['eval_fraction_effective']:.2f}%) held out for eval, "
+                       f"{h['lines'] - h['eval_lines']} for training")
+        for split, (n, total, where) in self.dropped.items():
+            if n:
+                out.append(f"warning: {split} split ({where}): {n} of {total} rows dropped (empty text or label "
+                           "cell)")
+        return out
 
 
 # --------------------------------------------------------------------------- spec parsing
@@ -122,6 +143,8 @@ def check_table_headers(spec: dict) -> None:
     when it reads the config, not when it prepares the data while stage 1 already trains. Files that are
     missing or unreadable here are left to the loader, which says why."""
     kind = spec.get("kind")
+    if isinstance(spec.get("columns"), dict):
+        _require_distinct_columns(spec["columns"])
     if kind not in ("tsv", "csv", "jsonl", "parquet"):
         return
     for f in source_files(spec, "classify"):
@@ -215,9 +238,84 @@ def _read_table(kind: str, files: list[Path]):
     except PrecswitchError:
         raise
     except Exception as e:  # noqa: BLE001 - a file datasets cannot parse is a user error
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = _error_text(e)
+        for f in files:
+            problem = _table_file_problem(kind, f)
+            if problem:
+                raise PrecswitchError(f"source: cannot read {kind} file {f}: {problem} (datasets: {msg})") from None
         raise PrecswitchError(f"source: cannot read {kind} file(s) {', '.join(data_files)}: {msg}") from None
     return ds
+
+
+def _error_text(e: BaseException) -> str:
+    """First line of an exception, with its innermost cause's first line (datasets wraps the parser's
+    "Expected 5 fields in line 6, saw 6" in "An error occurred while generating the dataset")."""
+    def first(x: BaseException) -> str:
+        t = str(x).strip()
+        return t.splitlines()[0] if t else type(x).__name__
+
+    inner, seen = e, {id(e)}
+    while (nxt := inner.__cause__ or inner.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        inner = nxt
+    msg = first(e)
+    return msg if inner is e or first(inner) == msg else f"{msg}: {first(inner)}"
+
+
+def _table_file_problem(kind: str, f: Path) -> str | None:
+    """Why a local table could not be read (empty, no data rows, a ragged line, a JSONL line that is not an
+    object, not UTF-8); read only on the loader's failure path. None when no cause is found here."""
+    import csv
+
+    if f.stat().st_size == 0:
+        return "the file is empty"
+    if kind == "parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            rows = pq.read_metadata(f).num_rows
+        except Exception as e:  # noqa: BLE001
+            return f"not a readable parquet file ({_error_text(e)})"
+        return "the file has no data rows" if rows == 0 else None
+    bad_utf8 = _text_file_problem([f])
+    if bad_utf8:
+        return bad_utf8.removeprefix(f"{f} ")
+    with open(f, encoding="utf-8-sig", newline="") as fh:
+        if kind == "jsonl":
+            n = 0
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                n += 1
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    return f"line {i} is not valid JSON ({e.msg}); each line must be one JSON object"
+                if not isinstance(rec, dict):
+                    what = {list: "an array", str: "a string", bool: "a boolean"}.get(type(rec), "a number"
+                                                                                     if rec is not None else "null")
+                    return (f"line {i} is {what}, not a JSON object; each line must be one object "
+                            '{"column": value, ...}')
+            return "the file has no data rows" if n == 0 else None
+        if kind == "tsv":
+            rows = ((i, ln.rstrip("\r\n").split("\t")) for i, ln in enumerate(fh, 1))
+        else:
+            reader = csv.reader(fh)
+            rows = ((reader.line_num, row) for row in reader)  # line_num: the physical line a record ends on
+        header, n = None, 0
+        for i, row in rows:
+            if not row or row == [""]:
+                continue
+            if header is None:
+                header = row
+                continue
+            n += 1
+            if len(row) > len(header):
+                sep = "tab" if kind == "tsv" else "unquoted comma"
+                return f"line {i} has {len(row)} fields, the header has {len(header)} (a stray {sep} in a text?)"
+        if header is None:
+            return "the file has no header line"
+        return "the file has a header but no data rows" if n == 0 else None
 
 
 def _read_text_lines(files: list[Path]):
@@ -271,15 +369,25 @@ def _hub(spec: dict, split: str):
         ) from None
 
 
-def _split_tail(ds, fraction: float):
-    """Deterministic split: the last ``fraction`` of rows (at most MAX_AUTO_EVAL_LINES, at least 1) is eval."""
+def _split_tail(ds, fraction: float, where: str = "the source"):
+    """Deterministic split: the last ``fraction`` of rows (at most MAX_AUTO_EVAL_LINES, at least 1) is eval.
+
+    Returns ``(train, eval, info)``; ``info`` (LoadedSource.held_out, meta.json) records the requested
+    fraction, the cap, the lines held out and whether the cap applied."""
     n = len(ds)
     if n < 2:
-        raise PrecswitchError(f"source: only {n} text line(s); need at least 2 to hold out an eval split")
-    n_eval = min(MAX_AUTO_EVAL_LINES, max(1, int(round(n * fraction))))
+        raise PrecswitchError(f"source: only {n} text line(s) in {where}; need at least 2 to hold out an eval split")
+    requested = max(1, int(round(n * fraction)))
+    if requested >= n:
+        raise PrecswitchError(f"source: eval_fraction {fraction:g} of the {n} lines of {where} holds out {requested} "
+                              "lines, leaving no line for training; lower eval_fraction (or give more lines)")
+    n_eval = min(MAX_AUTO_EVAL_LINES, requested)
     if n_eval > 1 and (n - n_eval) % 2:  # keep consecutive line pairs (2k, 2k+1) together
         n_eval -= 1
-    return ds.select(range(n - n_eval)), ds.select(range(n - n_eval, n))
+    info = {"where": where, "lines": n, "eval_fraction": fraction, "eval_lines_cap": MAX_AUTO_EVAL_LINES,
+            "eval_lines_requested": requested, "eval_lines": n_eval, "eval_fraction_effective": n_eval / n,
+            "capped": requested > MAX_AUTO_EVAL_LINES}
+    return ds.select(range(n - n_eval)), ds.select(range(n - n_eval, n)), info
 
 
 # --------------------------------------------------------------------------- uniform layout
@@ -297,7 +405,23 @@ def _columns(spec: dict) -> dict:
     unknown = sorted(set(cols) - {"text_a", "text_b", "label"})
     if unknown:
         raise PrecswitchError(f"source: unknown columns key(s) {unknown} (allowed: text_a, text_b, label)")
+    _require_distinct_columns(cols)
     return cols
+
+
+def _require_distinct_columns(cols: dict) -> None:
+    """text_a, text_b and label are three roles: one column named for two of them (text_b = text_a, label =
+    text_a) fed the same text twice or a text as the label, and crashed the loader with a KeyError."""
+    seen: list[tuple[str, Any]] = []
+    for k in ("text_a", "text_b", "label"):
+        c = cols.get(k)
+        if c is None or c == "":
+            continue
+        for k0, c0 in seen:
+            if c0 == c:
+                raise PrecswitchError(f"source: columns {k0} and {k} both name column {c!r}; each role (text_a, "
+                                      "text_b, label) needs its own column (text_b may be null)")
+        seen.append((k, c))
 
 
 def _require_columns(ds, wanted: dict[str, str], where: str) -> None:
@@ -319,6 +443,11 @@ def _to_mlm(ds, column: str, where: str):
         ds = ds.rename_column(column, "text")
     return ds.filter(lambda b: [t is not None and bool(str(t).strip()) for t in b["text"]], batched=True,
                      keep_in_memory=True)
+
+
+def _drop_note(before: int, ds, where: str) -> tuple[int, int, str]:
+    """(rows dropped, rows read, where) for LoadedSource.dropped."""
+    return before - len(ds), before, where
 
 
 def _to_classify(ds, cols: dict, where: str):
@@ -388,7 +517,14 @@ def _check_inferred_labels(labels: list, where: str) -> None:
 def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_eval: str):
     import datasets
 
-    if allowed is None:
+    inferred = allowed is None
+    train_keys = {_label_key(v) for v in train.unique("label")}
+    if len(train_keys) < 2:
+        v = train[0]["label"]
+        raise PrecswitchError(f"source: {where_train}: every one of the {len(train)} training rows has label {v!r}; "
+                              "a classifier needs training rows of at least 2 classes (is the label column the "
+                              "right one, or did max_train_rows cut a file sorted by label?)")
+    if inferred:
         found = sorted(set(train["label"]), key=lambda v: (not isinstance(v, (int, float)), v if
                                                            isinstance(v, (int, float)) else str(v)))
         allowed = [int(v) if isinstance(v, float) and v.is_integer() else v for v in found]
@@ -397,20 +533,22 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
     if len(index) != len(allowed):
         raise PrecswitchError(f"source: labels has duplicates: {allowed}")
     if len(allowed) < 2:
-        raise PrecswitchError(f"source: need at least 2 label values, found {allowed} in {where_train}")
+        raise PrecswitchError(f"source: labels must list at least 2 classes, got {allowed}")
 
-    def enc(ds, where):
+    def enc(ds, where, is_eval):
         bad = sorted({_label_key(v) for v in ds.unique("label")} - set(index))
         if bad:
             hint = ("; YAML reads unquoted yes/no/true/false as booleans: quote them (labels: ['yes', 'no'])"
                     if any(isinstance(v, bool) for v in allowed) else "")
+            if inferred and is_eval:
+                hint += " (labels is not given: the classes are the training file's; list labels to name them)"
             raise PrecswitchError(f"source: {where}: label value(s) {_few(bad)} not in the allowed labels "
                                   f"{_few(allowed)}{hint}")
         ds = ds.map(lambda b: {"label": [index[_label_key(v)] for v in b["label"]]}, batched=True,
                     keep_in_memory=True)
         return ds.cast_column("label", datasets.Value("int64"))
 
-    return enc(train, where_train), enc(eval_, where_eval), allowed
+    return enc(train, where_train, False), enc(eval_, where_eval, True), allowed
 
 
 def load_source(spec: dict | str, objective: str) -> LoadedSource:
@@ -421,14 +559,15 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
     _quiet()
     kind = spec["kind"]
     files = [str(f) for f in source_files(spec, objective)]
-    frac = spec.get("eval_fraction", DEFAULT_EVAL_FRACTION)
+    frac = spec.get("eval_fraction") or DEFAULT_EVAL_FRACTION  # null = the default
+    held_out = None
 
     if kind == "synthetic":
         d = Path(spec["dir"])
         if not d.is_dir():
             raise PrecswitchError(f"source: synthetic dir not found: {d} (write it with `precswitch synth`)")
         if objective == "mlm":
-            train, eval_ = _split_tail(_read_text_lines([d / "corpus.txt"]), frac)
+            train, eval_, held_out = _split_tail(_read_text_lines([d / "corpus.txt"]), frac, str(d / "corpus.txt"))
             where = (str(d / "corpus.txt"), str(d / "corpus.txt") + " (held-out tail)")
         else:
             train, eval_ = _read_table("tsv", [d / "train.tsv"]), _read_table("tsv", [d / "dev.tsv"])
@@ -443,7 +582,7 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
             eval_ = _read_text_lines(ev_files)
             where = (", ".join(map(str, tr_files)), ", ".join(map(str, ev_files)))
         else:
-            train, eval_ = _split_tail(train, frac)
+            train, eval_, held_out = _split_tail(train, frac, ", ".join(map(str, tr_files)))
             where = (", ".join(map(str, tr_files)), "held-out tail of train")
     elif kind == "hub":
         train = _hub(spec, spec.get("train_split") or "train")
@@ -463,10 +602,15 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
             col = spec.get("text_column") or (spec.get("columns") or {}).get("text_a")
             if not col:
                 raise PrecswitchError(f"source (kind {kind}, objective mlm): set text_column (or columns.text_a)")
-        train, eval_ = _to_mlm(train, col, where[0]), _to_mlm(eval_, col, where[1])
+        convert = lambda ds, w: _to_mlm(ds, col, w)  # noqa: E731
     else:
         cols = _columns(spec)
-        train, eval_ = _to_classify(train, cols, where[0]), _to_classify(eval_, cols, where[1])
+        convert = lambda ds, w: _to_classify(ds, cols, w)  # noqa: E731
+    read = {"train": len(train), "eval": len(eval_)}
+    train, eval_ = convert(train, where[0]), convert(eval_, where[1])
+    # rows with an empty text (or label) cell are dropped: the prepare log and meta.json say how many;
+    # kind text/synthetic lines were read blank- and heading-free already, so nothing is counted for them
+    dropped = {"train": _drop_note(read["train"], train, where[0]), "eval": _drop_note(read["eval"], eval_, where[1])}
 
     if spec.get("max_train_rows"):
         train = train.select(range(min(len(train), spec["max_train_rows"])))
@@ -474,10 +618,16 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
         eval_ = eval_.select(range(min(len(eval_), spec["max_eval_rows"])))
     for ds, w, split in ((train, where[0], "train"), (eval_, where[1], "eval")):
         if len(ds) == 0:
-            raise PrecswitchError(f"source: {split} split is empty after filtering ({w})")
+            if kind in ("synthetic", "text"):
+                why = "no line left once blank and ' = Heading = ' lines are dropped"
+            elif read[split] == 0:
+                why = "it has no data rows"
+            else:
+                why = f"all {read[split]} rows have an empty text or label cell"
+            raise PrecswitchError(f"source: {split} split is empty after filtering ({w}): {why}")
     if objective == "classify":
         train, eval_, label_values = _encode_labels(train, eval_, spec.get("labels"), where[0], where[1])
-    return LoadedSource(objective, train, eval_, label_values, spec, files)
+    return LoadedSource(objective, train, eval_, label_values, spec, files, held_out, dropped)
 
 
 def source_texts(spec: dict | str) -> list[str]:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -112,6 +113,22 @@ def _source_commit(spec: dict) -> str | None:
     return hub_commit(spec["name"], spec.get("revision"), repo_type="dataset")
 
 
+def _split_meta(src) -> dict:
+    """How the splits were made: the held-out tail of an MLM source without eval files (requested
+    eval_fraction, the cap, the lines held out; None for sources with eval files) and the rows dropped for an
+    empty text or label cell (counted before max_train_rows / max_eval_rows)."""
+    h = src.held_out or {}
+    return {
+        "eval_fraction": h.get("eval_fraction"),
+        "eval_lines_cap": h.get("eval_lines_cap"),
+        "eval_lines": h.get("eval_lines"),
+        "eval_fraction_effective": h.get("eval_fraction_effective"),
+        "eval_capped": h.get("capped"),
+        "train_rows_dropped": src.dropped.get("train", (None,))[0],
+        "eval_rows_dropped": src.dropped.get("eval", (None,))[0],
+    }
+
+
 def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_length: int,
             out: str | Path) -> dict:
     """Load, tokenize, save ``out`` (DatasetDict + meta.json) atomically; return the meta dict."""
@@ -133,6 +150,8 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
         raise PrecswitchError(f"--max-length {max_length} exceeds the tokenizer's model_max_length {mml} "
                               f"({tokenizer_dir}); allowed: <= {mml}")
     src = load_source(spec, objective)
+    for note in src.notes():  # the eval cap applied, rows dropped: in the job's log, not only in meta.json
+        print(f"precswitch: {note}", file=sys.stderr, flush=True)
     if objective == "mlm":
         fn = {"pairs": _line_pairs, "lines": _lines, "pack": _pack}[mlm_examples(spec)]
         train, eval_ = fn(src.train, tokenizer, max_length), fn(src.eval, tokenizer, max_length)
@@ -168,6 +187,7 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
         source_hash=source_hash(spec, objective),
         source_commit=_source_commit(spec),
         mlm_examples=(mlm_examples(spec) if objective == "mlm" else None),
+        **_split_meta(src),
         datasets_version=datasets.__version__,
     )
     dd = datasets.DatasetDict({"train": train, "eval": eval_})

@@ -1,0 +1,278 @@
+"""Data-loading edge cases from the config audit (H3, H6, M4, L4, L8): each bad table or mapping is refused
+with one line naming the file or key and the problem, and what the loader does silently (the eval cap,
+dropped rows) is logged by prepare and recorded in meta.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from precswitch.data.loading import MAX_AUTO_EVAL_LINES, check_table_headers, load_source
+from precswitch.data.prepare import prepare
+from precswitch.data.tokenizer import build_tokenizer
+from precswitch.errors import PrecswitchError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+MRPC = SHARED / "glue" / "MRPC"
+needs_shared = pytest.mark.skipif(not MRPC.is_dir(), reason="../shared/data (real GLUE/WikiText files) not present")
+MRPC_COLS = {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}
+MRPC_HEADER = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+PAIRS = {"text_a": "s1", "text_b": "s2", "label": "y"}
+
+
+def _mrpc_like(path: Path, rows: list[tuple], header: str = MRPC_HEADER) -> Path:
+    path.write_text(header + "".join("\t".join(map(str, r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _rows(n: int, labels=(0, 1)) -> list[tuple]:
+    return [(labels[i % len(labels)], 100 + i, 200 + i, f"the cat number {i} sat", f"a dog number {i} ran")
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    texts = [f"line number {i} here , the cat sat on a dog" for i in range(200)]
+    return build_tokenizer(texts, root / "tok", vocab_size=200, model_max_length=64)
+
+
+# --------------------------------------------------------------------------- H3: one column, two roles
+
+
+@pytest.mark.parametrize("cols, msg", [
+    ({**MRPC_COLS, "text_b": "#1 String"}, "columns text_a and text_b both name column '#1 String'"),
+    ({"text_a": "Quality", "text_b": None, "label": "Quality"}, "columns text_a and label both name column 'Quality'"),
+    ({"text_a": "#1 String", "text_b": "Quality", "label": "Quality"},
+     "columns text_b and label both name column 'Quality'"),
+])
+def test_a_column_named_for_two_roles_is_refused_by_the_header_check_and_the_loader(tmp_path, cols, msg):
+    """text_b = text_a crashed prepare with KeyError 'text_a', label = text_a with pyarrow's 'Field "label"
+    exists 2 times in schema', after stage 1 trained; the header check (run by the workflow's config check,
+    which prefixes 'config key data.<stage>.columns: ') passed both."""
+    train = _mrpc_like(tmp_path / "train.tsv", _rows(6))
+    dev = _mrpc_like(tmp_path / "dev.tsv", _rows(4))
+    spec = {"kind": "tsv", "train": str(train), "eval": str(dev), "columns": cols}
+    with pytest.raises(PrecswitchError) as e:
+        check_table_headers(spec)
+    text = str(e.value)
+    assert text.startswith("source: " + msg) and "each role (text_a, text_b, label) needs its own column" in text
+    assert "\n" not in text
+    # what the workflow prints
+    assert f"config key data.finetune.columns: {text.removeprefix('source: ')}".startswith(
+        "config key data.finetune.columns: " + msg)
+    with pytest.raises(PrecswitchError, match="^source: " + msg):
+        load_source(spec, "classify")
+    # the same for a hub source (no header to read: the mapping alone is wrong)
+    with pytest.raises(PrecswitchError, match="^source: " + msg):
+        check_table_headers({"kind": "hub", "name": "x/y", "columns": cols})
+
+
+def test_distinct_columns_still_load_including_a_swap(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("text_a,label\n0,a cat\n1,a dog\n0,it rains\n1,it pours\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(path), "eval": str(path), "columns": {"text_a": "label", "text_b": None,
+                                                                            "label": "text_a"}}
+    check_table_headers(spec)
+    src = load_source(spec, "classify")
+    assert src.train["text_a"] == ["a cat", "a dog", "it rains", "it pours"]  # the column named 'label'
+    assert src.label_values == [0, 1] and src.train["label"] == [0, 1, 0, 1]
+
+
+@needs_shared
+def test_real_mrpc_with_text_b_equal_to_text_a_is_refused_before_loading():
+    spec = {"kind": "tsv", "train": str(MRPC / "train.tsv"), "eval": str(MRPC / "dev.tsv"),
+            "columns": {**MRPC_COLS, "text_b": "#1 String"}}
+    with pytest.raises(PrecswitchError, match="columns text_a and text_b both name column '#1 String'"):
+        check_table_headers(spec)
+
+
+# --------------------------------------------------------------------------- H6 / L8: the held-out tail
+
+
+def _lines_file(path: Path, n: int) -> Path:
+    path.write_text("".join(f"line number {i} here\n" for i in range(n)), encoding="utf-8")
+    return path
+
+
+def test_eval_fraction_cap_is_logged_and_recorded_in_meta(tmp_path, tok, capsys):
+    """eval_fraction 0.5 of 4101 lines asked for 2050 held-out lines and silently got the 2000-line cap."""
+    f = _lines_file(tmp_path / "c.txt", 4101)
+    spec = {"kind": "text", "train": [str(f)], "eval_fraction": 0.5, "mlm_examples": "lines"}
+    meta = prepare(spec, tok, "mlm", 32, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert MAX_AUTO_EVAL_LINES == 2000
+    assert (meta["n_train"], meta["n_eval"]) == (2102, 1999)  # 1999: the train part keeps an even line count
+    on_disk = json.loads((tmp_path / "out" / "meta.json").read_text())
+    for m in (meta, on_disk):
+        assert m["eval_fraction"] == 0.5 and m["eval_lines_cap"] == 2000 and m["eval_lines"] == 1999
+        assert m["eval_fraction_effective"] == pytest.approx(1999 / 4101) and m["eval_capped"] is True
+    assert (f"precswitch: eval_fraction 0.5 of the 4101 lines of {f} would hold out 2050 lines, above the cap of "
+            "2000 held-out lines: 1999 lines (48.74%) held out for eval, 2102 for training") in err
+
+
+def test_eval_fraction_under_the_cap_is_recorded_and_not_logged(tmp_path, tok, capsys):
+    f = _lines_file(tmp_path / "c.txt", 101)
+    meta = prepare({"kind": "text", "train": [str(f)], "mlm_examples": "lines"}, tok, "mlm", 32, tmp_path / "out")
+    assert "eval_fraction" not in capsys.readouterr().err
+    # default 5%: round(5.05) = 5 lines (96 train lines: an even count, line pairs stay together)
+    assert (meta["eval_fraction"], meta["eval_lines_cap"], meta["eval_lines"], meta["eval_capped"]) == (
+        0.05, 2000, 5, False)
+    assert meta["eval_fraction_effective"] == pytest.approx(5 / 101)
+    assert meta["n_eval"] == 5 and meta["n_train"] == 96
+    # a source with eval files holds nothing out: the keys are there, null
+    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "lines"}, tok, "mlm",
+                   32, tmp_path / "out2")
+    assert meta["eval_fraction"] is None and meta["eval_lines"] is None and meta["eval_capped"] is None
+
+
+def test_eval_fraction_leaving_no_training_line_names_eval_fraction(tmp_path):
+    """0.99 of 10 lines held out all 10 and was refused as 'train split is empty after filtering'."""
+    from precswitch.data.synthetic import write_synthetic
+
+    f = _lines_file(tmp_path / "c.txt", 10)
+    with pytest.raises(PrecswitchError, match=r"^source: eval_fraction 0.99 of the 10 lines of .*c.txt holds out "
+                                              r"10 lines, leaving no line for training; lower eval_fraction"):
+        load_source({"kind": "text", "train": [str(f)], "eval_fraction": 0.99}, "mlm")
+    d = write_synthetic(tmp_path / "syn", seed=1, n_corpus=10, n_train=20, n_dev=10)
+    with pytest.raises(PrecswitchError, match=r"eval_fraction 0.99 of the 10 lines of .*corpus.txt holds out 10"):
+        load_source({"kind": "synthetic", "dir": str(d), "eval_fraction": 0.99}, "mlm")
+    # a fraction that leaves a line still works (9 held out -> 8: train keeps an even count); null = default
+    src = load_source({"kind": "text", "train": [str(f)], "eval_fraction": 0.9}, "mlm")
+    assert (len(src.train), len(src.eval)) == (2, 8)
+    src = load_source({"kind": "text", "train": [str(f)], "eval_fraction": None}, "mlm")
+    assert (len(src.train), len(src.eval)) == (9, 1)
+
+
+# --------------------------------------------------------------------------- M4: bad fine-tuning tables
+
+
+def test_header_only_or_empty_eval_file_is_named_not_datasets_train_split(tmp_path):
+    """A header-only eval TSV read as 'Instruction "train" corresponds to no data!'."""
+    train = _mrpc_like(tmp_path / "train.tsv", _rows(6))
+    empty = _mrpc_like(tmp_path / "empty_eval.tsv", [])
+    with pytest.raises(PrecswitchError) as e:
+        load_source({"kind": "tsv", "train": str(train), "eval": str(empty)}, "classify")
+    assert str(e.value).startswith(f"source: cannot read tsv file {empty}: the file has a header but no data rows "
+                                   "(datasets: ")
+    assert 'Instruction "train" corresponds to no data!' in str(e.value)  # the original, appended
+    zero = tmp_path / "zero.csv"
+    zero.write_bytes(b"")
+    with pytest.raises(PrecswitchError, match=f"^source: cannot read csv file {zero}: the file is empty"):
+        load_source({"kind": "csv", "train": str(zero), "eval": str(zero), "columns": PAIRS}, "classify")
+
+
+@pytest.mark.parametrize("kind", ["tsv", "csv"])
+def test_ragged_table_names_the_line_and_the_field_counts(tmp_path, kind):
+    """'An error occurred while generating the dataset' hid pandas' 'Expected 5 fields in line 6, saw 6'."""
+    rows = _rows(6)
+    if kind == "tsv":
+        ragged = _mrpc_like(tmp_path / "ragged.tsv", rows[:4] + [rows[4] + ("extra",)] + rows[5:])
+        spec = {"kind": "tsv", "train": str(_mrpc_like(tmp_path / "train.tsv", rows)), "eval": str(ragged)}
+        want = r"line 6 has 6 fields, the header has 5 \(a stray tab in a text\?\)"
+    else:
+        ragged = tmp_path / "ragged.csv"
+        ragged.write_text('s1,s2,y\n"a, quoted",b,0\nc,d,1\ne,f,g,0\n', encoding="utf-8")
+        spec = {"kind": "csv", "train": str(ragged), "eval": str(ragged), "columns": PAIRS}
+        want = r"line 4 has 4 fields, the header has 3 \(a stray unquoted comma in a text\?\)"
+    with pytest.raises(PrecswitchError, match=f"^source: cannot read {kind} file {ragged}: {want} \\(datasets: "
+                                              r"An error occurred while generating the dataset: .*Expected \d "
+                                              r"fields in line \d, saw \d\)$"):
+        load_source(spec, "classify")
+
+
+def test_jsonl_lines_that_are_not_objects_are_named(tmp_path):
+    arr = tmp_path / "arr.jsonl"
+    arr.write_text('["s1", "s2", "y"]\n["a", "b", 0]\n', encoding="utf-8")
+    spec = {"kind": "jsonl", "train": str(arr), "eval": str(arr), "columns": PAIRS}
+    with pytest.raises(PrecswitchError, match=rf"^source: cannot read jsonl file {arr}: line 1 is an array, not a "
+                                              r"JSON object; each line must be one object \{\"column\": value, "
+                                              r"\.\.\.\} \(datasets: An error occurred while generating"):
+        load_source(spec, "classify")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"s1": "a", "s2": "b", "y": 0}\n{"s1": "c", "s2": \n', encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=rf"^source: cannot read jsonl file {bad}: line 2 is not valid JSON"):
+        load_source({**spec, "train": str(bad), "eval": str(bad)}, "classify")
+
+
+def test_table_without_rows_or_with_only_empty_cells_says_which(tmp_path):
+    """Parquet/JSONL with no rows load as empty datasets; all rows blank were 'empty after filtering'."""
+    import pandas as pd
+
+    good = tmp_path / "good.csv"
+    good.write_text("s1,s2,y\na,b,0\nc,d,1\n", encoding="utf-8")
+    empty_pq = tmp_path / "empty.parquet"
+    pd.DataFrame({"s1": pd.Series([], dtype=str), "s2": pd.Series([], dtype=str),
+                  "y": pd.Series([], dtype="int64")}).to_parquet(empty_pq, index=False)
+    good_pq = tmp_path / "good.parquet"
+    pd.read_csv(good).to_parquet(good_pq, index=False)
+    with pytest.raises(PrecswitchError, match=rf"^source: cannot read parquet file {empty_pq}: the file has no data "
+                                              r"rows \(datasets: "):
+        load_source({"kind": "parquet", "train": str(good_pq), "eval": str(empty_pq), "columns": PAIRS}, "classify")
+    blank = tmp_path / "blank.csv"
+    blank.write_text("s1,s2,y\n,b,0\n ,d,1\n", encoding="utf-8")
+    nl = tmp_path / "blank_lines.jsonl"
+    nl.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=rf"^source: cannot read jsonl file {nl}: the file has no data rows"):
+        load_source({"kind": "jsonl", "train": str(nl), "eval": str(nl), "columns": PAIRS}, "classify")
+    with pytest.raises(PrecswitchError, match=rf"^source: eval split is empty after filtering \({blank}\): all 2 "
+                                              r"rows have an empty text or label cell$"):
+        load_source({"kind": "csv", "train": str(good), "eval": str(blank), "columns": PAIRS}, "classify")
+
+
+def test_one_class_training_split_is_refused_naming_the_file(tmp_path):
+    """'need at least 2 label values, found [1]'; with labels listed, one training class was not refused."""
+    one = _mrpc_like(tmp_path / "oneclass.tsv", _rows(8, labels=(1,)))
+    dev = _mrpc_like(tmp_path / "dev.tsv", _rows(4))
+    msg = (rf"^source: {one}: every one of the 8 training rows has label 1; a classifier needs training rows of at "
+           "least 2 classes")
+    with pytest.raises(PrecswitchError, match=msg):
+        load_source({"kind": "tsv", "train": str(one), "eval": str(dev)}, "classify")
+    with pytest.raises(PrecswitchError, match=msg):
+        load_source({"kind": "tsv", "train": str(one), "eval": str(dev), "labels": [0, 1]}, "classify")
+    # max_train_rows cutting a file sorted by label leaves one class too
+    srt = _mrpc_like(tmp_path / "sorted.tsv", sorted(_rows(8), key=lambda r: r[0]))
+    with pytest.raises(PrecswitchError, match=r"every one of the 3 training rows has label 0"):
+        load_source({"kind": "tsv", "train": str(srt), "eval": str(dev), "max_train_rows": 3}, "classify")
+    with pytest.raises(PrecswitchError, match=r"^source: labels must list at least 2 classes, got \[1\]"):
+        load_source({"kind": "tsv", "train": str(dev), "eval": str(dev), "labels": [1]}, "classify")
+
+
+def test_eval_label_not_among_the_training_labels_says_where_the_classes_come_from(tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text("s1,s2,y\na,b,0\nc,d,1\ne,f,0\ng,h,1\n", encoding="utf-8")
+    dev = tmp_path / "dev.csv"
+    dev.write_text("s1,s2,y\na,b,0\nc,d,maybe\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(train), "eval": str(dev), "columns": PAIRS}
+    with pytest.raises(PrecswitchError, match=rf"^source: {dev}: label value\(s\) \['maybe'\] not in the allowed "
+                                              r"labels \[0, 1\] \(labels is not given: the classes are the "
+                                              r"training file's; list labels to name them\)$"):
+        load_source(spec, "classify")
+
+
+# --------------------------------------------------------------------------- L4: rows dropped for empty cells
+
+
+def test_rows_with_an_empty_text_cell_are_counted_logged_and_recorded(tmp_path, tok, capsys):
+    train = tmp_path / "train.csv"
+    train.write_text("s1,s2,y\nthe cat,a dog,0\n,a dog,1\nthe cat,a dog,1\nthe cat,,0\nthe cat,a dog,0\n",
+                     encoding="utf-8")
+    dev = tmp_path / "dev.csv"
+    dev.write_text("s1,s2,y\nthe cat,a dog,0\n   ,a dog,1\nthe cat,a dog,1\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(train), "eval": str(dev), "columns": PAIRS}
+    src = load_source(spec, "classify")
+    assert (len(src.train), len(src.eval)) == (3, 2)
+    assert src.dropped == {"train": (2, 5, str(train)), "eval": (1, 3, str(dev))}
+    meta = prepare(spec, tok, "classify", 32, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert (meta["train_rows_dropped"], meta["eval_rows_dropped"]) == (2, 1)
+    assert f"precswitch: warning: train split ({train}): 2 of 5 rows dropped (empty text or label cell)" in err
+    assert f"precswitch: warning: eval split ({dev}): 1 of 3 rows dropped (empty text or label cell)" in err
+    # nothing dropped: recorded as 0, nothing logged
+    ok = tmp_path / "ok.csv"
+    ok.write_text("s1,s2,y\na,b,0\nc,d,1\n", encoding="utf-8")
+    meta = prepare({**spec, "train": str(ok), "eval": str(ok)}, tok, "classify", 32, tmp_path / "out2")
+    assert (meta["train_rows_dropped"], meta["eval_rows_dropped"]) == (0, 0)
+    assert "dropped" not in capsys.readouterr().err
