@@ -189,6 +189,8 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
                 f"cannot switch from {a.name!r} to {b.name!r} inside a stage: their weights are stored differently "
                 f"({P.dtype_name(a.param_dtype)} vs {P.dtype_name(b.param_dtype)}); use two stages instead"
             )
+        if hp["steps"] is not None:  # an epochs stage's step count is known only with its data (engine)
+            switch_step(hp, hp["steps"])
     why = P.eval_precision_problem(hp["precision"], hp["eval_precision"])
     if why:
         raise PrecswitchError(f"eval_precision {hp['eval_precision']!r} after an {hp['precision']} stage: {why}")
@@ -200,6 +202,44 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     if hp["run_id"] is None:
         hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
     return hp
+
+
+def _fraction_at(step: int, total: int) -> str:
+    """``step / total`` as a switch_at to print: 4 significant digits, more where those would round to another step."""
+    for digits in range(4, 18):
+        text = f"{step / total:.{digits}g}"
+        if int(round(float(text) * total)) == step:
+            return text
+    return repr(step / total)
+
+
+def switch_step(hp: dict[str, Any], total_steps: int) -> int | None:
+    """The step of an in-stage switch, ``round(switch_at * total_steps)`` (None: the stage does not switch).
+
+    Refuses (PrecswitchError naming switch_at) a switch point that rounds to step 0 (the whole stage would
+    run in switch_to) or, for a switch_at below 1, to the last step (the stage would never switch): either
+    run would be recorded as a switch it never made. switch_at 1 is kept: all steps in precision (no switch).
+    ``resolve`` checks a ``steps`` stage; the engine checks an ``epochs`` stage once its data gives the steps."""
+    if hp["switch_to"] is None:
+        return None
+    at, total = hp["switch_at"], int(total_steps)
+    step = int(round(at * total))
+    if 0 < step < total or at == 1:
+        return step
+    first, then = hp["precision"], hp["switch_to"]
+    where = f"switch_at {at!r} of {total} step{'s' if total != 1 else ''} rounds to step {step}"
+    if total < 2:
+        raise PrecswitchError(f"{where}: a 1-step stage cannot switch part-way (a switch needs at least 2 steps); "
+                              f"run it in {first} or {then} without switch_to/switch_at")
+    if step == 0:
+        raise PrecswitchError(
+            f"{where}: the whole stage would run in {then}, not switch from {first}; use switch_at >= "
+            f"{_fraction_at(1, total)} (the earliest switch: after step 1 of {total}), or drop switch_to/switch_at "
+            f"and use precision {then}")
+    raise PrecswitchError(
+        f"{where}, the end of the stage: it would never switch to {then}; use switch_at <= "
+        f"{_fraction_at(total - 1, total)} (the latest switch: after step {total - 1} of {total}), or drop "
+        f"switch_to/switch_at to run the whole stage in {first}")
 
 
 def config_hash(hp: dict[str, Any]) -> str:

@@ -304,6 +304,11 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
     (``model.cls``: transform, LayerNorm, decoder tied to the embeddings) and the same loss (mean
     cross-entropy over labelled tokens) run on those rows: equal loss and gradients (tests/test_engine.py),
     less work. The row count is padded to a multiple of 16 with ignored rows (tensor-core shapes).
+
+    A batch with no masked token (possible with a small batch, short rows or a small mlm_probability) has
+    nothing to score: its loss is a zero that stays on the graph (``0 * sum`` of the empty scores), not the
+    NaN of a mean over no rows, so backward, the loss scaler and the optimizer step run as on any batch and
+    every gradient is zero (the step the mean's NaN loss already gave, only without the NaN).
     """
     if "head_rows" in batch:  # selected on the host with the batch (no device-to-host sync mid-forward)
         idx, rows_labels = batch["head_rows"], batch["head_labels"]
@@ -311,6 +316,8 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
         idx, rows_labels = mlm_head_rows(batch["labels"])
     hidden = model.bert(**{k: v for k, v in batch.items() if k not in MLM_EXTRA_KEYS}).last_hidden_state
     scores = model.cls(hidden.reshape(-1, hidden.size(-1))[idx])
+    if rows_labels.numel() == 0:  # no masked token (rows are padded only when there is one): a graph zero
+        return scores.float().sum() * 0.0, scores, rows_labels
     loss = torch.nn.functional.cross_entropy(scores, rows_labels, ignore_index=-100)
     return loss, scores, rows_labels
 
@@ -407,6 +414,8 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
     correct, masked = 0, 0
     preds, labels, nonfinite = [], [], 0
     for b in batches:
+        if objective == "mlm" and not bool((b["labels"] != -100).any()):
+            continue  # no masked token: nothing to score (it would weigh 0 in the mean)
         b = {k: v.to(device) for k, v in b.items()}
         if objective == "mlm":
             with prec.autocast(device.type):
@@ -433,6 +442,8 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
             preds += logits.argmax(-1).tolist()
             labels += b["labels"].tolist()
     model.train()
+    if objective == "mlm" and masked == 0:
+        raise PrecswitchError(NO_EVAL_MASK)
     loss = total_loss / max(total_n, 1)
     res: dict[str, Any] = {"eval_loss": loss if math.isfinite(loss) else None, "eval_note": None}
     if objective == "mlm":
@@ -453,6 +464,11 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
             res["f1"] = float(f1_score(labels, preds, pos_label=1, average="binary" if binary else "macro", zero_division=0))
             res["mcc"] = float(matthews_corrcoef(labels, preds))
     return res
+
+
+#: a masked-LM eval split with no masked token has no loss to report (not a model that is NaN)
+NO_EVAL_MASK = ("the masked-LM eval split has no masked token: raise train.pretrain.mlm_probability "
+                "(hparams mlm_probability) or the number of eval rows")
 
 
 def _eval_batches(rows, collate, bs: int, seed: int) -> list[dict]:
@@ -534,6 +550,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     hp = C.resolve(hparams)
     prec = P.get(hp["precision"])
     eval_prec = prec if hp["eval_precision"] == "same" else P.get(hp["eval_precision"])
+    # In-stage switch (e.g. 80% amp_fp16 then fp32): same weight storage, new autocast/scaler/TF32 flags.
+    prec2 = P.get(hp["switch_to"]) if hp["switch_to"] else None
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -583,10 +601,9 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         atomic_write_json(out / "metrics.json", metrics)
         return metrics
 
-    try:
-        P.check_supported(prec, device)
-        if eval_prec is not prec:
-            P.check_supported(eval_prec, device)
+    try:  # every precision the stage would run: its own, the in-stage switch_to, the eval precision
+        for p in {q.name: q for q in (prec, prec2, eval_prec) if q is not None}.values():
+            P.check_supported(p, device)
     except PrecisionUnsupported as e:
         if hp["on_unsupported"] != "skip":
             raise
@@ -612,6 +629,9 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         raise PrecswitchError(
             f"batch_size {hp['batch_size']} is larger than the training set ({len(train_ds)} rows in {hp['data']!r})"
         )
+    per_epoch = len(train_ds) // hp["batch_size"]  # = Batches.per_epoch
+    total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * per_epoch)))
+    switch_step = C.switch_step(hp, total_steps)  # an epochs stage's switch point: refused before training
     transformers.set_seed(hp["seed"])
     init = str(hp["init"])
     init_info = _init_info(init) if init != "scratch" else {}
@@ -648,14 +668,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     train_rows = _model_columns(train_ds, hp["objective"])
     eval_rows = _model_columns(eval_ds, hp["objective"])
     batches = Batches(train_rows, hp["batch_size"], hp["seed"], train_collate)
-    total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * batches.per_epoch)))
     warmup = int(round(hp["warmup_ratio"] * total_steps))
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-    # In-stage switch (e.g. 80% amp_fp16 then fp32): same weight storage, new autocast/scaler/TF32 flags.
-    prec2 = P.get(hp["switch_to"]) if hp["switch_to"] else None
-    switch_step = int(round(hp["switch_at"] * total_steps)) if prec2 else None
-    if prec2 is not None:
-        P.check_supported(prec2, device)
     active = lambda step: prec2 if prec2 is not None and step >= switch_step else prec  # noqa: E731
     scaler = active(0).make_scaler(device.type)
     tel = ActivationTelemetry(model, every=hp["telemetry_every"])
@@ -665,6 +679,9 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     train_loss = forward_loss if hp["compile"] == "off" else torch.compile(forward_loss, mode=hp["compile"])
     cudagraphs = hp["compile"] == "reduce-overhead" and device.type == "cuda"
     eval_batches = _eval_batches(eval_rows, collate, hp["eval_batch_size"], hp["eval_seed"])
+    if hp["objective"] == "mlm" and not any(bool((b["labels"] != -100).any()) for b in eval_batches):
+        raise PrecswitchError(f"{NO_EVAL_MASK} ({len(eval_rows)} eval rows in {hp['data']!r}, mlm_probability "
+                              f"{hp['mlm_probability']}, eval_seed {hp['eval_seed']}); refused before training")
 
     # ------------------------------------------------------------ resume
     resume_dir = Path(hp["resume_dir"] or out / "resume")
@@ -672,7 +689,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     st: dict[str, Any] = {
         "step": 0, "rows": [], "step_times": [], "train_seconds": 0.0, "nonfinite": 0, "consecutive": 0,
         "first_nonfinite": None, "skipped": 0, "scales": [], "attempts": 0, "tokens": 0, "samples": 0,
-        "state_saves": 0, "state_seconds": 0.0, "status": "ok", "status_reason": None,
+        "state_saves": 0, "state_seconds": 0.0, "status": "ok", "status_reason": None, "mlm_empty": 0,
     }
     resumed = False
     if state_path.is_file():
@@ -691,6 +708,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         st = saved["loop"]
+        st.setdefault("mlm_empty", 0)  # state saved before the counter existed
         scaler = active(st["step"]).make_scaler(device.type)
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
@@ -751,15 +769,18 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     cur = active(st["step"])
     flags = cur.apply_backend_flags()  # a run resumed past its switch point starts in the switched precision
 
-    def host_batch(step: int) -> tuple[dict, int]:
-        """The step's batch, built on the host, and its token count (counted before a full mask is dropped)."""
+    def host_batch(step: int) -> tuple[dict, int, bool]:
+        """The step's batch, built on the host, its token count (counted before a full mask is dropped), and
+        whether it is a masked-LM batch without a masked token (nothing to score: a zero loss, see mlm_forward)."""
         b = batches.get(step)
+        empty = False
         if hp["objective"] == "mlm":
             b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
+            empty = b["head_rows"].numel() == 0
         n_tokens = int(b["attention_mask"].sum())
         # compiled: the batch keeps one set of keys (a dropped mask is another graph); the compiled forward
         # has no mask check to sync on anyway
-        return (drop_full_attention_mask(b) if hp["compile"] == "off" else b), n_tokens
+        return (drop_full_attention_mask(b) if hp["compile"] == "off" else b), n_tokens, empty
 
     pending = None  # the next step's batch, built while the device runs this step's forward and backward
     try:
@@ -772,17 +793,18 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                     scaler = cur.make_scaler(device.type)
                 elif not cur.loss_scaling:
                     scaler = None
-            (batch, n_tokens), pending = (pending if pending is not None else host_batch(step)), None
+            (batch, n_tokens, empty), pending = (pending if pending is not None else host_batch(step)), None
             n_samples = int(batch["input_ids"].shape[0])
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            if hp["compile"] != "off":
+            if hp["compile"] != "off" and not empty:
                 for k in HEAD_KEYS:  # the masked-row count varies by batch: one dynamic graph, not a recompile
                     if k in batch:
                         torch._dynamo.mark_dynamic(batch[k], 0)
             if cudagraphs:  # a new iteration: the last step's graph outputs may be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
             with tel.step(step), cur.autocast(device.type):
-                loss = train_loss(model, batch, hp["objective"])
+                # a batch with no masked token runs eager: the compiled graph never sees 0 head rows
+                loss = (forward_loss if empty else train_loss)(model, batch, hp["objective"])
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
@@ -813,18 +835,23 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             st["samples"] += n_samples
             st["tokens"] += n_tokens
             st["skipped"] += int(skipped)
+            st["mlm_empty"] += int(empty)
             if scale_before is not None:
                 st["scales"].append(scale_before)
             gn = float(grad_norm)
             # every skipped step gets its own row (as well as every log_every-th step), so steps.csv and
             # the loss_scale plot show each skip at its step, not only those that fall on a logged one
             if step % hp["log_every"] == 0 or step == total_steps - 1 or skipped:
-                st["rows"].append([step + 1, loss_val, lr, gn, scale_before, round(dt, 6), int(skipped)])
+                # no masked token: no loss to log (an empty cell, not its zero: it would read as a perfect batch)
+                st["rows"].append([step + 1, None if empty else loss_val, lr, gn, scale_before, round(dt, 6),
+                                   int(skipped)])
             st["step"] = step + 1
             if st["step"] == hp["timing_warmup_steps"] and energy0 is not None:  # synced above: read once
                 energy_warm = measure.nvml_energy_mj(device)
             bar.update(1)
-            if not math.isfinite(loss_val):
+            if empty:
+                pass  # nothing was scored: neither a non-finite loss nor a finite one (the run of them goes on)
+            elif not math.isfinite(loss_val):
                 st["nonfinite"] += 1
                 st["consecutive"] += 1
                 st["first_nonfinite"] = st["first_nonfinite"] or step + 1
@@ -875,7 +902,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             st["status"] = "diverged"
             st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
         if st["status"] == "ok":
-            reason = blown_up(st["nonfinite"], st["step"], ev.get("eval_loss"), hp["objective"],
+            reason = blown_up(st["nonfinite"], st["step"] - st["mlm_empty"], ev.get("eval_loss"), hp["objective"],
                               int(model.config.vocab_size), hp["max_nonfinite_fraction"])
             if reason:
                 st["status"], st["status_reason"] = "diverged", reason
@@ -914,7 +941,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     steady_steps = len(steady)
     tokens_per_step = st["tokens"] / max(len(times), 1)
     scales = st["scales"]
-    gns = [r[3] for r in st["rows"] if r[3] is not None and math.isfinite(r[3])]
+    # a batch without a masked token (empty loss) has a zero gradient by construction: not a measured norm
+    gns = [r[3] for r in st["rows"] if r[3] is not None and math.isfinite(r[3]) and r[1] is not None]
     buf = io.StringIO()
     wr = csv.writer(buf)
     wr.writerow(STEP_FIELDS)
@@ -973,7 +1001,9 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "skipped_steps": st["skipped"],
         "nonfinite_losses": st["nonfinite"],
         "first_nonfinite_step": st["first_nonfinite"],
-        "final_train_loss": st["rows"][-1][1] if st["rows"] else None,
+        # masked-LM training batches without a masked token: zero loss and gradient, an empty loss in steps.csv
+        "mlm_empty_batches": st["mlm_empty"] if hp["objective"] == "mlm" else None,
+        "final_train_loss": next((r[1] for r in reversed(st["rows"]) if r[1] is not None), None),
         "grad_norm": {
             "mean": statistics.fmean(gns) if gns else None,
             "median": statistics.median(gns) if gns else None,

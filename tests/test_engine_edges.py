@@ -1,0 +1,315 @@
+"""Engine edge cases found by the config audit (H1, H2, H4): a switch point that rounds to no switch, an
+in-stage ``switch_to`` the device cannot run under ``on_unsupported: skip``, and masked-LM batches (or an eval
+split) without a masked token."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_fixtures import make_prepared  # noqa: E402
+
+from precswitch import precision as P  # noqa: E402
+from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
+from precswitch.train import config as C  # noqa: E402
+from precswitch.train import engine  # noqa: E402
+from precswitch.train.engine import run_stage  # noqa: E402
+
+TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    return {"mlm": make_prepared(root, "mlm"), "classify": make_prepared(root, "classify")}
+
+
+def _rows(out: Path) -> list[dict]:
+    with open(out / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _nothing_written(out: Path) -> bool:
+    return not (out / "metrics.json").exists() and not (out / "steps.csv").exists() \
+        and not (out / "checkpoint").exists()
+
+
+# ================================================================== H1: a switch point that is no switch
+@pytest.mark.parametrize("at, msg", [
+    (0.01, r"switch_at 0\.01 of 20 steps rounds to step 0: the whole stage would run in fp32.*"
+           r"switch_at >= 0\.05 \(the earliest switch: after step 1 of 20\)"),
+    (0.99, r"switch_at 0\.99 of 20 steps rounds to step 20, the end of the stage: it would never switch to fp32.*"
+           r"switch_at <= 0\.95 \(the latest switch: after step 19 of 20\)"),
+])
+def test_steps_stage_switch_rounding_to_no_switch_is_refused_before_training(data, tmp_path, at, msg):
+    """Before: switch_at 0.01 of 20 steps ran every step in fp32 and 0.99 never switched, both recorded as
+    switched runs. Now refused with the key, the value, the steps and the earliest/latest real switch."""
+    hp = {"data": str(data["mlm"]), "precision": "amp_bf16", "switch_to": "fp32", "switch_at": at, "steps": 20,
+          "model": TINY}
+    with pytest.raises(PrecswitchError, match=msg):
+        run_stage(hp, tmp_path / "r")
+    assert _nothing_written(tmp_path / "r")
+    with pytest.raises(PrecswitchError, match=msg):  # refused by the hparams check itself (the CLI's too)
+        C.resolve(hp)
+
+
+@pytest.mark.parametrize("at, msg", [
+    (0.1, r"switch_at 0\.1 of 3 steps rounds to step 0.*switch_at >= 0\.3333 \(the earliest switch: after step 1"),
+    (0.9, r"switch_at 0\.9 of 3 steps rounds to step 3, the end.*switch_at <= 0\.6667 \(the latest switch: "
+          r"after step 2 of 3\)"),
+])
+def test_epochs_stage_switch_rounding_to_no_switch_is_refused_before_training(data, tmp_path, at, msg):
+    """An epochs stage's step count is known only once its data is loaded (96 rows / batch 32 = 3 steps):
+    the engine refuses there, before the model is built or a step is taken."""
+    hp = {"data": str(data["mlm"]), "precision": "amp_bf16", "switch_to": "fp32", "switch_at": at, "epochs": 1,
+          "batch_size": 32, "model": TINY}
+    C.resolve(hp)  # the step count is unknown here: accepted
+    with pytest.raises(PrecswitchError, match=msg):
+        run_stage(hp, tmp_path / "r")
+    assert _nothing_written(tmp_path / "r")
+
+
+def test_epochs_stage_with_a_real_switch_still_switches(data, tmp_path):
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.5,
+                   "epochs": 1, "batch_size": 32, "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+    assert m["status"] == "ok" and m["steps_planned"] == 3
+    assert m["switch_step"] == 2 and m["precision_final"] == "fp32"
+
+
+def test_switch_step_edges():
+    hp = {"precision": "amp_fp16", "switch_to": "fp32"}
+    assert C.switch_step({**hp, "switch_to": None, "switch_at": None}, 7) is None
+    assert C.switch_step({**hp, "switch_at": 0.05}, 20) == 1  # the earliest and latest real switches
+    assert C.switch_step({**hp, "switch_at": 0.95}, 20) == 19
+    assert C.switch_step({**hp, "switch_at": 0.03}, 20) == 1  # 0.6 steps: rounds to 1, a switch
+    assert C.switch_step({**hp, "switch_at": 1}, 20) == 20  # switch_at 1 (in (0, 1]): all in precision, kept
+    with pytest.raises(PrecswitchError, match=r"switch_at 0\.025 of 20 steps rounds to step 0"):  # 0.5 -> 0
+        C.switch_step({**hp, "switch_at": 0.025}, 20)
+    with pytest.raises(PrecswitchError, match=r"a 1-step stage cannot switch part-way"):
+        C.switch_step({**hp, "switch_at": 0.5}, 1)
+    # many steps: the printed bound keeps the digits that make it round to the right step
+    with pytest.raises(PrecswitchError, match=r"switch_at <= 0\.99999 \(the latest switch: after step 99999"):
+        C.switch_step({**hp, "switch_at": 0.999999}, 100000)
+
+
+def test_sweep_end_points_are_plain_runs_and_every_frontier_hparams_resolves(tmp_path):
+    """A sweep's F = 0 and F = 1 reach the engine as plain precisions (no switch_to/switch_at), and its inner
+    points as real switches: every stage of config/frontier.yaml (a sweep at 0, 0.5, 1) passes the new check."""
+    import re
+
+    from workflow_helpers import ROOT, snakemake
+
+    proc = snakemake(tmp_path, "-n", "--printshellcmds", "--forceall", "--configfile",
+                     ROOT / "config" / "frontier.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hps = [json.loads(m) for m in re.findall(r"--hparams '(\{.*?\})'", proc.stdout + proc.stderr)]
+    by_id = {h["run_id"]: h for h in hps}
+    assert "switch_to" not in by_id["finetune-fp16-ft-at0-seed1"]
+    assert "switch_to" not in by_id["finetune-fp16-ft-at100-seed1"]
+    assert by_id["finetune-fp16-ft-at50-seed1"]["switch_at"] == 0.5
+    for h in hps:
+        C.resolve(h)
+
+
+# ================================================================== H2: an unsupported switch_to is skipped
+@pytest.mark.parametrize("key", ["switch_to", "eval_precision"])
+def test_unsupported_switch_to_or_eval_precision_is_skipped_or_refused_before_the_model(data, tmp_path,
+                                                                                      monkeypatch, key):
+    """tf32 needs a CUDA GPU. Before: a switch_to: tf32 under on_unsupported: skip crashed after the model was
+    built. Now every precision the stage would run is checked where the stage precision is: skip records
+    the run as skipped, error refuses it, both before the data or the model are touched."""
+    def no_data(*a, **k):
+        raise AssertionError("data loaded before the precision check")
+
+    monkeypatch.setattr(engine, "_load_data", no_data)
+    monkeypatch.setattr(engine, "_build_model", no_data)
+    extra = {"switch_to": "tf32", "switch_at": 0.5} if key == "switch_to" else {"eval_precision": "tf32"}
+    hp = {"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "precision": "fp32",
+          "steps": 4, "model": TINY, **extra}
+    m = run_stage({**hp, "on_unsupported": "skip"}, tmp_path / "skip")
+    assert m["status"] == "skipped" and "'tf32'" in m["status_reason"] and "'cpu'" in m["status_reason"]
+    assert json.loads((tmp_path / "skip" / "metrics.json").read_text())["status"] == "skipped"
+    assert (tmp_path / "skip" / "steps.csv").read_text().splitlines() == [",".join(engine.STEP_FIELDS)]
+    with pytest.raises(PrecisionUnsupported, match=r"precision 'tf32' cannot run on device 'cpu'"):
+        run_stage(hp, tmp_path / "error")
+    assert _nothing_written(tmp_path / "error")
+
+
+# ================================================================== H4: no masked token
+def _old_mlm_forward(model, batch):
+    """engine.mlm_forward before the fix, verbatim: the reference for bit-identical normal batches."""
+    if "head_rows" in batch:
+        idx, rows_labels = batch["head_rows"], batch["head_labels"]
+    else:
+        idx, rows_labels = engine.mlm_head_rows(batch["labels"])
+    hidden = model.bert(**{k: v for k, v in batch.items() if k not in engine.MLM_EXTRA_KEYS}).last_hidden_state
+    scores = model.cls(hidden.reshape(-1, hidden.size(-1))[idx])
+    loss = torch.nn.functional.cross_entropy(scores, rows_labels, ignore_index=-100)
+    return loss, scores, rows_labels
+
+
+def _tiny_mlm():
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0))
+
+
+def _mlm_batch(n_masked: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 97, (4, 24), generator=g)
+    labels = torch.full_like(ids, -100)
+    pos = torch.randperm(ids.numel(), generator=g)[:n_masked]
+    labels.view(-1)[pos] = ids.view(-1)[pos]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+            "labels": labels}
+
+
+@pytest.mark.parametrize("host_rows", [False, True])
+def test_mlm_loss_of_a_batch_without_a_masked_token_is_a_graph_zero(host_rows):
+    """Before: the mean cross-entropy over no row, NaN. Now 0, on the graph (backward runs, every gradient
+    is zero), whether the head rows are selected on the host (training) or in the forward (eval)."""
+    model = _tiny_mlm()
+    batch = _mlm_batch(0)
+    if host_rows:
+        batch.update(zip(engine.HEAD_KEYS, engine.mlm_head_rows(batch["labels"])))
+    loss, scores, rows = engine.mlm_forward(model, batch)
+    assert rows.numel() == 0 and scores.shape[0] == 0
+    assert loss.dtype == torch.float32 and loss.requires_grad and loss.item() == 0.0
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None and not g.any() for g in grads.values()), [n for n, g in grads.items() if g is None]
+    # under autocast (16-bit scores): still an fp32 zero
+    with P.get("amp_bf16").autocast("cpu"):
+        assert engine.mlm_forward(model, batch)[0].item() == 0.0
+
+
+def test_mlm_loss_of_a_normal_batch_is_the_old_loss_bit_for_bit():
+    model = _tiny_mlm()
+    for n in (1, 7, 40):
+        batch = _mlm_batch(n, seed=n)
+        new = engine.mlm_forward(model, batch)[0]
+        old = _old_mlm_forward(model, batch)[0]
+        direct = torch.nn.functional.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+                                                   .view(-1, 97), batch["labels"].view(-1), ignore_index=-100)
+        assert torch.equal(new, old)
+        torch.testing.assert_close(new, direct, rtol=1e-6, atol=1e-6)
+
+
+def _empty_steps(data_dir: Path, batch_size: int, seed: int, mlm_probability: float, steps: int) -> list[int]:
+    """The 1-based steps whose training batch has no masked token, rebuilt from the engine's batching."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    train = datasets.load_from_disk(str(data_dir))["train"]
+    tok = AutoTokenizer.from_pretrained(json.loads((data_dir / "meta.json").read_text())["tokenizer"])
+    b = engine.Batches(engine._model_columns(train, "mlm"), batch_size, seed,
+                       engine._make_collator("mlm", tok, mlm_probability))
+    return [s + 1 for s in range(steps) if not (b.get(s)["labels"] != -100).any()]
+
+
+SPARSE = {"batch_size": 1, "mlm_probability": 0.05, "steps": 16, "seed": 5, "log_every": 1, "model": TINY}
+
+
+@pytest.mark.parametrize("prec", ["fp32", "amp_fp16"])
+def test_batches_without_a_masked_token_are_counted_not_nonfinite(data, tmp_path, prec):
+    """batch_size 1 and mlm_probability 0.05: some batches mask nothing. Before: each such batch had
+    a NaN loss, counted as non-finite, and an fp32 stage 1 was recorded as diverged. Now: ok, counted in
+    mlm_empty_batches, an empty loss cell in steps.csv, a zero gradient, no loss-scaler skip."""
+    empty = _empty_steps(data["mlm"], 1, SPARSE["seed"], SPARSE["mlm_probability"], SPARSE["steps"])
+    assert 0 < len(empty) < SPARSE["steps"]  # the case under test: some batches empty, some not
+    m = run_stage({"data": str(data["mlm"]), "precision": prec, **SPARSE}, tmp_path / "r")
+    assert m["status"] == "ok", m["status_reason"]
+    assert m["nonfinite_losses"] == 0 and m["first_nonfinite_step"] is None
+    assert m["mlm_empty_batches"] == len(empty)
+    assert m["eval_loss"] is not None and math.isfinite(m["eval_loss"]) and m["eval_note"] is None
+    rows = _rows(tmp_path / "r")
+    assert [int(r["step"]) for r in rows if r["loss"] == ""] == empty
+    assert all(float(r["grad_norm"]) == 0.0 and r["skipped"] == "0" for r in rows if r["loss"] == "")
+    assert all(math.isfinite(float(r["loss"])) and float(r["grad_norm"]) > 0 for r in rows if r["loss"] != "")
+    assert m["grad_norm"]["max"] > 0 and m["grad_norm"]["median"] > 0  # the zeros are not measured norms
+    assert m["final_train_loss"] == float([r["loss"] for r in rows if r["loss"] != ""][-1])
+    if prec == "amp_fp16":  # the scaler saw finite (zero) gradients there: no skip, no back-off after them
+        after = {int(r["step"]): r["loss_scale"] for r in rows}
+        assert all(after[s + 1] == after[s] for s in empty if s + 1 in after)
+        assert m["skipped_steps"] == sum(int(r["skipped"]) for r in rows if r["loss"] != "")
+    else:
+        assert m["skipped_steps"] == 0 and m["grad_norm"]["nonfinite"] == 0
+
+
+@pytest.mark.parametrize("prec", ["fp32", "amp_fp16"])
+def test_batches_without_a_masked_token_train_the_weights_the_old_loss_did(data, tmp_path, monkeypatch, prec):
+    """The zero loss gives the step the old NaN loss gave (zero gradients, no scaler skip, then the optimizer
+    step): with the old mlm_forward patched in, the same weights and steps.csv bit for bit (timings aside)."""
+    from safetensors.torch import load_file
+
+    hp = {"data": str(data["mlm"]), "precision": prec, **SPARSE}
+    new = run_stage(hp, tmp_path / "new")
+    monkeypatch.setattr(engine, "mlm_forward", _old_mlm_forward)
+    old = run_stage(hp, tmp_path / "old")
+    assert old["mlm_empty_batches"] == new["mlm_empty_batches"] > 0
+    assert new["status"] == old["status"] == "ok" and new["nonfinite_losses"] == old["nonfinite_losses"] == 0
+    w_new = load_file(next((tmp_path / "new" / "checkpoint").glob("*.safetensors")))
+    w_old = load_file(next((tmp_path / "old" / "checkpoint").glob("*.safetensors")))
+    assert w_new.keys() == w_old.keys() and all(torch.equal(w_new[k], w_old[k]) for k in w_new)
+    cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
+    assert [[r[c] for c in cols] for r in _rows(tmp_path / "new")] == \
+        [[r[c] for c in cols] for r in _rows(tmp_path / "old")]
+
+
+@pytest.mark.parametrize("prec", ["fp32", "amp_bf16"])
+def test_a_normal_run_has_the_old_codes_losses_bit_for_bit(data, tmp_path, monkeypatch, prec):
+    """A run whose every batch masks tokens: steps.csv (all but the timings) and the eval are those of the code
+    before the fix (its mlm_forward, patched in), bit for bit; mlm_empty_batches is 0."""
+    hp = {"data": str(data["mlm"]), "precision": prec, "steps": 6, "batch_size": 8, "seed": 3, "log_every": 1,
+          "model": TINY, "save_checkpoint": False}
+    new = run_stage(hp, tmp_path / "new")
+    monkeypatch.setattr(engine, "mlm_forward", _old_mlm_forward)
+    old = run_stage(hp, tmp_path / "old")
+    assert new["mlm_empty_batches"] == 0 and new["status"] == old["status"] == "ok"
+    cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
+    assert [[r[c] for c in cols] for r in _rows(tmp_path / "new")] == \
+        [[r[c] for c in cols] for r in _rows(tmp_path / "old")]
+    for k in ("eval_loss", "mlm_accuracy", "eval_masked_tokens", "final_train_loss", "nonfinite_losses"):
+        assert new[k] == old[k], k
+
+
+def test_a_classification_stage_has_no_mlm_empty_count(data, tmp_path):
+    m = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 2,
+                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+    assert m["status"] == "ok" and m["mlm_empty_batches"] is None
+
+
+def test_an_eval_split_without_a_masked_token_is_refused_before_training(tmp_path):
+    """2 eval rows at mlm_probability 0.001 mask nothing. Before: trained, then recorded as diverged with
+    'model weights or activations are NaN/inf'. Now a clear error, before any step."""
+    d = make_prepared(tmp_path / "d", "mlm", n_train=16, n_eval=2)
+    with pytest.raises(PrecswitchError, match=r"the masked-LM eval split has no masked token: raise "
+                                              r"train\.pretrain\.mlm_probability .* or the number of eval rows "
+                                              r"\(2 eval rows"):
+        run_stage({"data": str(d), "mlm_probability": 0.001, "steps": 2, "batch_size": 4, "model": TINY},
+                  tmp_path / "r")
+    assert _nothing_written(tmp_path / "r")
+
+
+def test_evaluate_leaves_out_batches_without_a_masked_token_and_refuses_none_at_all():
+    model = _tiny_mlm()
+    prec, cpu = P.get("fp32"), torch.device("cpu")
+    normal, empty = _mlm_batch(30, seed=1), _mlm_batch(0)
+    alone = engine.evaluate(model, [normal], "mlm", prec, cpu, {})
+    mixed = engine.evaluate(model, [empty, normal, empty], "mlm", prec, cpu, {})
+    assert math.isfinite(alone["eval_loss"]) and mixed == alone and mixed["eval_masked_tokens"] == 30
+    with pytest.raises(PrecswitchError, match="the masked-LM eval split has no masked token"):
+        engine.evaluate(model, [empty, empty], "mlm", prec, cpu, {})
+    # pure 16-bit: the fp32 re-reduction of the loss must not turn an empty batch into NaN either
+    m16 = P.get("pure_bf16").prepare_model(_tiny_mlm())
+    assert math.isfinite(engine.evaluate(m16, [empty, normal], "mlm", P.get("pure_bf16"), cpu, {})["eval_loss"])
