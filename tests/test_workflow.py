@@ -237,11 +237,11 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         # an in-stage switch that rounds to step 0 or to the last step is no switch
         ({"schedules": {"x": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.001},
                               "finetune": "fp32"}}, "analysis": {"baseline": "x"}, "train": {"pretrain": {"steps": 300}}},
-         "schedules.x.pretrain.switch_at", "0.001 of the stage's 300 steps rounds to step 0: the whole stage would "
-         "run in fp32; use a switch_at in [0.00167, 0.998), or a plain precision"),
+         "schedules.x.pretrain.switch_at", "switch_at 0.001 of 300 steps rounds to step 0: the whole stage would "
+         "run in fp32, not switch from amp_bf16; use switch_at >= "),
         ({"schedules": {"x": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.999}}},
           "analysis": {"baseline": "x"}, "train": {"finetune": {"steps": 300}}},
-         "schedules.x.finetune.switch_at", "rounds to the last step: it would never switch to fp32"),
+         "schedules.x.finetune.switch_at", "rounds to step 300, the end of the stage: it would never switch to fp32"),
         ({"sweeps": {"s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32"}, "finetune": "fp32",
                            "switch_at": [0.0, 0.001, 1.0]}}, "train": {"pretrain": {"steps": 300}}},
          "schedules.s-at0.1.pretrain.switch_at", "rounds to step 0"),

@@ -23,6 +23,7 @@ import precswitch.gpu as precswitch_gpu
 import precswitch.warm as precswitch_warm
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
 from precswitch.train.config import DEFAULTS as HP_DEFAULTS
+from precswitch.train.config import switch_step as precswitch_switch_step
 from precswitch.fetch import is_hub_model
 from precswitch.data.loading import check_table_headers
 from precswitch.errors import PrecswitchError
@@ -359,27 +360,16 @@ def _init_positions(model):
 
 
 def _check_switch_step(spec, hp, key):
-    """The engine switches at step round(switch_at * steps): one that rounds to step 0 runs the whole
-    stage in switch_to, one that rounds to the last step never switches. Checked here when the
-    stage has steps (the engine checks epochs stages, whose step count only it knows).
+    """The engine switches at step round(switch_at * steps) and refuses a switch_at that rounds to
+    step 0 or (below 1) to the last step (precswitch.train.config.switch_step): asked here for a
+    stage with steps, before anything trains (an epochs stage's step count only the engine knows).
     """
-    if spec["switch_to"] is None or hp["steps"] is None or spec["switch_at"] >= 1:
+    if spec["switch_to"] is None or hp["steps"] is None:
         return
-    steps, at = hp["steps"], spec["switch_at"]
-    step = int(round(at * steps))
-    if 0 < step < steps:
-        return
-    lo, hi = 0.5 / steps, 1 - 0.5 / steps
-    what = (
-        f"step 0: the whole stage would run in {spec['switch_to']}"
-        if step <= 0
-        else f"the last step: it would never switch to {spec['switch_to']}"
-    )
-    raise config_error(
-        f"{key}.switch_at",
-        f"{at} of the stage's {steps} steps rounds to {what}; use a switch_at in "
-        f"[{lo:.3g}, {hi:.3g}), or a plain precision",
-    )
+    try:
+        precswitch_switch_step(spec, hp["steps"])
+    except PrecswitchError as e:
+        raise config_error(f"{key}.switch_at", str(e)) from None
 
 
 def _check_batch_fits(cfg, stage):
