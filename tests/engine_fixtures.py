@@ -75,3 +75,13 @@ def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 4
         meta.update(num_labels=2, label_values=[0, 1], majority_accuracy=max(ev.count(0), ev.count(1)) / len(ev))
     (out / "meta.json").write_text(json.dumps(meta))
     return out
+
+
+#: the tiny BERT the engine tests train (with the data of make_prepared)
+TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
+
+
+def prepared_both(tmp_path_factory) -> dict:
+    """Prepared masked-LM and classification data, for a module-scoped ``data`` fixture."""
+    root = tmp_path_factory.mktemp("data")
+    return {"mlm": make_prepared(root, "mlm"), "classify": make_prepared(root, "classify")}

@@ -7,6 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from plot_helpers import figures
+
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.plots import PLOT_NAMES, make_plots
@@ -492,19 +494,7 @@ def test_counts_agree_in_number():
 
 
 # ---------------------------------------------------------------------------- plot readability
-def _figures(monkeypatch, out, names):
-    """make_plots on a study dir; return {plot name: its Figure} (drawn, not saved)."""
-    from precswitch.analysis import plots
 
-    figs = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(path.stem, fig))
-    make_plots(out / "runs.csv", out / "schedules.csv", out / "stats.json",
-               outputs=[out / "p" / f"{n}.png" for n in names])
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    for fig in figs.values():
-        FigureCanvasAgg(fig).draw()  # pyplot's close left the figure a bare canvas
-    return figs
 
 
 def _series(ax):
@@ -557,7 +547,7 @@ def test_loss_curves_coinciding_series_stay_visible(tmp_path, monkeypatch):
     out = tmp_path / "t"
     aggregate(paths, out)
     run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0), out)
-    fig = _figures(monkeypatch, out, ["loss_curves"])["loss_curves"]
+    fig = figures(monkeypatch, out, ["loss_curves"])["loss_curves"]
     ax1, ax2 = fig.axes[:2]
     for ax in (ax1, ax2):
         _assert_told_apart(ax)
@@ -574,7 +564,7 @@ def test_loss_curves_failed_run_not_in_a_schedule_colour(study, monkeypatch):
 
     from precswitch.analysis.plots import FAILED_RUN_LABEL
 
-    fig = _figures(monkeypatch, study[0] / "results", ["loss_curves"])["loss_curves"]
+    fig = figures(monkeypatch, study[0] / "results", ["loss_curves"])["loss_curves"]
     ax2 = fig.axes[1]
     colours = {to_hex(h.get_color()) for _, h in _series(ax2)}
     failed = [ln for ln in ax2.get_lines() if ln.get_label() == FAILED_RUN_LABEL]
@@ -586,7 +576,7 @@ def test_loss_curves_failed_run_not_in_a_schedule_colour(study, monkeypatch):
 def test_loss_scale_identical_seeds_stay_visible(tmp_path, monkeypatch):
     """The fake fp16 runs all have the same loss-scale trace (halved at steps 1 and 2)."""
     out, _ = _small_study(tmp_path, schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp16": ("amp_fp16", "amp_fp16")})
-    fig = _figures(monkeypatch, out, ["loss_scale"])["loss_scale"]
+    fig = figures(monkeypatch, out, ["loss_scale"])["loss_scale"]
     for ax, name in zip(fig.axes, ("amp_fp16", "fp16-fp16")):
         _assert_told_apart(ax)
         assert [lab for lab, _ in _series(ax)] == [f"{name} seed {k}" for k in (1, 2, 3)]
@@ -597,7 +587,7 @@ def test_forest_note_and_legend_below_the_axes(tmp_path, monkeypatch):
     """The 'no bootstrap CI' note used to sit inside the axes across the zero line, and the legend far
     below the axis label; both now sit right under the axis label, outside the data area."""
     out, _ = _small_study(tmp_path)
-    fig = _figures(monkeypatch, out, ["forest"])["forest"]
+    fig = figures(monkeypatch, out, ["forest"])["forest"]
     ax = fig.axes[0]
     r = fig.canvas.get_renderer()
     assert not [t for t in ax.texts if "bootstrap" in t.get_text()]
@@ -619,7 +609,7 @@ def test_long_schedule_names_do_not_overlap_on_the_accuracy_axis(tmp_path, monke
     sched = {"fp32-fp32": ("fp32", "fp32")}
     sched.update({f"pretrain_fp16_to_fp32_switch@{k}": ("amp_fp16", "fp32") for k in (0, 25, 50, 75, 100)})
     out, _ = _small_study(tmp_path, schedules=sched)
-    fig = _figures(monkeypatch, out, ["accuracy"])["accuracy"]
+    fig = figures(monkeypatch, out, ["accuracy"])["accuracy"]
     import math
 
     r = fig.canvas.get_renderer()
@@ -652,7 +642,7 @@ def test_switch_point_and_overflow_labels_fit(tmp_path, monkeypatch):
                 "step,layer,max_abs\n" + "".join(f"10,{x},{10 ** (1 + i / 6)}\n" for i, x in enumerate(layers)))
 
     out, _ = _small_study(tmp_path, schedules=sched, mutate=mutate)
-    figs = _figures(monkeypatch, out, ["switch_point", "overflow"])
+    figs = figures(monkeypatch, out, ["switch_point", "overflow"])
     r = figs["switch_point"].canvas.get_renderer()
     a, b = (ax.xaxis.label.get_window_extent(r) for ax in figs["switch_point"].axes[:2])
     assert not a.overlaps(b) and a.x1 < b.x0
@@ -692,7 +682,7 @@ def test_a_skipped_steps_extra_row_is_marked_but_not_averaged_into_the_loss_curv
     assert fp16.loc[fp16["regular"], "step"].drop_duplicates().sort_values().tolist() == [1, 6, 11, 16, 20]
     assert steps.loc[steps["precision"] == "fp32", "regular"].all()  # no log_every recorded: every row
 
-    figs = _figures(monkeypatch, out, ["loss_curves", "loss_scale"])
+    figs = figures(monkeypatch, out, ["loss_curves", "loss_scale"])
     lines = figs["loss_curves"].axes[0].get_lines()
     assert [1, 6, 11, 16, 20] in [list(ln.get_xdata()) for ln in lines]  # amp_fp16's mean: the grid only
     assert np.nanmax(np.concatenate([ln.get_ydata() for ln in lines])) < 99

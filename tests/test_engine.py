@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import make_prepared  # noqa: E402
+from engine_fixtures import TINY, make_prepared, prepared_both  # noqa: E402
 
 from precswitch import precision as P  # noqa: E402
 from precswitch.cli import main as cli_main  # noqa: E402
@@ -21,13 +21,9 @@ from precswitch.train import config as C  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
 
-TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    return {"mlm": make_prepared(root, "mlm"), "classify": make_prepared(root, "classify")}
+    return prepared_both(tmp_path_factory)
 
 
 def _safetensors_dtypes(ckpt: Path) -> set[str]:

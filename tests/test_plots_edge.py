@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from plot_helpers import figures
+
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import DEFAULT_SCHEDULES, write_fake_study
 from precswitch.analysis.plots import FAILED_RUN_LABEL, PLOT_NAMES, make_plots
@@ -28,20 +30,6 @@ def _study(tmp_path, mutate=None, seeds=SEEDS, **kw):
     run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0), out)
     return out
 
-
-def _figures(monkeypatch, out, names):
-    """make_plots on a study dir; return {plot name: its Figure}, drawn (not saved)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from precswitch.analysis import plots
-
-    figs = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(path.stem, fig))
-    make_plots(out / "runs.csv", out / "schedules.csv", out / "stats.json",
-               outputs=[out / "p" / f"{n}.png" for n in names])
-    for fig in figs.values():
-        FigureCanvasAgg(fig).draw()  # pyplot's close left the figure a bare canvas
-    return figs
 
 
 def _ticks(ax):
@@ -98,7 +86,7 @@ def test_accuracy_keeps_the_column_of_a_schedule_without_usable_runs(tmp_path, m
     make_plots(out / "runs.csv", out / "schedules.csv", out / "stats.json", outputs=[tmp_path / "accuracy.png"])
     w, h = _png_size(tmp_path / "accuracy.png")
     assert 600 < w < 3000 and 300 < h < 1500, (w, h)
-    fig = _figures(monkeypatch, out, ["accuracy"])["accuracy"]
+    fig = figures(monkeypatch, out, ["accuracy"])["accuracy"]
     ax = fig.axes[0]
     _all_columns(fig, ax, ORDER, failed)
     # the mean's legend entry sits on the first schedule that has a mean
@@ -118,7 +106,7 @@ def test_accuracy_keeps_the_column_of_a_schedule_without_usable_runs(tmp_path, m
 # ---------------------------------------------------------------------------- F6: stage1 and time_memory
 def test_stage1_shows_a_precision_whose_runs_all_failed(tmp_path, monkeypatch):
     out = _study(tmp_path, diverged={("amp_fp16", s) for s in SEEDS} | {("amp_bf16", 2)})
-    figs = _figures(monkeypatch, out, ["stage1", "time_memory"])
+    figs = figures(monkeypatch, out, ["stage1", "time_memory"])
     fig = figs["stage1"]
     for ax in fig.axes[:2]:
         _all_columns(fig, ax, ["fp32", "amp_bf16", "amp_fp16"], {"amp_bf16": "1 failed", "amp_fp16": "3 failed"})
@@ -140,7 +128,7 @@ def test_stage1_shows_a_precision_whose_runs_all_failed(tmp_path, monkeypatch):
 
 def test_stage1_when_every_stage1_run_failed(tmp_path, monkeypatch):
     out = _study(tmp_path, diverged={(p, s) for p in ("fp32", "amp_fp16", "amp_bf16") for s in SEEDS})
-    fig = _figures(monkeypatch, out, ["stage1"])["stage1"]
+    fig = figures(monkeypatch, out, ["stage1"])["stage1"]
     for ax in fig.axes[:2]:
         _all_columns(fig, ax, ["fp32", "amp_bf16", "amp_fp16"],
                      {p: "3 failed" for p in ("fp32", "amp_bf16", "amp_fp16")})
@@ -161,7 +149,7 @@ def test_stage2_runs_of_failed_schedules_are_not_drawn_as_data(tmp_path, monkeyp
     sched = pd.read_csv(out / "schedules.csv")
     assert set(sched.loc[sched["status"] != "ok", "schedule"]) == {"fp16-fp16", "fp16-fp32"}
     assert (sched["stage2_status"] == "ok").all()
-    figs = _figures(monkeypatch, out, ["loss_curves", "time_memory"])
+    figs = figures(monkeypatch, out, ["loss_curves", "time_memory"])
     ax2 = figs["loss_curves"].axes[1]
     labels = [t.get_text() for t in ax2.get_legend().get_texts()]
     assert labels[:2] == ["fp32-fp32", "bf16-fp32"]
@@ -187,7 +175,7 @@ def test_plots_without_time_or_memory_columns(tmp_path, monkeypatch, missing):
             m.pop(k, None)
 
     out = _study(tmp_path, mutate=drop)
-    figs = _figures(monkeypatch, out, list(PLOT_NAMES))
+    figs = figures(monkeypatch, out, list(PLOT_NAMES))
     assert set(figs) == set(PLOT_NAMES)
     t_ax, m_ax = figs["time_memory"].axes[:2]
     assert [t.get_text() for t in m_ax.texts] == ["no peak_memory_bytes column in runs.csv"]
@@ -211,7 +199,7 @@ def test_many_schedules_with_long_names_keep_readable_axes(tmp_path, monkeypatch
     sched["scratch_fp32+no.stage1"] = (None, "fp32")
     assert len(sched) == 12 and max(map(len, sched)) >= 60
     out = _study(tmp_path, schedules=sched)
-    figs = _figures(monkeypatch, out, ["accuracy", "forest", "loss_curves"])
+    figs = figures(monkeypatch, out, ["accuracy", "forest", "loss_curves"])
 
     fig = figs["accuracy"]
     ax = fig.axes[0]

@@ -226,7 +226,9 @@ def test_a_failing_rerun_keeps_the_finished_runs_it_replaces(tiny_study, tmp_pat
               for p in (work / "results" / "runs" / "finetune").glob("*/seed*/metrics.json")}
     assert len(before) == len(TINY["schedules"]) * len(TINY["seeds"])
     cfg = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
-    cfg["train"]["finetune"]["batch_size"] = 100_000  # valid config, fails in the job: larger than the data
+    cfg["train"]["finetune"]["batch_size"] = 8  # a valid change that reruns every stage-2 run ...
+    for arrow in (work / "results" / "data" / "finetune" / "prepared" / "train").glob("*.arrow"):
+        arrow.unlink()  # ... whose job then fails: its training data is gone (prepare does not rerun)
     proc = snakemake(work, "--cores", "1", "--configfile", write_config(tmp_path / "bad.yaml", cfg), timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Error in rule finetune" in out, out[-3000:]
