@@ -28,8 +28,13 @@ def _learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
     vocab: list[str] = list(SPECIAL_TOKENS) + chars + [f"##{c}" for c in chars]
     seen = set(vocab)
     budget = vocab_size - len(vocab)
-    if budget <= 0:
-        return vocab[:max(vocab_size, len(SPECIAL_TOKENS) + 1)]
+    if budget < 0:  # truncating would leave characters (and every word that has one) as [UNK]
+        raise PrecswitchError(
+            f"tokenizer vocab_size {vocab_size} (--vocab-size) cannot hold the {len(chars)} distinct characters "
+            f"of the text (each as c and ##c) and the {len(SPECIAL_TOKENS)} special tokens: every word with a "
+            f"character left out would be [UNK]; use at least {len(vocab)}, plus room for whole words and pieces")
+    if budget == 0:
+        return vocab
     ranked = sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))
     words = [w for w, c in ranked if len(w) > 1 and (c >= 2 or len(ranked) <= budget)]
     n_words = min(len(words), budget if len(words) <= budget else int(budget * 0.8))
