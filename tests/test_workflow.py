@@ -565,3 +565,14 @@ def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for_and_the_default_
     bad = dry_run(tmp_path, {"train": {"finetune": {"max_nonfinite_fraction": 1.5}}})
     err = bad.stdout + bad.stderr
     assert bad.returncode != 0 and "max_nonfinite_fraction" in err and "1.5" in err, err[-2000:]
+
+
+def test_more_threads_than_cores_is_said_before_the_run(tmp_path):
+    """Snakemake scales a job's threads down to --cores, but the engine pins torch to config threads: with more
+    threads than cores every training job oversubscribes its cores and its timings are distorted."""
+    warned = dry_run(tmp_path, {"threads": 2}, "--cores", "1")
+    assert warned.returncode == 0, warned.stderr[-3000:]
+    assert ("precswitch: warning: threads 2 is more than --cores 1: Snakemake gives each training job 1 core(s), "
+            "but torch runs 2 threads in it") in warned.stderr
+    quiet = dry_run(tmp_path, {"threads": 2}, "--cores", "2")
+    assert quiet.returncode == 0 and "precswitch: warning: threads" not in quiet.stderr

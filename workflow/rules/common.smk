@@ -535,6 +535,24 @@ for _stage in STAGES:
 SWEEPS = expand_sweeps(config)
 check_config(config)
 
+
+def threads_note(threads, cores, local):
+    """A training job pins torch to `threads` CPU threads (its hparams; results depend on it), but
+    Snakemake scales a job's threads down to --cores: more threads than cores oversubscribes them.
+    """
+    if not local or not cores or threads <= cores:
+        return None
+    return (
+        f"precswitch: warning: threads {threads} is more than --cores {cores}: Snakemake gives each "
+        f"training job {cores} core(s), but torch runs {threads} threads in it, so the timings are "
+        f"oversubscribed; run with --cores {threads} or more, or set threads: {cores}"
+    )
+
+
+_THREADS_NOTE = threads_note(config["threads"], workflow.cores, workflow.local_exec)
+if _THREADS_NOTE:
+    print(_THREADS_NOTE, file=sys.stderr)
+
 SCHEDULES = {
     name: {stage: stage_spec(v) for stage, v in stages.items()}
     for name, stages in config["schedules"].items()
