@@ -549,7 +549,17 @@ def threads_note(threads, cores, local):
     )
 
 
-_THREADS_NOTE = threads_note(config["threads"], workflow.cores, workflow.local_exec)
+def _local_cores():
+    """--cores of a local run; None for cluster executors, where reading it raises (no total set)."""
+    if not workflow.local_exec:
+        return None
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return None
+
+
+_THREADS_NOTE = threads_note(config["threads"], _local_cores(), workflow.local_exec)
 if _THREADS_NOTE:
     print(_THREADS_NOTE, file=sys.stderr)
 
