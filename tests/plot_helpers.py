@@ -1,4 +1,4 @@
-"""Shared by the plot tests: draw the study's figures without saving them."""
+"""Shared by the analysis and plot tests: a fake study's tables, and its figures drawn without saving."""
 
 from __future__ import annotations
 
@@ -16,3 +16,25 @@ def figures(monkeypatch, out, names):
     for fig in figs.values():
         FigureCanvasAgg(fig).draw()  # pyplot's close left the figure a bare canvas
     return figs
+
+
+def fake_study(tmp_path, seeds=(1, 2, 3), mutate=None, bootstrap_resamples=0, **kw):
+    """Fake study → aggregate → stats in tmp_path/t; ``mutate(metrics_dict, path)`` edits each metrics.json
+    first. Returns (the tables' dir, the stats dict)."""
+    import json
+
+    from precswitch.analysis.aggregate import aggregate
+    from precswitch.analysis.fakes import write_fake_study
+    from precswitch.analysis.stats import load_settings, run_stats
+
+    paths = write_fake_study(tmp_path / "s", seeds=list(seeds), **kw)
+    if mutate is not None:
+        for p in paths:
+            m = json.loads(p.read_text())
+            mutate(m, p)
+            p.write_text(json.dumps(m))
+    out = tmp_path / "t"
+    aggregate(paths, out)
+    stats = run_stats(out / "runs.csv", out / "schedules.csv",
+                      load_settings(bootstrap_resamples=bootstrap_resamples), out)
+    return out, stats

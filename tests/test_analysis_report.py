@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from plot_helpers import figures
+from plot_helpers import fake_study, figures
 
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
@@ -171,16 +171,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _small_study(tmp_path, seeds=(1, 2, 3), mutate=None, **kw):
     """Fake study → aggregate → stats; ``mutate(metrics_dict, path)`` edits each metrics.json first."""
-    paths = write_fake_study(tmp_path / "s", seeds=list(seeds), **kw)
-    if mutate is not None:
-        for p in paths:
-            m = json.loads(p.read_text())
-            mutate(m, p)
-            p.write_text(json.dumps(m))
-    aggregate(paths, tmp_path / "t")
-    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
-                      load_settings(bootstrap_resamples=200), tmp_path / "t")
-    return tmp_path / "t", stats
+    return fake_study(tmp_path, seeds, mutate, bootstrap_resamples=200, **kw)
 
 
 def _answer(text: str) -> list[str]:

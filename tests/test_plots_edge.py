@@ -1,16 +1,12 @@
 """Plots on edge-case studies: schedules / stage-1 precisions whose runs all failed, stage-2 runs of failed
 schedules, missing time/memory columns, many schedules with long names (audit findings F1, F6, F9.9, F9.12, F3)."""
 
-import json
-
 import pytest
 
-from plot_helpers import figures
+from plot_helpers import fake_study, figures
 
-from precswitch.analysis.aggregate import aggregate
-from precswitch.analysis.fakes import DEFAULT_SCHEDULES, write_fake_study
+from precswitch.analysis.fakes import DEFAULT_SCHEDULES
 from precswitch.analysis.plots import FAILED_RUN_LABEL, PLOT_NAMES, make_plots
-from precswitch.analysis.stats import load_settings, run_stats
 
 SEEDS = (1, 2, 3)
 #: the fake study's schedules in plot order: the baseline first, then sorted
@@ -19,16 +15,7 @@ ORDER = ["fp32-fp32", "bf16-fp32", "fp16-fp16", "fp16-fp32"]
 
 def _study(tmp_path, mutate=None, seeds=SEEDS, **kw):
     """Fake study → aggregate → stats; ``mutate(metrics_dict, path)`` edits each metrics.json first."""
-    paths = write_fake_study(tmp_path / "s", seeds=list(seeds), **kw)
-    if mutate is not None:
-        for p in paths:
-            m = json.loads(p.read_text())
-            mutate(m, p)
-            p.write_text(json.dumps(m))
-    out = tmp_path / "t"
-    aggregate(paths, out)
-    run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0), out)
-    return out
+    return fake_study(tmp_path, seeds, mutate, **kw)[0]
 
 
 

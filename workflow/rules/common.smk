@@ -61,11 +61,18 @@ LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
 
 
-def _schema_default(*keys):
+def _load_schema():
     import yaml
 
     with open(os.path.join(WORKFLOW_DIR, "schemas", "config.schema.yaml")) as f:
-        node = yaml.safe_load(f)
+        return yaml.safe_load(f)
+
+
+SCHEMA = _load_schema()
+
+
+def _schema_default(*keys):
+    node = SCHEMA
     for key in keys:
         node = node["properties"][key]
     return node["default"]
@@ -74,16 +81,10 @@ def _schema_default(*keys):
 DEFAULT_CONTRASTS = _schema_default("analysis", "contrasts")
 
 
-def _source_defaults():
-    import yaml
-
-    with open(os.path.join(WORKFLOW_DIR, "schemas", "config.schema.yaml")) as f:
-        props = yaml.safe_load(f)["$defs"]["source"]["properties"]
-    return {k: v.get("default") for k, v in props.items()}
-
-
 #: the schema's default of every data-source key (a key a kind does not read must keep it)
-SOURCE_DEFAULTS = _source_defaults()
+SOURCE_DEFAULTS = {
+    k: v.get("default") for k, v in SCHEMA["$defs"]["source"]["properties"].items()
+}
 
 # keys of a source spec that mean something for each kind (the schema fills defaults for all)
 _CAPS = {"max_train_rows", "max_eval_rows"}
