@@ -3,6 +3,7 @@
 
 import copy
 
+from snakemake.common.configfile import load_configfile
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
@@ -11,8 +12,17 @@ from precswitch.precision import NAMES as PRECISION_NAMES, name_hint
 
 min_version("9.0")
 
-# A schedules map given on the command line replaces the default one instead of merging into it.
+# A schedules map given on the command line replaces the default one instead of merging into it;
+# of several --configfile files that each give one, the last one's map is the study's (Snakemake
+# would merge them all into one map). --config schedules='{...}' replaces them all.
 _cli_schedules = copy.deepcopy(config.get("schedules"))  # merging mutates it
+_file_schedules = [
+    c["schedules"]
+    for c in map(load_configfile, workflow.config_settings.configfiles)
+    if isinstance(c, dict) and isinstance(c.get("schedules"), dict)
+]
+if len(_file_schedules) > 1 and "schedules" not in workflow.config_settings.config:
+    _cli_schedules = copy.deepcopy(_file_schedules[-1])
 
 
 configfile: "config/config.yaml"
