@@ -774,3 +774,68 @@ def test_gpu_limit_note_says_when_the_limit_is_not_one_job_per_gpu():
     assert "3 GPU(s) stay idle" in note and "--resources gpu=4" in note
     assert "--resources gpu=3" in gpu_limit_note(1, 4, 3)
     assert gpu_limit_note(2, 4, 2) is None
+
+
+def test_a_slurm_job_removes_its_own_lock_dir(tmp_path, no_cvd, monkeypatch):
+    """Each SLURM job locks in slurm-<job id>/ on the node; a finished job used to leave that dir (and its
+    lock files) behind, one per job. Released, the job's dir goes; a file another process holds stays."""
+    monkeypatch.setenv(gpu.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    job_dir = tmp_path / "slurm-77"
+    with gpu.acquire_gpu_slot(n_devices=2, timeout=1) as i:
+        assert i == 0 and (job_dir / "gpu-0.lock").is_file()
+    assert not job_dir.exists()
+    # another process of the same job holds GPU 1: its file (and so the dir) stays, GPU 0's goes
+    q, r = CTX.Queue(), CTX.Event()
+    p = CTX.Process(target=_hold, args=(None, 2, q, r))
+    p.start()
+    try:
+        assert q.get(timeout=30)[0] == 0
+        with gpu.acquire_gpu_slot(n_devices=2, timeout=1) as i:
+            assert i == 1
+        assert sorted(f.name for f in job_dir.iterdir()) == ["gpu-0.lock"]
+        with pytest.raises(gpu.GpuSlotTimeout):  # still held: the cleanup did not take it from its holder
+            with gpu.acquire_gpu_slot(n_devices=2, timeout=0.2, poll=0.05, indices=[0]):
+                pass
+    finally:
+        r.set()
+        p.join(30)
+    assert p.exitcode == 0 and not job_dir.exists()
+    # a stage process (claim_device, held until the process ends) tidies up when it exits
+    code = ("import sys; from precswitch import gpu; gpu.claim_device('cuda', n_devices=1, timeout=5); "
+            "print(gpu.claim_info()['gpu_lock_dir'])")
+    c = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SLURM_JOB_ID="78"))
+    assert c.returncode == 0, c.stderr[-2000:]
+    assert c.stdout.strip() == str(tmp_path / "slurm-78") and not (tmp_path / "slurm-78").exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == []
+    # outside SLURM the lock dir is the workstation's, shared by every run: it stays
+    monkeypatch.delenv("SLURM_JOB_ID")
+    with gpu.acquire_gpu_slot(n_devices=1, timeout=1):
+        pass
+    assert (tmp_path / "gpu-0.lock").is_file()
+
+
+def test_a_lock_taken_on_a_file_unlinked_meanwhile_is_retaken_on_the_new_one(tmp_path, monkeypatch):
+    """The cleanup can unlink a lock file between another process's open and its flock: that flock
+    locks nothing anyone else sees, so _try_lock must lock the file now at the path instead."""
+    from precswitch import io
+
+    path = tmp_path / "gpu-0.lock"
+    real = io.flock_and_sign
+    calls = []
+
+    def unlink_first(fd, holder):
+        if not calls:
+            path.unlink()  # what _remove_job_lock_dir does after our open
+        calls.append(fd)
+        return real(fd, holder)
+
+    monkeypatch.setattr(gpu, "flock_and_sign", unlink_first)
+    fd = gpu._try_lock(path)
+    try:
+        assert fd is not None and len(calls) == 2
+        st, now = os.fstat(fd), path.stat()
+        assert (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+    finally:
+        gpu._release(fd)

@@ -16,7 +16,9 @@ here, with one lock file per GPU and ``fcntl.flock``:
   two studies of one user in two checkouts stay off each other's GPUs. Users who share a workstation
   share a directory by setting ``$PRECSWITCH_GPU_LOCK_DIR`` (its lock files are made writable for all).
   The host name keeps nodes apart if the directory is on a shared file system; a SLURM job locks in
-  ``slurm-<job id>`` below either, as its GPUs are its own.
+  ``slurm-<job id>`` below either, as its GPUs are its own, and removes that dir when its slot is
+  released (at the latest when the process exits normally; a killed job's dir stays, and its lock
+  file is free).
 
 Engines call :func:`claim_device` once per process (a stage is one process): it holds the slot
 until the process exits.
@@ -27,6 +29,7 @@ with NFSv4 but not with every NFS setup; keep the lock directory on a local disk
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -93,9 +96,34 @@ def _device_count() -> int:
 WAIT_NOTICE_S = 5.0
 
 
-def _try_lock(path: Path) -> int | None:
-    """Open ``path`` and take an exclusive non-blocking flock; the fd, or None if held elsewhere."""
+def _same_file(fd: int, path: Path) -> bool:
+    """``fd`` is still the file at ``path`` (not one a SLURM job's cleanup unlinked meanwhile)."""
     try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _try_lock(path: Path) -> int | None:
+    """Open ``path`` and take an exclusive non-blocking flock; the fd, or None if held elsewhere.
+
+    A flock taken on a file that was unlinked between our open and our flock (a finished SLURM job
+    removes its lock dir: :func:`_remove_job_lock_dir`) is no lock on ``path``: let go, and try the
+    file now at ``path`` (the dir made again if it went too)."""
+    for _ in range(10):
+        fd = _try_lock_once(path)
+        if fd is None or _same_file(fd, path):
+            return fd
+        _release(fd)
+    return None
+
+
+def _try_lock_once(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except FileNotFoundError:  # the dir went (a SLURM job's cleanup, see _remove_job_lock_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except PermissionError:
         raise PrecswitchError(f"GPU lock file {str(path)!r} is not writable by this user: another user's "
@@ -122,6 +150,36 @@ def _release(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _job_lock_dir(lock_dir: str | os.PathLike | None) -> Path | None:
+    """The SLURM job's own lock dir (``.../slurm-<job id>``) when the slot is taken there, else None."""
+    return default_lock_dir() if lock_dir is None and os.environ.get("SLURM_JOB_ID") else None
+
+
+def _remove_job_lock_dir(d: Path) -> None:
+    """Remove a SLURM job's own lock dir once its slot is released, so that finished jobs leave no
+    ``slurm-<id>`` dirs behind on the node. A lock file is unlinked only while this process holds its
+    flock, so one that another process of the job holds stays (and so does the dir); a process that
+    opened a file just before it went finds that out (:func:`_try_lock`). A workstation's lock dir is
+    shared by every run on it and is never removed."""
+    for f in d.glob("gpu-*.lock"):
+        try:
+            fd = os.open(f, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, f):
+                f.unlink()
+        except OSError:  # held by another process of this job, or already gone
+            pass
+        finally:
+            os.close(fd)
+    try:
+        d.rmdir()
+    except OSError:  # a lock file is left (held), or something else is in it
+        pass
 
 
 def _acquire(
@@ -189,6 +247,9 @@ def acquire_gpu_slot(
         yield index
     finally:
         _release(fd)
+        job_dir = _job_lock_dir(lock_dir)
+        if job_dir is not None:
+            _remove_job_lock_dir(job_dir)
 
 
 def gpu_limit_note(limit: int | None, n_devices: int, n_jobs: int, device: str = "cuda") -> str | None:
@@ -250,7 +311,10 @@ def claim_device(
         torch.cuda.set_device(out)
     ids = visible_device_ids(_device_count() if n_devices is None else n_devices)
     _HELD.update(fd=fd, device=out, index=index, physical_id=ids[index], wait_seconds=waited,
-                 lock_dir=str(Path(lock_dir) if lock_dir is not None else default_lock_dir()))
+                 lock_dir=str(Path(lock_dir) if lock_dir is not None else default_lock_dir()),
+                 job_dir=_job_lock_dir(lock_dir))
+    atexit.unregister(release_claim)
+    atexit.register(release_claim)  # the process's end releases the flock anyway; this also tidies up
     return out
 
 
@@ -267,9 +331,12 @@ def claim_info() -> dict[str, Any]:
 def release_claim() -> None:
     """Release the slot held by :func:`claim_device` (normally the process exit does it)."""
     fd = _HELD.pop("fd", None)
+    job_dir = _HELD.get("job_dir")
     _HELD.clear()
     if fd is not None:
         _release(fd)
+        if job_dir is not None:
+            _remove_job_lock_dir(job_dir)
 
 
 # ------------------------------------------------------------------ provenance
