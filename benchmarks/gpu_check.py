@@ -4,7 +4,8 @@ every precision of the catalog, with the same precision code as the study (precs
 Nothing is downloaded: the model is a BertConfig with random weights, the data synthetic tokens.
 Default: BERT-base (12 layers, 768 hidden, vocab 28996 = bert-base-cased), sequence classification,
 batch 32, sequence length 128, 10 warm-up steps (excluded; they include torch.compile) and 50
-timed steps per precision, CUDA-synchronized at both ends of the timed window.
+timed steps per precision (more if 50 take under --min-seconds, 2 s, where NVML energy is read),
+CUDA-synchronized at both ends of the timed window.
 
   benchmarks/gpu_check --out gpu_check.json                 # on a GPU: eager AND compiled variants
   benchmarks/gpu_check --mlm --out gpu_check-mlm.json       # masked-LM steps instead
@@ -339,9 +340,14 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         measure.sync(device)
         t0 = time.perf_counter()
         losses = []
-        for i in range(args.steps):
-            loss = step(batches[i % len(batches)]).detach()
+        # at least --steps steps, and on CUDA at least --min-seconds of them: NVML's energy counter over a
+        # half-second window (amp_bf16 with CUDA graphs: 50 steps in 0.5 s) is too coarse
+        min_s = args.min_seconds if e0 is not None else 0.0
+        n = 0
+        while n < args.steps or time.perf_counter() - t0 < min_s:
+            loss = step(batches[n % len(batches)]).detach()
             losses.append(loss.clone() if cudagraphs else loss)  # a CUDA graph reuses its output memory
+            n += 1
         measure.sync(device)
         seconds = time.perf_counter() - t0
         e1 = measure.nvml_energy_mj(device)
@@ -356,14 +362,14 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         step_flops = flops.train_step_flops(bcfg, args.batch, args.seq, objective, **engine_kw)
         key = peak_key(prec)
         peak = peaks.get(key)
-        achieved = step_flops * args.steps / seconds
+        achieved = step_flops * n / seconds
         row.update(
-            steps_measured=args.steps,
+            steps_measured=n,
             seconds=seconds,
-            step_seconds=seconds / args.steps,
-            steps_per_second=args.steps / seconds,
-            samples_per_second=args.steps * args.batch / seconds,
-            tokens_per_second=args.steps * args.batch * args.seq / seconds,
+            step_seconds=seconds / n,
+            steps_per_second=n / seconds,
+            samples_per_second=n * args.batch / seconds,
+            tokens_per_second=n * args.batch * args.seq / seconds,
             model_flops_per_step=step_flops,
             achieved_tflops=achieved / 1e12,
             peak_key=key,
@@ -372,7 +378,8 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
             peak_memory_bytes=mem["peak_memory_bytes"],
             memory_kind=mem["memory_kind"],
             peak_reserved_bytes=mem.get("cuda_max_reserved_bytes"),
-            energy_joules_per_step=(e1 - e0) / 1000 / args.steps if e0 is not None and e1 is not None else None,
+            energy_joules_per_step=(e1 - e0) / 1000 / n if e0 is not None and e1 is not None else None,
+            energy_window_seconds=seconds if e0 is not None and e1 is not None else None,
             final_loss=final if math.isfinite(final) else None,
             loss_finite=math.isfinite(final),
             loss_scale_end=float(scaler.get_scale()) if scaler is not None else None,
@@ -460,7 +467,9 @@ def print_kinds(prof: list[dict], top: int = 4) -> None:
 
 def print_table(res: dict) -> None:
     print(f"\nprecswitch gpu_check: {res['device_name']} ({res['device']}), {res['objective']}, "
-          f"batch {res['batch']} x seq {res['seq_len']}, {res['steps']} timed steps after {res['warmup']} warm-up")
+          f"batch {res['batch']} x seq {res['seq_len']}, {res['steps']} timed steps after {res['warmup']} warm-up"
+          + (f" (more where {res['steps']} took under {res['min_seconds']:g} s: NVML energy window)"
+             if res.get("min_seconds") and res.get("device") == "cuda" else ""))
     head = f"{'precision':<10} {'variant':<9} {'status':<8} {'step/s':>8} {'tok/s':>10} {'TFLOP/s':>8} " \
            f"{'peak':>6} {'MFU%':>6} {'alloc GiB':>9} {'resv GiB':>9} {'J/step':>7}  note"
     print(head)
@@ -533,6 +542,9 @@ def parse_args(argv=None):
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed window, profile this many more steps: kernels, GPU kernel time and host "
                         "synchronizations per step, GPU-busy fraction (default 0: off)")
+    p.add_argument("--min-seconds", type=float, default=2.0,
+                   help="where NVML energy is read (CUDA), time at least this many seconds of steps, more than "
+                        "--steps if need be, so the energy counter's window is not too short (default 2)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     p.add_argument("--no-slot", action="store_true", help="do not take a GPU slot lock (precswitch.gpu)")
     p.add_argument("--out", default="gpu_check.json", help="JSON results path (default gpu_check.json)")
@@ -610,7 +622,9 @@ def main(argv=None) -> int:
             "seq_len": args.seq,
             "steps": args.steps,
             "warmup": args.warmup,
-            "timing": "one window of --steps steps per row, CUDA-synchronized at both ends; warm-up excluded",
+            "min_seconds": args.min_seconds,
+            "timing": "one window of --steps steps per row (more while under --min-seconds where NVML energy is "
+                      "read: steps_measured), CUDA-synchronized at both ends; warm-up excluded",
             "attn_implementation": args.attn,
             "step": args.step,
             "compile_mode": args.compile_mode if compile_on else None,

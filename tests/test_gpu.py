@@ -628,6 +628,29 @@ def test_gpu_check_fp8_row_fails_alone_when_torchao_cannot_import(monkeypatch, t
     gc._FP8_PROBE.clear()
 
 
+def test_gpu_check_times_at_least_min_seconds_where_energy_is_read(monkeypatch):
+    """amp_bf16 with CUDA graphs ran its 50 timed steps in 0.5 s on the H200: too short a window for NVML's
+    energy counter. Where energy is read, a row times at least --min-seconds of steps (more than --steps),
+    and its per-step figures divide by the steps it really timed."""
+    gc = _load_gpu_check()
+    dev = gc.torch.device("cpu")
+    clock = {"t0": time.perf_counter()}
+    # an energy counter on the CPU, as NVML on a GPU: 1 W, in mJ
+    monkeypatch.setattr(gc.measure, "nvml_energy_mj", lambda device: int((time.perf_counter() - clock["t0"]) * 1000))
+    args = gc.parse_args(["--device", "cpu", "--quick", "--steps", "2", "--warmup", "1", "--min-seconds", "0.6"])
+    batches = gc.make_batches(gc.QUICK, args.batch, args.seq, args.mlm, dev, engine_step=True)
+    row = gc.measure_one("fp32", "eager", args, gc.QUICK, dev, batches, {})
+    assert row["status"] == "ok", row
+    n = row["steps_measured"]
+    assert n > 2 and row["seconds"] >= 0.6 and row["energy_window_seconds"] == row["seconds"]
+    assert row["steps_per_second"] == pytest.approx(n / row["seconds"])
+    assert row["energy_joules_per_step"] == pytest.approx(row["seconds"] / n, abs=0.01)  # 1 W x window / n
+    # no energy counter (a CPU, a GPU without NVML): exactly --steps steps
+    monkeypatch.setattr(gc.measure, "nvml_energy_mj", lambda device: None)
+    row = gc.measure_one("fp32", "eager", args, gc.QUICK, dev, batches, {})
+    assert row["steps_measured"] == 2 and row["energy_joules_per_step"] is None
+
+
 def test_gpu_check_small_preset_is_the_bert_small_config():
     import yaml
 
