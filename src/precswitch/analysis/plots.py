@@ -590,6 +590,8 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
 
 
 def plot_loss_scale(steps, plt, sns):
+    import pandas as pd
+
     st = steps.copy()
     if not st.empty and "loss_scale" in st:
         first = st["precision"].map(lambda p: str(p).split("-to-")[0])  # spec → its first precision
@@ -613,11 +615,21 @@ def plot_loss_scale(steps, plt, sns):
         # one colour, dash pattern and marker per run; runs ordered by group, then seed as a number
         runs_order = [k for _, k in sorted({((g, _seed_key(sd)), k) for g, sd, k in
                                             zip(sub["group"], sub["seed"], sub["run"])})]
-        means = _styled_lines(ax, sns, sub.sort_values("step"), "step", "loss_scale", "run", runs_order,
-                              _palette(runs_order), drawstyle="steps-post", errorbar=None)
-        sk = sub[sub["skipped"].fillna(0).astype(float) > 0] if "skipped" in sub else sub.iloc[0:0]
-        if not sk.empty:
-            ax.plot(sk["step"], sk["loss_scale"], "x", color="tab:red", ms=7, mew=1.5, zorder=4,
+        # a scale halved down to 0 (every step overflowing) has no place on a log axis, which drops it
+        # silently: draw it at a floor below the smallest positive scale, marked and labelled
+        positive = sub.loc[sub["loss_scale"] > 0, "loss_scale"]
+        floor = float(positive.min()) / 4 if not positive.empty else 1.0
+        zero = sub["loss_scale"] <= 0
+        y = sub["loss_scale"].where(~zero, floor)
+        means = _styled_lines(ax, sns, sub.assign(loss_scale=y.where(~zero)).sort_values("step"), "step",
+                              "loss_scale", "run", runs_order, _palette(runs_order), drawstyle="steps-post",
+                              errorbar=None)
+        if zero.any():
+            ax.plot(sub.loc[zero, "step"], y[zero], "v", color="black", ms=6, zorder=5,
+                    label=f"loss scale 0 (drawn at {floor:g}): underflowed")
+        sk = sub["skipped"].fillna(0).astype(float) > 0 if "skipped" in sub else pd.Series(False, index=sub.index)
+        if sk.any():
+            ax.plot(sub.loc[sk, "step"], y[sk], "x", color="tab:red", ms=7, mew=1.5, zorder=4,
                     label="skipped step (inf/NaN grads)")
         ax.set_yscale("log", base=2)
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
