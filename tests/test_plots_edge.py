@@ -235,3 +235,23 @@ def test_a_loss_scale_that_fell_to_0_is_drawn_and_labelled(tmp_path, monkeypatch
     assert list(cross[0].get_ydata()).count(floor) == 1  # the skip at scale 0, at the floor
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("loss scale 0") for t in legend)
+
+
+def test_the_overflow_title_does_not_say_none_exceeds_when_a_run_diverged_between_samples(tmp_path, monkeypatch):
+    """Telemetry samples every telemetry_every steps: pure_fp16 seed 2 diverged at step 3 with only step 0
+    sampled, its maxima finite and in range, and the title said '— none exceeds it'. It now says that the
+    samples saw none and names the diverged run."""
+    layers = [f"bert.encoder.layer.{i}.output.LayerNorm" for i in range(4)]
+
+    def telemetry(m, p):
+        if m["stage"] == "pretrain":
+            (p.parent / "activations.csv").write_text(
+                "step,layer,max_abs\n" + "".join(f"0,{x},{10.0 * (i + 1)}\n" for i, x in enumerate(layers)))
+
+    out = _study(tmp_path, mutate=telemetry, diverged={("amp_fp16", 2)})
+    ax = figures(monkeypatch, out, ["overflow"])["overflow"].axes[0]
+    title = ax.get_title()
+    assert "none exceeds it in the sampled steps" in title and "1 run(s) diverged (amp_fp16 seed 2)" in title
+    out2 = _study(tmp_path / "ok", mutate=telemetry)  # nothing diverged: the plain title
+    title = figures(monkeypatch, out2, ["overflow"])["overflow"].axes[0].get_title()
+    assert title.endswith("— none exceeds it") and "diverged" not in title

@@ -769,9 +769,10 @@ def load_activations(runs, base: Path | None = None):
         spec = r.get("spec")
         a["spec"] = spec if isinstance(spec, str) else r.get("precision")
         a["seed"] = r.get("seed")
+        a["status"] = r.get("status")
         frames.append(a)
     if not frames:
-        return pd.DataFrame(columns=["step", "layer", "max_abs", "spec", "seed"])
+        return pd.DataFrame(columns=["step", "layer", "max_abs", "spec", "seed", "status"])
     out = pd.concat(frames, ignore_index=True)
     out["max_abs"] = pd.to_numeric(out["max_abs"], errors="coerce")
     return out
@@ -807,9 +808,18 @@ def plot_overflow(acts, plt, sns):
     ax.set_ylabel("max |activation|\n(over sampled steps and seeds, log)")
     ax.set_xlabel("module output (Linear / LayerNorm, forward order)")
     over = peak[peak["max_abs"] > FP16_MAX]
-    ax.set_title("Stage 1: largest activations per layer vs the fp16 range"
-                 + (f" — {over['spec'].nunique()} precision(s) exceed it" if not over.empty else
-                    " — none exceeds it"), fontsize=11)
+    # telemetry samples every telemetry_every steps: a run can diverge between two samples, its sampled
+    # maxima all finite and in range; "none exceeds it" alone would then read as "nothing went wrong"
+    diverged = (acts.loc[acts["status"] == "diverged", ["spec", "seed"]].drop_duplicates()
+                if "status" in acts else acts.iloc[0:0])
+    title = "Stage 1: largest activations per layer vs the fp16 range" + (
+        f" — {over['spec'].nunique()} precision(s) exceed it" if not over.empty else
+        " — none exceeds it in the sampled steps" if not diverged.empty else " — none exceeds it")
+    if not diverged.empty:
+        named = [f"{sp} seed {sd}" for sp, sd in diverged.itertuples(index=False)]
+        runs = ", ".join(named[:3]) + (f", {len(named) - 3} more" if len(named) > 3 else "")
+        title += f"\n{len(diverged)} run(s) diverged ({runs}): the samples (every telemetry_every steps) may miss it"
+    ax.set_title(title, fontsize=11 if diverged.empty else 10)
     curves = {spec: peak[peak["spec"] == spec].set_index(peak.loc[peak["spec"] == spec, "layer"].map(pos))["max_abs"]
               for spec in specs}
     _legend(ax, _coinciding(curves, log=True), fontsize=8, title="stage-1 precision", title_fontsize=9)
