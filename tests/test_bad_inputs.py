@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -56,3 +58,26 @@ def test_run_time_hparams_of_the_wrong_type_are_named_before_training(key, value
     with pytest.raises(PrecswitchError, match=key):
         C.resolve({"data": "x", "steps": 1, key: value})
     assert C.resolve({"data": "x", "steps": 1, "max_grad_norm": 0, "checkpoint_every_minutes": 0.5})
+
+
+def test_an_unusable_finetuning_table_stops_the_study_before_stage_1_trains(tmp_path):
+    """A one-class training table passes the config check (it reads headers only) and is refused by
+    `prepare`. With --cores equal to threads (the README's advice for timing) every stage-1 job, priority 1,
+    used to train before the fine-tuning data was prepared: the error came after all of stage 1. `prepare`
+    now runs first (priority 2)."""
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    train.write_text("a\tb\tlabel\n" + "".join(f"w{i} x\tw{i} y\t1\n" for i in range(40)))
+    dev.write_text("a\tb\tlabel\n" + "".join(f"w{i} x\tw{i} y\t{i % 2}\n" for i in range(10)))
+    extra = tmp_path / "one-class.yaml"
+    extra.write_text(yaml.safe_dump({
+        "results_dir": str(tmp_path / "results"), "seeds": [1], "threads": 1,
+        "data": {"finetune": {"kind": "tsv", "train": str(train), "eval": str(dev),
+                              "columns": {"text_a": "a", "text_b": "b", "label": "label"}}}}))
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+                        "--configfile", str(ROOT / "tests" / "configs" / "tiny.yaml"), str(extra)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    log = (tmp_path / "results" / "logs" / "data" / "prepare-finetune.log").read_text()
+    assert "one" in log.lower() and "class" in log.lower(), log[-2000:]
+    assert not list((tmp_path / "results").glob("runs/pretrain/*/seed1/metrics.json"))  # no stage 1 trained
+    assert "rule pretrain" not in r.stdout + r.stderr  # nor started

@@ -56,6 +56,9 @@ rule prepare:
         f"{LOGS}/data/prepare-{{stage}}.log",
     benchmark:
         f"{BENCHMARKS}/data/prepare-{{stage}}.tsv"
+    # before any training job (priority 1): a fine-tuning table that cannot be used (one class, a
+    # malformed line, no rows) then stops the study before stage 1 trains, not after it
+    priority: 2
     conda:
         "../../envs/precswitch.yaml"
     params:
