@@ -64,6 +64,11 @@ def test_glue_labels_order_and_not_allowed_labels():
         load_source({**spec, "labels": [1, 2]}, "classify")
     with pytest.raises(PrecswitchError, match=r"allowed labels \[True, False\]; YAML reads unquoted yes/no"):
         load_source({**spec, "labels": [True, False]}, "classify")
+    # a listed class no training row has (labels: [0, 1, 2] on MRPC) made a 3-way classifier and turned F1 into
+    # a macro F1, silently
+    with pytest.raises(PrecswitchError, match=r"train.tsv: labels lists \[2\], which no training row has "
+                                              r"\(the training rows have \[0, 1\]\)"):
+        load_source({**spec, "labels": [0, 1, 2]}, "classify")
 
 
 @needs_shared

@@ -548,7 +548,13 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
                     keep_in_memory=True)
         return ds.cast_column("label", datasets.Value("int64"))
 
-    return enc(train, where_train, False), enc(eval_, where_eval, True), allowed
+    encoded = enc(train, where_train, False), enc(eval_, where_eval, True)
+    unseen = [v for v in allowed if _label_key(v) not in train_keys]
+    if unseen:  # a class the model never trains on: an extra output, and F1 becomes the macro F1 of > 2 classes
+        raise PrecswitchError(f"source: {where_train}: labels lists {_few(unseen)}, which no training row has "
+                              f"(the training rows have {_few(sorted(train.unique('label'), key=str))}); a class never "
+                              "trained on is a mistake: remove it from labels (or check the file and column)")
+    return (*encoded, allowed)
 
 
 def load_source(spec: dict | str, objective: str) -> LoadedSource:
