@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
+import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_fixtures import TINY, make_prepared, prepared_both  # noqa: E402
 
+from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.cli import main as cli_main  # noqa: E402
 from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
@@ -24,6 +31,11 @@ from precswitch.train.engine import run_stage  # noqa: E402
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return prepared_both(tmp_path_factory)
+
+
+def _rows(out: Path) -> list[dict]:
+    with open(out / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def _safetensors_dtypes(ckpt: Path) -> set[str]:
@@ -65,11 +77,16 @@ def test_every_precision_both_objectives(data, tmp_path, prec):
     assert m["nonfinite_losses"] == 0 and m["first_nonfinite_step"] is None
     assert m["tf32_matmul"] is False and m["float32_matmul_precision"] == "highest"
     assert m["load_avg_1m_start"] >= 0 and m["load_avg_1m_end"] >= 0 and m["cpu_count"] >= 1  # Linux
-    if P.get(prec).loss_scaling:
+    # what the name means, spelled out here (not read back from the catalog the engine reads too)
+    assert (m["param_dtype"], m["autocast_dtype"], m["checkpoint_dtype_written"]) == {
+        "fp32": ("float32", None, "float32"), "amp_fp16": ("float32", "float16", "float32"),
+        "amp_bf16": ("float32", "bfloat16", "float32"), "pure_fp16": ("float16", None, "float16"),
+        "pure_bf16": ("bfloat16", None, "bfloat16")}[prec]
+    if prec in ("amp_fp16", "pure_fp16"):  # the fp16 modes, and only they, scale the loss
         # pure_fp16: the loss is fp16, so the scale (the gradient backward starts from) stays <= 2**15
-        assert m["loss_scale_start"] == (32768.0 if P.get(prec).is_pure else 65536.0)
+        assert m["loss_scale_start"] == (32768.0 if prec == "pure_fp16" else 65536.0)
         assert m["loss_scale_min"] <= m["loss_scale_start"]
-        if P.get(prec).is_pure:
+        if prec == "pure_fp16":
             assert m["skipped_steps"] == 0  # the stock 2**16 made the first step's gradients inf
     else:
         assert m["loss_scale_start"] is None and m["skipped_steps"] == 0
@@ -821,3 +838,55 @@ def test_steady_energy_leaves_out_the_warm_up(data, tmp_path, monkeypatch):
                    "save_checkpoint": False}, tmp_path / "s")
     assert len(calls) == 3  # loop start, end of the warm-up, loop end: one read inside the loop
     assert m["energy_joules"] == 2.0 and m["energy_joules_steady"] == 1.0 and m["timing_warmup_steps"] == 2
+
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+#: the table of precision.py's docstring: (weights, autocast, loss scaling, TF32, compensation, fp8 Linear)
+TABLE = {
+    "fp32": (F32, None, False, False, None, False),
+    "tf32": (F32, None, False, True, None, False),
+    "amp_fp16": (F32, F16, True, False, None, False),
+    "amp_bf16": (F32, BF16, False, False, None, False),
+    "pure_fp16": (F16, None, True, False, None, False),
+    "pure_bf16": (BF16, None, False, False, None, False),
+    "pure_bf16_kahan": (BF16, None, False, False, "kahan", False),
+    "pure_bf16_sr": (BF16, None, False, False, "stochastic_rounding", False),
+    "fp8": (F32, BF16, False, False, None, True),
+}
+
+
+def test_catalog_is_the_documented_table():
+    """Every precision name means exactly what precision.py's table says: a catalog entry with fp16 master
+    weights for amp_fp16, or a GradScaler on amp_bf16, would silently change what a column of the study means."""
+    assert set(P.NAMES) == set(TABLE)
+    for name, (param, autocast, scaling, tf32, comp, fp8) in TABLE.items():
+        p = P.get(name)
+        assert (p.param_dtype, p.autocast_dtype, p.loss_scaling, p.tf32, p.update_compensation, p.fp8_linear) == \
+            (param, autocast, scaling, tf32, comp, fp8), name
+        assert p.device_types == (("cuda",) if name in ("tf32", "fp8") else ("cpu", "cuda")), name
+
+
+@pytest.mark.parametrize("name", [n for n in TABLE if n not in ("tf32", "fp8")])
+def test_each_precision_runs_the_forward_backward_and_step_it_names(name):
+    """What the catalog entry turns into on the CPU: the weights' dtype after prepare_model, the dtype a matmul
+    computes in under autocast, the loss scaler (none, torch's own for amp_fp16, the fp16-gradient one for
+    pure_fp16) and the optimizer wrapper."""
+    param, autocast, scaling, _, comp, _ = TABLE[name]
+    prec = P.get(name)
+    model = prec.prepare_model(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)))
+    assert {p.dtype for p in model.parameters()} == {param}
+    x = torch.randn(4, 8, dtype=param)
+    with prec.autocast("cpu"):
+        y = model[0](x)
+    assert y.dtype == (autocast or param)
+    scaler = prec.make_scaler("cpu")
+    if not scaling:
+        assert scaler is None
+    elif param == F32:
+        assert type(scaler) is torch.amp.GradScaler and scaler.get_scale() == 2.0**16
+    else:
+        assert type(scaler) is P.PureFP16GradScaler and scaler.get_scale() == 2.0**15
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    wrapped = prec.wrap_optimizer(opt, seed=0)
+    assert (wrapped is opt) == (comp is None)
+    assert getattr(wrapped, "kind", None) == comp
