@@ -890,3 +890,41 @@ def test_each_precision_runs_the_forward_backward_and_step_it_names(name):
     wrapped = prec.wrap_optimizer(opt, seed=0)
     assert (wrapped is opt) == (comp is None)
     assert getattr(wrapped, "kind", None) == comp
+
+
+@pytest.mark.parametrize("prec", ["fp32", "amp_fp16"])
+def test_the_optimizer_steps_on_unscaled_gradients_clipped_to_max_grad_norm(data, tmp_path, prec):
+    """The gradient every optimizer step applies has norm max_grad_norm when the step's (recorded) norm is larger:
+    clipped, and for amp_fp16 clipped *after* unscaling (clipping the scaled gradient to 0.05 would leave
+    0.05 / 65536 once the scaler unscales it, and steps.csv would record the scaled norm)."""
+    max_norm, seen = 0.05, []
+
+    def at_step(opt, args, kwargs):
+        grads = [p.grad.float() for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    handle = register_optimizer_step_pre_hook(at_step)
+    try:
+        m = run_stage({"data": str(data["mlm"]), "precision": prec, "steps": 4, "seed": 2, "model": TINY,
+                       "max_grad_norm": max_norm, "save_checkpoint": False}, tmp_path / "r")
+    finally:
+        handle.remove()
+    rows = _rows(tmp_path / "r")
+    assert m["status"] == "ok" and m["skipped_steps"] == 0 and len(seen) == 4
+    recorded = [float(r["grad_norm"]) for r in rows]
+    assert all(max_norm * 10 < g < 1000 for g in recorded), recorded  # clipping needed; an unscaled norm
+    assert seen == pytest.approx([max_norm] * 4, rel=1e-3)
+
+
+def test_weight_decay_spares_biases_and_layernorm(data, tmp_path):
+    """AdamW decays the weight matrices (and embeddings) only: no bias or LayerNorm parameter is decayed."""
+    groups = []
+    handle = register_optimizer_step_pre_hook(lambda opt, a, k: groups.append(
+        [(g["weight_decay"], {p.ndim for p in g["params"]}, len(g["params"])) for g in opt.param_groups]))
+    try:
+        run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "weight_decay": 0.05, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    finally:
+        handle.remove()
+    (decayed, dims, n), (spared, dims0, n0) = groups[0]
+    assert (decayed, spared) == (0.05, 0.0) and dims == {2} and dims0 == {1} and n > 0 and n0 > n
