@@ -928,3 +928,38 @@ def test_weight_decay_spares_biases_and_layernorm(data, tmp_path):
         handle.remove()
     (decayed, dims, n), (spared, dims0, n0) = groups[0]
     assert (decayed, spared) == (0.05, 0.0) and dims == {2} and dims0 == {1} and n > 0 and n0 > n
+
+
+def test_non_finite_losses_between_finite_ones_are_skipped_counted_and_not_divergence(data, tmp_path, monkeypatch):
+    """amp_fp16, a NaN loss on every other step (max_nonfinite 2): the GradScaler skips exactly those steps (the
+    weights stay finite), each is counted as non-finite and as skipped at its own steps.csv row, a finite loss
+    resets the run of non-finite ones, and the stage ends ok with a finite eval loss."""
+    real, calls = engine.forward_loss, []
+
+    def every_other_nan(*a):
+        calls.append(1)
+        loss = real(*a)
+        return loss * float("nan") if len(calls) % 2 == 0 else loss
+
+    monkeypatch.setattr(engine, "forward_loss", every_other_nan)
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 10, "seed": 1, "model": TINY,
+                   "max_nonfinite": 2, "max_nonfinite_fraction": 0.6, "save_checkpoint": False}, tmp_path / "r")
+    assert m["status"] == "ok", m["status_reason"]
+    assert m["steps_completed"] == 10 and m["nonfinite_losses"] == 5 and m["first_nonfinite_step"] == 2
+    assert m["skipped_steps"] == 5 and m["loss_scale_end"] == 2.0**16 / 2**4
+    rows = _rows(tmp_path / "r")
+    assert [int(r["step"]) for r in rows if r["skipped"] == "1"] == [2, 4, 6, 8, 10]
+    assert all(math.isfinite(float(r["loss"])) for r in rows if r["skipped"] == "0")
+    assert m["eval_loss"] is not None and math.isfinite(m["eval_loss"]) and m["eval_note"] is None
+
+
+def test_loss_scale_growth_is_not_a_skipped_step(data, tmp_path, monkeypatch):
+    """A scaler that grows every step (growth_interval 1, no overflow at these small scales): the scale in
+    steps.csv doubles step by step (update() ran) and no step counts as skipped (only a back-off is one)."""
+    monkeypatch.setattr(P.Precision, "make_scaler", lambda self, device_type: torch.amp.GradScaler(
+        device_type, init_scale=1.0, growth_interval=1) if self.loss_scaling else None)
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    rows = _rows(tmp_path / "r")
+    assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert m["skipped_steps"] == 0 and all(r["skipped"] == "0" for r in rows)
