@@ -963,3 +963,13 @@ def test_loss_scale_growth_is_not_a_skipped_step(data, tmp_path, monkeypatch):
     rows = _rows(tmp_path / "r")
     assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert m["skipped_steps"] == 0 and all(r["skipped"] == "0" for r in rows)
+
+
+def test_steps_csv_lr_follows_the_linear_warmup_and_decay(data, tmp_path):
+    """lr at step t (from 0): lr * t / W during the warm-up (W = round(warmup_ratio * steps)), then linear decay
+    to 0 at the last step + 1, as get_linear_schedule_with_warmup defines it; the LR the step used is logged."""
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 10, "lr": 1e-3, "warmup_ratio": 0.2,
+                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+    assert m["status"] == "ok"
+    want = [1e-3 * t / 2 if t < 2 else 1e-3 * (10 - t) / 8 for t in range(10)]
+    assert [float(r["lr"]) for r in _rows(tmp_path / "r")] == pytest.approx(want, rel=1e-9, abs=1e-15)
