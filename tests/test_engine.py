@@ -973,3 +973,67 @@ def test_steps_csv_lr_follows_the_linear_warmup_and_decay(data, tmp_path):
     assert m["status"] == "ok"
     want = [1e-3 * t / 2 if t < 2 else 1e-3 * (10 - t) / 8 for t in range(10)]
     assert [float(r["lr"]) for r in _rows(tmp_path / "r")] == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_timed_windows_leave_out_warm_up_evaluation_and_set_up(data, tmp_path, monkeypatch):
+    """A fake clock makes each warm-up step take 10 s more and the evaluation 100 s more: train_seconds is the sum
+    of the logged step times (no evaluation in it), and the steady-state rates and step-time statistics are
+    those of the steps after timing_warmup_steps only. (Consistency of the recorded numbers, not speed.)"""
+    import time as real_time
+
+    offset, syncs = [0.0], []
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
+    real_sync, real_eval = engine.measure.sync, engine.evaluate
+
+    def sync(device):  # called once at the end of every training step
+        real_sync(device)
+        syncs.append(1)
+        if len(syncs) <= 2:
+            offset[0] += 10.0
+
+    def slow_eval(*a, **k):
+        offset[0] += 100.0
+        return real_eval(*a, **k)
+
+    monkeypatch.setattr(engine.measure, "sync", sync)
+    monkeypatch.setattr(engine, "evaluate", slow_eval)
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "timing_warmup_steps": 2,
+                   "batch_size": 16, "save_checkpoint": False}, tmp_path / "r")
+    dts = [float(r["step_seconds"]) for r in _rows(tmp_path / "r")]
+    assert len(dts) == 6 and min(dts[:2]) >= 10 and max(dts[2:]) < 10
+    assert m["timing_warmup_steps"] == 2
+    assert m["train_seconds"] == pytest.approx(sum(dts), abs=1e-5) and m["eval_seconds"] >= 100
+    steady = dts[2:]
+    assert m["steps_per_second"] == pytest.approx(4 / sum(steady), rel=1e-3)
+    assert m["samples_per_second"] == pytest.approx(4 * 16 / sum(steady), rel=1e-3)
+    assert m["step_seconds_median"] == pytest.approx(statistics.median(steady), abs=1e-6)
+    assert m["step_seconds_p90"] < 10
+
+
+def _touch_and_free(nbytes: int) -> None:
+    import numpy as np
+
+    a = np.ones(nbytes // 8)  # touched: resident
+    del a  # a large array is unmapped: the RSS drops, the high-water mark stays
+
+
+def test_cpu_peak_memory_is_this_stages_high_water_mark(data, tmp_path, monkeypatch):
+    """peak_memory_bytes (CPU: VmHWM) is reset when the stage's loop starts: 800 MB touched and freed before the
+    stage are not in it, 300 MB touched and freed during a training step are (a peak, not the RSS at the end)."""
+    mb = 1 << 20
+    real, calls = engine.forward_loss, []
+
+    def allocating(*a):
+        calls.append(1)
+        if len(calls) == 2:
+            _touch_and_free(300 * mb)
+        return real(*a)
+
+    monkeypatch.setattr(engine, "forward_loss", allocating)
+    _touch_and_free(800 * mb)
+    hwm_before = measure._read_vm("VmHWM")
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    assert m["memory_kind"] == "cpu_peak_rss" and m["memory_baseline_bytes"] > 0
+    assert m["peak_memory_bytes"] >= m["memory_baseline_bytes"] + 290 * mb
+    assert m["peak_memory_bytes"] < hwm_before - 300 * mb
