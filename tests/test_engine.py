@@ -1037,3 +1037,87 @@ def test_cpu_peak_memory_is_this_stages_high_water_mark(data, tmp_path, monkeypa
     assert m["memory_kind"] == "cpu_peak_rss" and m["memory_baseline_bytes"] > 0
     assert m["peak_memory_bytes"] >= m["memory_baseline_bytes"] + 290 * mb
     assert m["peak_memory_bytes"] < hwm_before - 300 * mb
+
+
+def test_seed_sets_the_data_order_and_the_masks():
+    """Batches: the epoch permutation and the masks are functions of the seed (not the same for every seed)."""
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"input_ids": [[i] for i in range(64)]})
+
+    def collate(feats):  # draws from the global CPU generator, as the masking collator does
+        return {"ids": torch.tensor([f["input_ids"][0] for f in feats]), "draw": torch.rand(len(feats))}
+
+    a, b = engine.Batches(ds, 8, 3, collate), engine.Batches(ds, 8, 4, collate)
+    assert not torch.equal(a.get(0)["ids"], b.get(0)["ids"])  # the order
+    assert not torch.equal(a.get(0)["draw"], b.get(0)["draw"])  # the masks
+    # the same rows at one step, masked under another seed: other draws
+    same_rows = engine.Batches(ds, 8, 4, collate)
+    same_rows._perm, same_rows._epoch = a._perm, 0
+    assert torch.equal(same_rows.get(0)["ids"], a.get(0)["ids"])
+    assert not torch.equal(same_rows.get(0)["draw"], a.get(0)["draw"])
+
+
+def test_every_precision_of_a_seed_trains_and_evaluates_on_the_same_batches(data, tmp_path, monkeypatch):
+    """The pairing the study's comparisons rest on: for one seed, every precision starts from the same initial
+    weights and sees the same training batches (rows, masks, labels) at every step; every run, whatever its seed,
+    is scored on the same eval masks."""
+    seen: dict = {}
+    real_get, real_eval, real_build = engine.Batches.get, engine.evaluate, engine._build_model
+
+    def build(*a, **k):
+        model, dtype = real_build(*a, **k)
+        seen[("init",) + key] = {n: v.clone() for n, v in model.state_dict().items()}
+        return model, dtype
+
+    def get(self, step):
+        b = real_get(self, step)
+        seen.setdefault(key, []).append({k: b[k].clone() for k in ("input_ids", "labels")})
+        return b
+
+    def evaluate(model, batches, *a, **k):
+        seen[("eval",) + key] = [b["labels"].clone() for b in batches]
+        return real_eval(model, batches, *a, **k)
+
+    monkeypatch.setattr(engine.Batches, "get", get)
+    monkeypatch.setattr(engine, "evaluate", evaluate)
+    monkeypatch.setattr(engine, "_build_model", build)
+    for key in (("fp32", 1), ("amp_bf16", 1), ("pure_bf16", 1), ("pure_fp16", 1), ("fp32", 2)):
+        run_stage({"data": str(data["mlm"]), "precision": key[0], "seed": key[1], "steps": 4, "model": TINY,
+                   "adam_eps": 1e-4, "save_checkpoint": False}, tmp_path / f"{key[0]}-{key[1]}")
+
+    def same(x, y):
+        return len(x) == len(y) and all(
+            all(torch.equal(a[k], b[k]) for k in a) if isinstance(a, dict) else torch.equal(a, b) for a, b in zip(x, y))
+
+    ref, init = seen[("fp32", 1)], seen[("init", "fp32", 1)]
+    assert len(ref) == 4
+    for prec in ("amp_bf16", "pure_bf16", "pure_fp16"):
+        assert same(seen[(prec, 1)], ref), prec
+        assert same(seen[("eval", prec, 1)], seen[("eval", "fp32", 1)]), prec
+        assert same([seen[("init", prec, 1)]], [init]), prec  # the same initial weights (before the cast)
+    assert not same(seen[("fp32", 2)], ref)  # another seed: other batches (the comparison can fail)
+    assert not same([seen[("init", "fp32", 2)]], [init])  # ... and other initial weights
+    assert same(seen[("eval", "fp32", 2)], seen[("eval", "fp32", 1)])  # the same eval masks (eval_seed)
+
+
+def test_fp8_padding_keeps_the_masks_every_other_precision_draws(data):
+    """An fp8 stage pads masked-LM batches to a multiple of 16 AFTER masking: the same tokens are masked as in the
+    unpadded batch of any other precision; the added columns are padding (pad id, attention 0, label -100)."""
+    hp = C.resolve({"data": str(data["mlm"]), "steps": 1})
+    train, _, meta = engine._load_data(hp)
+    tok = engine._load_tokenizer(hp, meta)
+    rows = engine._model_columns(train, "mlm")
+    feats = engine._features(rows, range(8))
+    feats = [{k: v[:13] for k, v in f.items()} for f in feats]  # 13 tokens: not a multiple of 16
+    batches = []
+    for pad in (None, 16):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            batches.append(engine._make_collator("mlm", tok, 0.3, pad)(feats))
+    plain, padded = batches
+    assert plain["input_ids"].shape[1] == 13 and padded["input_ids"].shape[1] == 16
+    for k in plain:
+        assert torch.equal(padded[k][:, :13], plain[k]), k
+    assert (padded["labels"][:, 13:] == -100).all() and (padded["attention_mask"][:, 13:] == 0).all()
+    assert (padded["input_ids"][:, 13:] == tok.pad_token_id).all()
