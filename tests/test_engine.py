@@ -1121,3 +1121,65 @@ def test_fp8_padding_keeps_the_masks_every_other_precision_draws(data):
         assert torch.equal(padded[k][:, :13], plain[k]), k
     assert (padded["labels"][:, 13:] == -100).all() and (padded["attention_mask"][:, 13:] == 0).all()
     assert (padded["input_ids"][:, 13:] == tok.pad_token_id).all()
+
+
+def _tiny_bert_mlm():
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0))
+
+
+def _masked_batch(n_masked: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 97, (4, 24), generator=g)
+    labels = torch.full_like(ids, -100)
+    pos = torch.randperm(ids.numel(), generator=g)[:n_masked]
+    labels.view(-1)[pos] = ids.view(-1)[pos]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+            "labels": labels}
+
+
+def test_mlm_eval_loss_is_the_mean_over_masked_tokens_in_the_eval_precision():
+    """eval_loss: the mean cross-entropy over every masked token of the split (a batch with 40 masked tokens
+    weighs 8 times one with 5, not the same), computed in the eval precision (amp_bf16: under bf16 autocast)."""
+    model, cpu = _tiny_bert_mlm().eval(), torch.device("cpu")
+    batches = [_masked_batch(5, seed=1), _masked_batch(40, seed=2)]
+    for name in ("fp32", "amp_bf16"):
+        prec = P.get(name)
+        total, n = 0.0, 0
+        with torch.no_grad(), prec.autocast("cpu"):
+            for b in batches:
+                logits = model(**{k: v for k, v in b.items() if k != "labels"}).logits.float()
+                total += float(torch.nn.functional.cross_entropy(logits.view(-1, 97), b["labels"].view(-1),
+                                                                 ignore_index=-100, reduction="sum"))
+                n += int((b["labels"] != -100).sum())
+        ev = engine.evaluate(model, batches, "mlm", prec, cpu, {})
+        assert ev["eval_masked_tokens"] == n == 45
+        assert ev["eval_loss"] == pytest.approx(total / n, rel=1e-5), name
+    fp32 = engine.evaluate(model, batches, "mlm", P.get("fp32"), cpu, {})["eval_loss"]
+    assert ev["eval_loss"] != fp32  # bf16 autocast changes the numbers: the comparison can fail
+
+
+def test_eval_precision_other_than_the_stage_evaluates_a_converted_model_with_its_flags(data, tmp_path, monkeypatch):
+    """eval_precision fp32 after a pure_bf16 stage: evaluation runs an fp32 copy of the weights, with fp32's
+    backend flags applied (on a CPU every precision's flags are equal: mark them by precision), and says so."""
+    applied, at_eval = [], {}
+    real_flags, real_eval = P.Precision.apply_backend_flags, engine.evaluate
+
+    def flags(self):
+        applied.append(self.name)
+        return real_flags(self)
+
+    def evaluate(model, batches, objective, prec, device, meta):
+        at_eval.update(dtype=next(model.parameters()).dtype, prec=prec.name, flags=applied[-1])
+        return real_eval(model, batches, objective, prec, device, meta)
+
+    monkeypatch.setattr(P.Precision, "apply_backend_flags", flags)
+    monkeypatch.setattr(engine, "evaluate", evaluate)
+    m = run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "eval_precision": "fp32", "steps": 2,
+                   "model": TINY}, tmp_path / "r")
+    assert at_eval == {"dtype": torch.float32, "prec": "fp32", "flags": "fp32"}
+    assert m["eval_precision"] == "fp32" and m["param_dtype"] == "bfloat16" and m["checkpoint_dtype_written"] == "bfloat16"
