@@ -305,6 +305,27 @@ def test_switch_inside_a_stage(data, tmp_path):
                    "steps": 4, "model": TINY}, tmp_path / "x")
 
 
+@pytest.mark.parametrize("first, then", [("amp_fp16", "fp32"), ("amp_bf16", "amp_fp16")])
+def test_switch_changes_autocast_and_loss_scaling_at_the_switch_step(data, tmp_path, monkeypatch, first, then):
+    """switch_at 0.5 of 6 steps: steps 1-3 run the first precision's forward (its autocast dtype, or none) and loss
+    scaling, steps 4-6 the second's; a scaler is made at the switch when the second precision scales its loss
+    (amp_bf16 -> amp_fp16) and dropped when it does not (amp_fp16 -> fp32)."""
+    real, seen = engine.forward_loss, []
+
+    def spy(*a):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real(*a)
+
+    monkeypatch.setattr(engine, "forward_loss", spy)
+    m = run_stage({"data": str(data["mlm"]), "precision": first, "switch_to": then, "switch_at": 0.5, "steps": 6,
+                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+    assert m["status"] == "ok" and m["switch_step"] == 3 and m["precision_final"] == then
+    autocast = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16, "fp32": None}
+    assert seen == [autocast[first]] * 3 + [autocast[then]] * 3
+    scaled = [r["loss_scale"] != "" for r in _rows(tmp_path / "r")]
+    assert scaled == [first == "amp_fp16"] * 3 + [then == "amp_fp16"] * 3
+
+
 def test_resumed_after_the_switch_records_the_switched_precisions_flags(data, tmp_path, monkeypatch):
     """The backend flags in metrics.json are those the stage ended with, whether or not it was resumed
     after its switch point (on CPU every precision's flags are equal: mark them by precision)."""
