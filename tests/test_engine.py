@@ -1204,3 +1204,19 @@ def test_eval_precision_other_than_the_stage_evaluates_a_converted_model_with_it
                    "model": TINY}, tmp_path / "r")
     assert at_eval == {"dtype": torch.float32, "prec": "fp32", "flags": "fp32"}
     assert m["eval_precision"] == "fp32" and m["param_dtype"] == "bfloat16" and m["checkpoint_dtype_written"] == "bfloat16"
+
+
+def test_config_hash_covers_what_determines_the_result():
+    """A resume state is accepted only for the same config hash: every key that changes the numbers (the
+    precision above all) changes it; run-time plumbing does not. run_id is fixed: its default names the precision
+    and the seed, and would change the hash for them on its own."""
+    fixed = {"data": "d", "steps": 10, "precision": "amp_fp16", "run_id": "r"}
+    base = C.resolve(dict(fixed))
+    h = C.config_hash(base)
+    for change in ({"precision": "fp32"}, {"precision": "pure_fp16"}, {"seed": 1}, {"lr": 1e-3}, {"steps": 11},
+                   {"switch_to": "fp32", "switch_at": 0.5}, {"eval_precision": "fp32"}, {"max_grad_norm": 0.5},
+                   {"mlm_probability": 0.2}, {"eval_seed": 1}, {"batch_size": 16}, {"deterministic": True}):
+        assert C.config_hash(C.resolve({**fixed, **change})) != h, change
+    for plumbing in ({"log_every": 5}, {"progress": True}, {"checkpoint_every_steps": 3}, {"tags": {"x": 1}},
+                     {"telemetry_every": 2}, {"resume_dir": "/tmp/x"}):
+        assert C.config_hash(C.resolve({**fixed, **plumbing})) == h, plumbing
