@@ -199,3 +199,49 @@ def test_a_second_process_training_into_the_same_dir_is_refused(setup, tmp_path)
     r = _start(hp, out)
     assert r.wait(timeout=300) == 0, r.stderr.read()
     assert json.loads((out / "metrics.json").read_text())["resumed"] is True
+
+
+def _steps(out: Path) -> list[dict]:
+    import csv
+
+    with open(out / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_resumed_amp_fp16_stage_keeps_its_loss_scale(tmp_path, monkeypatch, outer_sigterm):
+    """The loss scale is part of the resumable state: a scaler started at 2**40 backs off on the first steps;
+    preempted after step 4 and resumed, the stage continues from the backed-off scale (not from 2**40 again), so
+    its steps.csv (loss scales, skips, losses) and final weights are the uninterrupted run's."""
+    import torch
+    from safetensors.torch import load_file
+
+    from precswitch import precision as P
+    from precswitch.train import engine
+    from precswitch.train.engine import run_stage
+
+    stock = P.Precision.make_scaler
+    monkeypatch.setattr(P.Precision, "make_scaler", lambda self, d: None if stock(self, d) is None
+                        else torch.amp.GradScaler(d, init_scale=2.0**40))
+    hp = {"data": str(make_prepared(tmp_path / "data", "mlm")), "precision": "amp_fp16", "steps": 8, "seed": 4,
+          "model": TINY, "max_nonfinite": 100, "max_nonfinite_fraction": 1.0}
+    whole = run_stage(hp, tmp_path / "whole")
+    assert whole["skipped_steps"] >= 6  # still backing off when it is preempted
+    real_sync, calls = engine.measure.sync, []
+
+    def sync_then_sigterm(device):  # SIGTERM during step 4
+        real_sync(device)
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
+    with pytest.raises(engine.Preempted):
+        run_stage(hp, tmp_path / "resumed")
+    monkeypatch.setattr(engine.measure, "sync", real_sync)
+    resumed = run_stage(hp, tmp_path / "resumed")
+    assert resumed["resumed"] is True
+    cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
+    assert [[r[c] for c in cols] for r in _steps(tmp_path / "resumed")] == \
+        [[r[c] for c in cols] for r in _steps(tmp_path / "whole")]
+    w = [load_file(next((tmp_path / d / "checkpoint").glob("*.safetensors"))) for d in ("whole", "resumed")]
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
