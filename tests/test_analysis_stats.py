@@ -553,3 +553,192 @@ def test_stage2_summary_leaves_out_runs_whose_stage1_failed(tmp_path):
     row = summary[(summary["level"] == "stage2") & (summary["group"] == "fp32") & (summary["metric"] == "train_seconds")]
     # fp32 stage 2: fp32-fp32 and bf16-fp32 (3 seeds each) used; fp16-fp32's 3 runs from a diverged stage 1 not
     assert row.iloc[0][["n_runs", "n_used", "n_failed", "n"]].tolist() == [9, 6, 3, 6]
+
+
+# ---------------------------------------------------------------------------- mutation audit
+# Each test below checks a number against an independent computation (scipy's distributions on hand-built
+# numbers), so that a wrong sign, an unpaired test, a wrong confidence level or a wrong back-transform fails.
+def test_paired_difference_matches_the_t_distribution_on_hand_numbers():
+    from scipy import stats as st
+
+    a = np.array([81.0, 78.5, 83.0, 79.0, 80.5, 77.0])
+    b = np.array([80.0, 79.0, 80.5, 77.5, 79.0, 76.5])
+    d = a - b  # A − B: +1.0, −0.5, +2.5, +1.5, +1.5, +0.5
+    n, mean, se = 6, d.mean(), d.std(ddof=1) / math.sqrt(6)
+    for alpha in (0.05, 0.1):
+        r = paired_contrast(a, b, margin=1.0, alpha=alpha, n_boot=0)
+        half = st.t.ppf(1 - alpha / 2, n - 1) * se
+        assert r["mean"] == pytest.approx(13 / 12) and r["n_pairs"] == n
+        assert (r["ci_low"], r["ci_high"]) == pytest.approx((mean - half, mean + half))
+        assert r["p_t"] == pytest.approx(2 * st.t.sf(mean / se, n - 1))  # paired: the one-sample t of d
+        assert r["p_wilcoxon"] == pytest.approx(st.wilcoxon(d).pvalue)  # signed-rank on d, not rank-sum
+        # TOST: the larger of the two one-sided p-values against −margin and +margin
+        assert r["tost_p"] == pytest.approx(max(st.t.sf((mean + 1) / se, n - 1), st.t.cdf((mean - 1) / se, n - 1)))
+    # the same accuracies as fractions, scaled to points: every number in points, TOST against ±1 point
+    f = paired_contrast(a / 100, b / 100, scale=100.0, margin=1.0, n_boot=0)
+    r = paired_contrast(a, b, margin=1.0, n_boot=0)
+    for k in ("mean", "sd", "ci_low", "ci_high", "p_t", "p_wilcoxon", "tost_p", "seeds_needed", "mde"):
+        assert f[k] == pytest.approx(r[k]), k
+    # B − A is the mirror image
+    m = paired_contrast(b, a, margin=1.0, n_boot=0)
+    assert (m["mean"], m["ci_low"], m["ci_high"]) == pytest.approx((-r["mean"], -r["ci_high"], -r["ci_low"]))
+
+
+def test_ratio_is_the_geometric_mean_of_paired_ratios():
+    from scipy import stats as st
+
+    a = np.array([50.0, 90.0, 60.0, 40.0])  # e.g. seconds of schedule A, seed by seed
+    b = np.array([100.0, 100.0, 50.0, 80.0])
+    logs = np.log(a / b)  # per-seed ratios 0.5, 0.9, 1.2, 0.5
+    half = st.t.ppf(0.975, 3) * logs.std(ddof=1) / 2
+    r = paired_contrast(a, b, kind="ratio", n_boot=0)
+    geo = math.exp(logs.mean())
+    assert r["mean"] == pytest.approx(geo) and r["mean"] == pytest.approx(0.7208, abs=1e-4)
+    assert abs(r["mean"] - (a / b).mean()) > 0.02  # not the arithmetic mean of the ratios (0.775)
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((math.exp(logs.mean() - half), math.exp(logs.mean() + half)))
+    assert r["p_t"] == pytest.approx(2 * st.t.sf(abs(logs.mean()) / (logs.std(ddof=1) / 2), 3))
+    assert r["sd"] == pytest.approx(logs.std(ddof=1))  # sd stays on the log scale
+
+
+def test_bootstrap_ci_is_the_seeded_bca_interval_of_the_paired_differences():
+    from scipy import stats as st
+
+    rng = np.random.default_rng(11)
+    b = rng.normal(80, 2, 10)
+    a = b + rng.normal(0.5, 1.0, 10)
+    d = a - b
+    r = paired_contrast(a, b, margin=1.0, n_boot=999, seed=7)
+    want = st.bootstrap((d,), np.mean, n_resamples=999, confidence_level=0.95, method="BCa",
+                        rng=np.random.default_rng(7)).confidence_interval
+    assert (r["boot_low"], r["boot_high"]) == pytest.approx((want.low, want.high), rel=1e-9)
+    # time ratios: the same on the log-ratios, reported back as ratios
+    t = paired_contrast(np.exp(a / 40), np.exp(b / 40), kind="ratio", n_boot=999, seed=7)
+    want = st.bootstrap((d / 40,), np.mean, n_resamples=999, confidence_level=0.95, method="BCa",
+                        rng=np.random.default_rng(7)).confidence_interval
+    assert (t["boot_low"], t["boot_high"]) == pytest.approx((math.exp(want.low), math.exp(want.high)), rel=1e-9)
+
+
+def test_detectable_difference_scales_with_the_paired_sd():
+    from precswitch.analysis.stats import paired_t_power, power_analysis
+
+    # dz = 0.996 at 10 pairs (test_detectable_difference_has_the_power_it_claims): in points, mde = dz × SD
+    for sd in (0.5, 2.5):
+        mde = power_analysis(sd, 10, 0.05)["mde"]
+        assert mde == pytest.approx(0.996 * sd, rel=0.01), sd
+        assert paired_t_power(mde / sd, 10, 0.05) == pytest.approx(0.8, abs=1e-3)
+
+
+def test_seeds_for_equivalence_depend_on_the_distance_to_the_nearer_bound():
+    from scipy import stats as st
+
+    # mean −0.5 point, margin 1: the CI must shrink to ±0.5 whichever the sign of the mean
+    d = np.array([-1.0, 0.0, -0.5, -0.8, -0.2])
+    sd = d.std(ddof=1)
+    want = next(n for n in range(2, 1000) if st.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < 0.5)
+    base = np.full(5, 80.0)
+    neg = paired_contrast(base + d, base, margin=1.0)
+    pos = paired_contrast(base - d, base, margin=1.0)
+    assert neg["mean"] == pytest.approx(-0.5) and pos["mean"] == pytest.approx(0.5)
+    assert neg["seeds_needed_equivalence"] == pos["seeds_needed_equivalence"] == want == 6
+
+
+def test_label_needs_the_holm_adjusted_p_not_the_unadjusted_ci():
+    # unadjusted p 0.01 and a CI excluding 0, but Holm p 0.2: not significant, so not better
+    row = {"kind": "difference", "n_pairs": 6, "mean": 1.5, "ci_low": 0.4, "ci_high": 2.6, "p_t": 0.01,
+           "p_holm": 0.2, "margin": 1.0, "tost_p": 0.6}
+    assert classify(row, 0.05) == "inconclusive"
+    assert classify({**row, "p_holm": 0.03}, 0.05) == "better"
+    # ratios: lower time/memory is better, higher throughput is better
+    t = {"kind": "ratio", "n_pairs": 6, "mean": 0.8, "ci_low": 0.7, "ci_high": 0.9, "p_holm": 0.01}
+    assert classify(t, 0.05, higher_is_better=False) == "better"
+    assert classify(t, 0.05, higher_is_better=True) == "worse"
+    assert classify({**t, "mean": 1.2, "ci_low": 1.1, "ci_high": 1.3}, 0.05, higher_is_better=False) == "worse"
+
+
+def test_every_significant_label_follows_the_metrics_direction(tmp_path):
+    # fakes: amp_bf16 pre-trains 1.35× faster with 1.1× the memory; fp32 fine-tuning is the same speed.
+    # bf16-fp32 against fp32-fp32 must then be better on stage-1 and total time and throughput, worse on memory
+    runs, sched = _study(tmp_path, seeds=range(1, 6))
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    want = {"stage1_train_seconds": "better", "total_train_seconds": "better", "stage1_samples_per_second": "better",
+            "stage1_peak_memory_bytes": "worse", "peak_memory_bytes": "worse"}
+    for metric, c in want.items():
+        r = _acc(deltas, "bf16-fp32", metric=metric)
+        assert r["classification"] == c, (metric, r["mean"], r["classification"])
+    lower_is_better = {"stage1_train_seconds", "stage2_train_seconds", "total_train_seconds", "stage1_peak_memory_bytes",
+                       "stage2_peak_memory_bytes", "peak_memory_bytes", "stage1_eval_loss", "train_seconds",
+                       "eval_loss"}
+    n = 0
+    for r in deltas.to_dict("records"):
+        if r["classification"] in ("better", "worse"):
+            up = r["mean"] > (1.0 if r["kind"] == "ratio" else 0.0)
+            assert (r["classification"] == "better") == (up != (r["metric"] in lower_is_better)), r
+            n += 1
+    assert n >= 10
+
+
+def test_pairs_match_by_seed_when_a_run_failed(tmp_path):
+    """A failed run drops its seed from both sides: the mean difference is the one over the seeds both schedules
+    finished, pairing seed k with seed k (not the k-th remaining run of A with the k-th run of B)."""
+    from scipy import stats as st
+
+    runs, sched = _study(tmp_path, seeds=range(1, 7), rng_seed=5, diverged={("fp16-fp32", 3)})
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    a = sched[sched["schedule"] == "fp16-fp32"].set_index("seed")
+    b = sched[sched["schedule"] == "fp32-fp32"].set_index("seed")
+    seeds = [1, 2, 4, 5, 6]
+    d = (a.loc[seeds, "accuracy"] - b.loc[seeds, "accuracy"]).to_numpy() * 100
+    r = _acc(deltas, "fp16-fp32")
+    assert r["seeds"] == "1 2 4 5 6" and r["mean"] == pytest.approx(d.mean())
+    assert r["p_t"] == pytest.approx(st.ttest_1samp(d, 0.0).pvalue)
+    # the diverged run's time is no measurement of the schedule's cost: left out of the ratio and the summary,
+    # although the fake records a finite train_seconds for it
+    assert math.isfinite(a.loc[3, "stage2_train_seconds"])
+    t = _acc(deltas, "fp16-fp32", metric="stage2_train_seconds")
+    logs = np.log(a.loc[seeds, "stage2_train_seconds"].to_numpy() / b.loc[seeds, "stage2_train_seconds"].to_numpy())
+    assert t["seeds"] == "1 2 4 5 6" and t["mean"] == pytest.approx(math.exp(logs.mean()))
+    summary, _, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    row = summary[(summary["level"] == "schedule") & (summary["group"] == "fp16-fp32")
+                  & (summary["metric"] == "stage2_train_seconds")].iloc[0]
+    assert row["n"] == 5 and row["mean"] == pytest.approx(a.loc[seeds, "stage2_train_seconds"].mean())
+    # a seed missing altogether on one side (no metrics.json) is left out the same way
+    sched2 = sched[~((sched["schedule"] == "fp32-fp32") & (sched["seed"] == 1))]
+    _, deltas2, _ = compute(runs, sched2, load_settings(bootstrap_resamples=0))
+    r2 = _acc(deltas2, "fp16-fp32")
+    assert r2["seeds"] == "2 4 5 6" and r2["mean"] == pytest.approx(d[1:].mean())
+
+
+def test_failed_stage1_run_left_out_of_the_stage1_comparisons(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 6), diverged={("amp_fp16", 2)})
+    pre = runs[(runs["stage"] == "pretrain")].set_index(["precision", "seed"])
+    assert math.isfinite(pre.loc[("amp_fp16", 2), "train_seconds"])  # recorded, but the run diverged
+    summary, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    t = _acc(deltas, "amp_fp16", "fp32", family="stage1", metric="train_seconds")
+    assert t["seeds"] == "1 3 4 5" and t["n_pairs"] == 4
+    logs = [math.log(pre.loc[("amp_fp16", k), "train_seconds"] / pre.loc[("fp32", k), "train_seconds"]) for k in (1, 3, 4, 5)]
+    assert t["mean"] == pytest.approx(math.exp(np.mean(logs)))
+    assert stats["stage1_precisions"]["amp_fp16"]["n_failed"] == 1
+    row = summary[(summary["level"] == "stage1") & (summary["group"] == "amp_fp16") & (summary["metric"] == "train_seconds")]
+    assert row.iloc[0]["n"] == 4
+
+
+def test_mcc_and_accuracy_differences_are_in_points(tmp_path):
+    runs, sched = _study(tmp_path, seeds=range(1, 5))
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    a = sched[sched["schedule"] == "bf16-fp32"].set_index("seed")
+    b = sched[sched["schedule"] == "fp32-fp32"].set_index("seed")
+    for metric in ("accuracy", "f1", "mcc"):
+        r = _acc(deltas, "bf16-fp32", metric=metric)
+        assert r["mean"] == pytest.approx(((a[metric] - b[metric]) * 100).mean()), metric
+    assert _acc(deltas, "bf16-fp32", metric="mcc")["unit"] == "MCC x 100"
+
+
+def test_describe_is_the_t_interval_with_the_sample_sd():
+    from precswitch.analysis.stats import describe
+
+    d = describe([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert d["n"] == 5 and d["mean"] == 3.0 and d["std"] == pytest.approx(math.sqrt(2.5))
+    # 3 ± t(0.975, 4) · √2.5 / √5 = 3 ± 2.7764 · 0.7071
+    assert (d["ci_low"], d["ci_high"]) == pytest.approx((1.0368, 4.9632), abs=1e-4)
+    d = describe([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")], alpha=0.1)
+    assert d["n"] == 5 and (d["ci_low"], d["ci_high"]) == pytest.approx((1.4926, 4.5074), abs=1e-4)
