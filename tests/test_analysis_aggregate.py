@@ -152,3 +152,44 @@ def test_schedule_names_that_look_missing_survive_the_csv(tmp_path):
     # an empty text cell is still missing: the finetune-only schedule's stage-1 columns
     row = schedules[schedules["schedule"] == "None"].iloc[0]
     assert row["stage1_precision"] is None and row["stage1_run_id"] is None
+
+
+def test_schedule_row_takes_each_stage_from_its_own_run(tmp_path):
+    """Every schedule row against the two runs it was built from: stage 1 is the run named by the finetune run's
+    init_run_id (same seed, its precision), per-stage columns are copied from that stage, counters and time are
+    summed over both stages and peak memory is the larger of the two."""
+    paths = write_fake_study(tmp_path / "study", seeds=[1, 2, 3])
+    runs, sched = aggregate(paths, tmp_path / "out")
+    pre = runs[runs["stage"] == "pretrain"].set_index("run_id")
+    fin = runs[runs["stage"] == "finetune"].set_index("run_id")
+    for r in sched.to_dict("records"):
+        p, f = pre.loc[r["stage1_run_id"]], fin.loc[r["stage2_run_id"]]
+        assert r["stage1_run_id"] == f["init_run_id"] and p["seed"] == f["seed"] == r["seed"]
+        assert (r["stage1_precision"], r["stage2_precision"]) == (p["precision"], f["precision"])
+        for col in ("train_seconds", "samples_per_second", "tokens_per_second", "peak_memory_bytes",
+                    "skipped_steps", "nonfinite_losses"):
+            assert r[f"stage1_{col}"] == pytest.approx(p[col]), col
+            assert r[f"stage2_{col}"] == pytest.approx(f[col]), col
+        assert (r["stage1_eval_loss"], r["stage1_mlm_accuracy"]) == pytest.approx((p["eval_loss"], p["mlm_accuracy"]))
+        assert r["total_train_seconds"] == pytest.approx(p["train_seconds"] + f["train_seconds"])
+        assert r["skipped_steps"] == p["skipped_steps"] + f["skipped_steps"]
+        assert r["nonfinite_losses"] == p["nonfinite_losses"] + f["nonfinite_losses"]
+        assert r["peak_memory_bytes"] == max(p["peak_memory_bytes"], f["peak_memory_bytes"])
+    # fakes: an amp_fp16 stage skips its first 2 steps (loss-scale overflow): 2 + 2 for fp16-fp16, 2 + 0 for fp16-fp32
+    by = sched.set_index(["schedule", "seed"])
+    assert by.loc[("fp16-fp16", 1), "skipped_steps"] == 4 and by.loc[("fp16-fp32", 1), "skipped_steps"] == 2
+    # amp_bf16 pre-training takes 1.1x fp32's memory: it sets bf16-fp32's peak over both stages
+    assert by.loc[("bf16-fp32", 1), "peak_memory_bytes"] == by.loc[("bf16-fp32", 1), "stage1_peak_memory_bytes"]
+    assert by.loc[("bf16-fp32", 1), "peak_memory_bytes"] > by.loc[("bf16-fp32", 1), "stage2_peak_memory_bytes"]
+
+
+def test_schedule_falls_back_to_tags_schedule(tmp_path):
+    """metrics.json without a top-level schedule (older engine) names it in tags.schedule: the row keeps it."""
+    p = write_stage(tmp_path / "ft", run_id="ft-1", stage="finetune", precision="fp32", seed=1, schedule=None,
+                    metrics={"accuracy": 0.8, "f1": 0.8, "mcc": 0.5, "majority_accuracy": 0.5})
+    m = json.loads(p.read_text())
+    m["tags"] = {"schedule": "fp32-fp32", "sweep": "s1"}
+    p.write_text(json.dumps(m))
+    runs, sched = aggregate([p], tmp_path / "out")
+    assert runs.iloc[0]["schedule"] == "fp32-fp32" and runs.iloc[0]["sweep"] == "s1"
+    assert sched["schedule"].tolist() == ["fp32-fp32"] and sched.iloc[0]["sweep"] == "s1"
