@@ -756,3 +756,81 @@ def test_parameter_count_of_a_small_model_is_not_zero_millions():
 
     assert _param_span([22562]) == "22.6k"
     assert _param_span([108_310_272, 108_893_186]) == "108.3M-108.9M"
+
+
+def test_cli_stats_options_reach_the_settings_and_the_named_files(tmp_path, capsys):
+    """--margin, --alpha, --bootstrap-resamples, --seed end up in stats.json's settings, and each explicit
+    output option names the file that gets that table."""
+    paths = write_fake_study(tmp_path / "s", seeds=range(1, 6), effects={"fp16-fp16": -5.0}, sd=0.3)
+    for p in paths:  # the same F1 everywhere: its labels differ from accuracy's
+        m = json.loads(p.read_text())
+        if m["stage"] == "finetune":
+            m["f1"] = 0.8
+            p.write_text(json.dumps(m))
+    t = tmp_path / "t"
+    assert main(["aggregate", "--metrics", *map(str, paths), "--out-dir", str(t)]) == 0
+    o = {k: tmp_path / "o" / k for k in ("summary.csv", "summary.md", "deltas.csv", "stats.json")}
+    assert main(["stats", "--runs", str(t / "runs.csv"), "--schedules", str(t / "schedules.csv"),
+                 "--margin", "0.5", "--alpha", "0.1", "--bootstrap-resamples", "0", "--seed", "3",
+                 "--summary-csv", str(o["summary.csv"]), "--summary-md", str(o["summary.md"]),
+                 "--deltas-csv", str(o["deltas.csv"]), "--stats-json", str(o["stats.json"])]) == 0
+    stats = json.loads(o["stats.json"].read_text())
+    s = stats["settings"]
+    assert (s["margin"], s["alpha"], s["bootstrap_resamples"], s["seed"]) == (0.5, 0.1, 0, 3)
+    assert {r["margin"] for r in stats["deltas"] if r["metric"] == "accuracy"} == {0.5}
+    assert list(pd.read_csv(o["summary.csv"]).columns[:3]) == ["level", "group", "metric"]
+    assert list(pd.read_csv(o["deltas.csv"]).columns[:2]) == ["family", "contrast"]
+    assert o["summary.md"].read_text().startswith("# Summary per schedule") and "90% t CI" in o["summary.md"].read_text()
+    err = capsys.readouterr().err
+    acc = {r["a"]: r["classification"] for r in stats["deltas"]
+           if r["family"] == "vs_baseline" and r["metric"] == "accuracy"}
+    assert sorted(acc) == ["bf16-fp32", "fp16-fp16", "fp16-fp32"] and acc["fp16-fp16"] == "worse"
+    assert "precswitch stats: vs fp32-fp32: " + ", ".join(f"{k} {v}" for k, v in acc.items()) in err
+    assert "fp16-fp16 worse" in err  # the accuracy label, not F1's (F1 is the same everywhere: not judged worse)
+
+
+def _acc_row(cls, mean, lo, hi, p_holm, **kw):
+    return {"family": "vs_baseline", "a": "fp16-fp32", "b": "fp32-fp32", "metric": "accuracy", "kind": "difference",
+            "n_pairs": 3, "mean": mean, "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls,
+            "margin": 1.0, **kw}
+
+
+def _para(text, name="fp16-fp32"):
+    return next(p for p in text.split("\n\n") if p.startswith(f"**{name}**"))
+
+
+def test_verdict_paragraph_states_the_rows_numbers():
+    """The per-schedule paragraph against hand-made rows: throughput up is 'more', down is 'less'; 'by less than
+    the margin' only when the CI lies inside it; the detectable difference is the row's mde and the seeds needed
+    are its seeds_needed and seeds_needed_equivalence."""
+    up = _ratio_row("stage2_samples_per_second", 1.25, 1.2, 1.3, 0.004, "better")
+    worse_small = _acc_row("worse", -0.4, -0.7, -0.1, 0.01, within_margin=True)
+    para = _para(render(_mini_stats([worse_small, up])))
+    assert "less accurate than fp32-fp32, though by less than the ±1 point margin" in para
+    assert "Stage-2 throughput ×1.25 [1.20, 1.30] (25% more throughput, Holm p 0.004)" in para
+    down = _ratio_row("stage2_samples_per_second", 0.8, 0.75, 0.85, 0.004, "worse")
+    worse_big = _acc_row("worse", -2.4, -3.7, -1.1, 0.01, within_margin=False)
+    para = _para(render(_mini_stats([worse_big, down])))
+    assert "less accurate than fp32-fp32." in para and "by less than" not in para
+    assert "Stage-2 throughput ×0.80 [0.75, 0.85] (20% less throughput, Holm p 0.004)" in para
+    inc = _acc_row("inconclusive", 0.3, -0.9, 1.5, 0.6, sd=0.9, mde=1.7, seeds_needed=12, seeds_needed_equivalence=20)
+    para = _para(render(_mini_stats([inc])))
+    assert "with these seeds a difference of 1.70 points is detectable at 80% power after Holm" in para
+    assert ("To resolve it: about 12 paired seeds would detect a 1-point difference with 80% power after Holm "
+            "(observed paired SD 0.90 points); about 20 would put the CI inside ±1 point") in para
+
+
+def test_verdict_names_a_stage1_shared_with_the_baseline_instead_of_a_ratio():
+    rows = [_ratio_row("stage1_train_seconds", 1.0, 1.0, 1.0, 1.0, "inconclusive"),
+            _ratio_row("stage1_peak_memory_bytes", 1.0, 1.0, 1.0, 1.0, "inconclusive"),
+            _ratio_row("stage2_train_seconds", 0.7, 0.65, 0.75, 0.002, "better"),
+            _ratio_row("stage2_peak_memory_bytes", 0.8, 0.75, 0.85, 0.002, "better")]
+    stats = _mini_stats(rows, stage1_relation={"fp16-fp32 vs fp32-fp32": "shared"})
+    para = _para(render(stats))
+    assert "Training time vs baseline (geometric-mean ratio [unadjusted 95% CI], paired log-ratios): stage 1 shared " \
+           "with the baseline (the same runs); stage 2 ×0.70 [0.65, 0.75] (30% time saved, Holm p 0.002)" in para
+    assert "Peak memory: stage 2 ×0.80 [0.75, 0.85] (20% memory saved, Holm p 0.002)" in para
+    assert "stage 1 ×1.00" not in para
+    # the same rows with a stage 1 of its own: the stage-1 ratios are printed
+    para = _para(render(_mini_stats(rows)))
+    assert "stage 1 ×1.00 [1.00, 1.00]" in para and "shared with the baseline" not in para
