@@ -742,3 +742,38 @@ def test_describe_is_the_t_interval_with_the_sample_sd():
     assert (d["ci_low"], d["ci_high"]) == pytest.approx((1.0368, 4.9632), abs=1e-4)
     d = describe([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")], alpha=0.1)
     assert d["n"] == 5 and (d["ci_low"], d["ci_high"]) == pytest.approx((1.4926, 4.5074), abs=1e-4)
+
+
+def _holm_by_hand(ps):
+    """Holm's step-down adjustment written out: the i-th smallest of m p-values × (m − i), running max, ≤ 1."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, run = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = run
+    return out
+
+
+def test_stage1_rows_are_holm_adjusted_over_the_stage1_precisions(tmp_path):
+    # amp_fp16 and amp_bf16 against fp32: per metric one family of 2 comparisons
+    runs, sched = _study(tmp_path, seeds=range(1, 6), stage1_effects={"amp_bf16": -1.0})
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    st1 = deltas[deltas["family"] == "stage1"]
+    for metric, g in st1.groupby("metric"):
+        assert sorted(g["a"]) == ["amp_bf16", "amp_fp16"], metric
+        assert list(g["p_holm"]) == pytest.approx(_holm_by_hand(list(g["p_t"]))), metric
+        assert (g["p_holm"] > g["p_t"]).any(), metric  # the adjustment did something
+
+
+def test_seeds_needed_reach_the_power_by_the_noncentral_t():
+    from scipy import stats as st
+
+    from precswitch.analysis.stats import power_analysis
+
+    def power(es, n, alpha=0.05):  # two-sided paired t-test at standardized effect es
+        c, nc = st.t.ppf(1 - alpha / 2, n - 1), es * math.sqrt(n)
+        return st.nct.sf(c, n - 1, nc) + st.nct.cdf(-c, n - 1, nc)
+
+    for sd, want in ((2.0, 34), (1.5, 20)):  # margin 1 point: es 0.5 and 0.67
+        n = power_analysis(sd, 5, 0.05, 0.8, 1.0)["seeds_needed"]
+        assert n == want and power(1 / sd, n) >= 0.8 > power(1 / sd, n - 1), sd
