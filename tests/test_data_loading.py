@@ -239,3 +239,54 @@ def test_na_like_sentences_are_text_not_missing(tmp_path, kind):
     assert src.train["text_a"] == ["NA", "null", "nan", "c d"]  # only the empty text / empty label rows go
     assert src.train["text_b"] == ["N/A", "None", "a b", "e f"]
     assert src.label_values == [0, 1] and src.train["label"] == [1, 0, 1, 0]
+
+
+def test_text_source_drops_whitespace_only_and_heading_lines_and_strips_the_rest(tmp_path):
+    """WikiText's blank lines are a single space: kept, they became empty MLM examples ([CLS] [SEP])."""
+    f = tmp_path / "t.txt"
+    f.write_text(" \n = Title = \n  first line  \n\t\n = = Section = = \nsecond = line\n   \n= not a heading\nthird\n",
+                 encoding="utf-8")
+    src = load_source({"kind": "text", "train": [str(f)], "eval": [str(f)]}, "mlm")
+    assert src.train["text"] == ["first line", "second = line", "= not a heading", "third"]
+    assert src.eval["text"] == src.train["text"]
+
+
+def _numbered_csv(path, n, blank_at=()):
+    rows = ["s1,s2,y"] + [("" if i in blank_at else f"a{i}") + f",b{i},{'pos' if i % 2 else 'neg'}" for i in range(n)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_max_rows_take_the_first_rows_of_their_own_split_and_dropped_rows_count_all_rows_read(tmp_path):
+    """max_train_rows cuts train only, max_eval_rows eval only, each keeping the file's first rows (after the
+    rows with an empty text are dropped); the dropped count is of all rows read, before the cut (meta.json)."""
+    train = _numbered_csv(tmp_path / "train.csv", 8, blank_at=(1,))
+    dev = _numbered_csv(tmp_path / "dev.csv", 6, blank_at=(0, 5))
+    spec = {"kind": "csv", "train": str(train), "eval": str(dev), "columns": {"text_a": "s1", "text_b": "s2",
+                                                                                "label": "y"}}
+    src = load_source({**spec, "max_train_rows": 3}, "classify")
+    assert src.train["text_a"] == ["a0", "a2", "a3"] and src.eval["text_a"] == ["a1", "a2", "a3", "a4"]
+    assert src.dropped == {"train": (1, 8, str(train)), "eval": (2, 6, str(dev))}
+    src = load_source({**spec, "max_eval_rows": 2}, "classify")
+    assert src.train["text_a"] == ["a0", "a2", "a3", "a4", "a5", "a6", "a7"] and src.eval["text_a"] == ["a1", "a2"]
+    assert src.dropped == {"train": (1, 8, str(train)), "eval": (2, 6, str(dev))}
+
+
+def test_tokenizer_texts_of_a_table_are_both_sentences(tmp_path):
+    """Words only the second sentence has must reach the tokenizer's vocabulary (else they become pieces/[UNK])."""
+    f = _numbered_csv(tmp_path / "t.csv", 4, blank_at=(2,))
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s1", "text_b": "s2", "label": "y"}}
+    assert source_texts(spec) == ["a0", "a1", "a3", "b0", "b1", "b3"]
+    assert source_texts({**spec, "columns": {"text_a": "s1", "text_b": None, "label": "y"}}) == ["a0", "a1", "a3"]
+
+
+def test_synthetic_classify_hash_covers_the_dev_file(tmp_path):
+    """An edited dev.tsv must change the source hash (it re-runs prepare and the fine-tuning after it)."""
+    from precswitch.data.synthetic import write_synthetic
+
+    d = write_synthetic(tmp_path / "syn", seed=1, n_corpus=20, n_train=10, n_dev=6)
+    spec = {"kind": "synthetic", "dir": str(d)}
+    h_cls, h_mlm = source_hash(spec, "classify"), source_hash(spec, "mlm")
+    with open(d / "dev.tsv", "a", encoding="utf-8") as fh:
+        fh.write("1\t1\t2\tthe a\tthe b\n")
+    assert source_hash(spec, "classify") != h_cls and source_hash(spec, "mlm") == h_mlm
