@@ -124,3 +124,59 @@ def test_events_respect_the_selectional_restriction():
     for r in S.make_pairs(200, seed=3, cfg=cfg):
         firsts = [s.split()[2] in animate for s in (r["#1 String"], r["#2 String"])]  # "the ADJ NOUN ..."
         assert firsts == [True, True] if r["Quality"] == 1 else sorted(firsts) == [False, True], r
+
+
+def test_dev_pairs_are_not_train_pairs_of_the_same_seed():
+    """train and dev are drawn from separate streams of one seed: with a shared stream, dev repeated train's
+    events (the same labels, propositions and first wordings), and the dev accuracy measured memory."""
+    train = S.make_pairs(300, seed=0, split="train")
+    dev = S.make_pairs(300, seed=0, split="dev")
+    sentences = lambda rows: {r[c] for r in rows for c in ("#1 String", "#2 String")}  # noqa: E731
+    assert not sentences(train) & sentences(dev)
+    assert [r["Quality"] for r in train] != [r["Quality"] for r in dev]
+
+
+def test_restatements_in_the_corpus_keep_the_meaning_of_the_line_before():
+    """An "in other words , ..." line rewrites the event of the previous line (same concepts); with
+    p_synonym 0 its content words are exactly those of the previous line."""
+    cfg = S.LanguageConfig(p_synonym=0.0, p_restate=0.5)
+    lines = S.make_corpus(600, seed=4, cfg=cfg)
+    content = lambda s: Counter(w for w in s.split() if w not in S.FUNCTION_WORDS)  # noqa: E731
+    restated = [i for i, ln in enumerate(lines) if ln.startswith("in other words , ")]
+    assert len(restated) > 100 and all(i % 2 == 1 for i in restated)  # the second line of a discourse unit
+    for i in restated:
+        assert content(lines[i].removeprefix("in other words , ")) == content(lines[i - 1]), (lines[i - 1], lines[i])
+
+
+def test_knowledge_sentences_say_which_nouns_are_animate():
+    """The corpus teaches animacy (what pre-training brings to the role-swap negatives): animals live near
+    and eat, things lie in and are made of -- never the other way round."""
+    cfg = S.LanguageConfig(p_restate=0.0, p_knowledge=1.0)
+    lex = S.build_lexicon(cfg)
+    animate = {w for syn in lex.nouns[: cfg.n_animate] for w in syn}
+    things = {w for syn in lex.nouns[cfg.n_animate:] for w in syn}
+    seen = Counter()
+    for line in S.make_corpus(800, seed=2, cfg=cfg, lex=lex):
+        words = set(line.split())
+        nouns = words & (animate | things)
+        assert len(nouns) == 1, line
+        if words & {"lives", "eats", "eat"}:
+            assert nouns <= animate, line
+            seen["animate"] += 1
+        if words & {"lies", "made"}:
+            assert nouns <= things, line
+            seen["thing"] += 1
+    assert seen["animate"] > 200 and seen["thing"] > 200
+
+
+def test_which_sentence_is_the_original_is_random():
+    """With a role swap only the rewritten event is impossible (a thing as agent): if it were always
+    sentence 2, the position would tell the model where to look."""
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=0.0, neg_replace=0.0)
+    lex = S.build_lexicon(cfg)
+    animate = {w for syn in lex.nouns[: cfg.n_animate] for w in syn}
+    neg = [r for r in S.make_pairs(400, seed=1, cfg=cfg, lex=lex) if r["Quality"] == 0]
+    first_is_original = sum(r["#1 String"].split()[2] in animate for r in neg) / len(neg)
+    assert 0.35 < first_is_original < 0.65
+
+
