@@ -254,3 +254,116 @@ def test_a_vocab_too_small_for_the_texts_characters_is_refused(tmp_path):
     assert need >= len(SPECIAL_TOKENS) + 2 * len(chars) - 4  # the normalizer may merge a few
     tok = load_tokenizer(build_tokenizer(texts, tmp_path / "exact", vocab_size=need))
     assert "[UNK]" not in tok.tokenize(" ".join(texts))
+
+
+GREEK = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+@pytest.fixture(scope="module")
+def greek_tok(tmp_path_factory):
+    """Every word of GREEK a whole token (each occurs 3 times in the training texts)."""
+    root = tmp_path_factory.mktemp("greek")
+    return build_tokenizer([" ".join(GREEK)] * 3, root / "tok", vocab_size=300, model_max_length=64)
+
+
+def test_prepare_pack_blocks_are_the_token_stream_in_order(greek_tok, tmp_path):
+    """pack: the lines' tokens concatenated in order and cut into [CLS] + L-2 tokens + [SEP] blocks; no token
+    lost or repeated inside the blocks, the short tail dropped; one segment (token type 0), no padding."""
+    import datasets
+
+    lines = [" ".join(GREEK[(i + j) % 12] for j in range(i % 4 + 1)) for i in range(9)]  # 1,2,3,4,1,... = 21 words
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "pack"}, greek_tok, "mlm", 8,
+                   tmp_path / "p")
+    stream = " ".join(lines).split()
+    expect = [["[CLS]"] + stream[i:i + 6] + ["[SEP]"] for i in (0, 6, 12)]  # 21 tokens: 3 blocks of 6, 3 dropped
+    tok = load_tokenizer(greek_tok)
+    dd = datasets.load_from_disk(str(tmp_path / "p"))
+    for split in ("train", "eval"):
+        assert [tok.convert_ids_to_tokens(x) for x in dd[split]["input_ids"]] == expect, split
+        assert dd[split]["token_type_ids"] == [[0] * 8] * 3 and dd[split]["attention_mask"] == [[1] * 8] * 3
+    assert (meta["n_train"], meta["train_tokens"], meta["mean_train_length"]) == (3, 24, 8)
+
+
+def test_prepare_line_pairs_are_lines_2k_and_2k1_across_pack_groups(greek_tok, tmp_path):
+    """pairs: every example is lines (2k, 2k+1) -- also past the first group of PACK_GROUP lines -- and an odd
+    last line is an example of its own."""
+    import datasets
+
+    from precswitch.data.prepare import PACK_GROUP
+
+    n = PACK_GROUP + 3
+    lines = [f"{GREEK[i % 12]} {GREEK[(i // 12) % 12]}" for i in range(n)]
+    f, ev = tmp_path / "c.txt", tmp_path / "e.txt"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ev.write_text("alpha beta\ngamma\ndelta\n", encoding="utf-8")
+    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(ev)], "mlm_examples": "pairs"}, greek_tok, "mlm",
+                   16, tmp_path / "p")
+    assert (meta["n_train"], meta["n_eval"]) == (n // 2 + 1, 2)
+    tok = load_tokenizer(greek_tok)
+    dd = datasets.load_from_disk(str(tmp_path / "p"))
+    got = [tok.convert_ids_to_tokens(x) for x in dd["train"]["input_ids"]]
+    expect = [["[CLS]", *lines[k].split(), "[SEP]", *lines[k + 1].split(), "[SEP]"] for k in range(0, n - 1, 2)]
+    expect.append(["[CLS]", *lines[-1].split(), "[SEP]"])
+    assert got == expect
+    assert dd["train"][0]["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1]
+    assert [tok.convert_ids_to_tokens(x) for x in dd["eval"]["input_ids"]] == [
+        ["[CLS]", "alpha", "beta", "[SEP]", "gamma", "[SEP]"], ["[CLS]", "delta", "[SEP]"]]
+
+
+def test_prepare_classify_encodes_both_sentences_truncates_longest_first_and_records_meta(greek_tok, tmp_path):
+    """[CLS] a [SEP] b [SEP] with token types 0/1; a pair over max_length loses tokens from the longer
+    sentence (both long: both keep about half); labels are the index in labels; meta counts by raw value."""
+    import datasets
+
+    long_a, long_b = " ".join(GREEK + GREEK[:8]), " ".join(GREEK[::-1] + GREEK[:8])  # 20 words each
+    rows = [("alpha beta", "gamma delta epsilon", "pos"), (long_a, long_b, "neg"), (long_a, "mu eta", "pos")]
+    f = tmp_path / "t.csv"
+    f.write_text("s1,s2,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in rows), encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s1", "text_b": "s2", "label": "y"},
+            "labels": ["pos", "neg"]}
+    meta = prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    train = datasets.load_from_disk(str(tmp_path / "p"))["train"]
+    assert train["labels"] == [0, 1, 0]
+    r0 = train[0]
+    assert tok.convert_ids_to_tokens(r0["input_ids"]) == ["[CLS]", "alpha", "beta", "[SEP]", "gamma", "delta",
+                                                          "epsilon", "[SEP]"]
+    assert r0["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1, 1] and r0["attention_mask"] == [1] * 8
+    both = tok.convert_ids_to_tokens(train[1]["input_ids"])
+    assert len(both) == 16 and both.count("[SEP]") == 2
+    cut_a, cut_b = both[1:both.index("[SEP]")], both[both.index("[SEP]") + 1:-1]
+    assert cut_a == long_a.split()[:len(cut_a)] and cut_b == long_b.split()[:len(cut_b)]
+    assert {len(cut_a), len(cut_b)} == {6, 7}  # 13 tokens shared, not one sentence cut to nothing
+    short_b = tok.convert_ids_to_tokens(train[2]["input_ids"])
+    assert short_b == ["[CLS]", *long_a.split()[:11], "[SEP]", "mu", "eta", "[SEP]"]  # the short sentence whole
+    assert meta["train_label_counts"] == {"pos": 2, "neg": 1} == meta["eval_label_counts"]
+    assert meta["majority_accuracy"] == pytest.approx(2 / 3)
+    assert (meta["truncated_train"], meta["train_tokens"]) == (2, 40)
+    assert meta["mean_train_length"] == pytest.approx(40 / 3)
+
+
+def test_tokenizer_vocab_size_is_honoured_and_frequent_words_come_first(tmp_path):
+    """The vocabulary has exactly vocab_size tokens when the texts offer enough; past the characters, the most
+    frequent words are whole tokens (budget 5: int(0.8 * 5) = 4 words), the rarer ones are split."""
+    counts = {"abc": 10, "bca": 9, "cab": 8, "aabb": 7, "bbcc": 6, "ccaa": 5, "abab": 4, "bcbc": 3, "caca": 2}
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * 3  # a b c, ##a ##b ##c
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))
+    assert len(tok) == base + 5
+    for w in ("abc", "bca", "cab", "aabb"):
+        assert tok.tokenize(w) == [w]
+    for w in ("bbcc", "ccaa", "abab", "bcbc", "caca"):
+        assert tok.tokenize(w) != [w]
+    # few words, room for all: a word seen once is a whole token too
+    once = load_tokenizer(build_tokenizer(["kappa lambda"], tmp_path / "once", vocab_size=100))
+    assert once.tokenize("kappa lambda") == ["kappa", "lambda"]
+
+
+def test_cased_tokenizer_keeps_case(tmp_path):
+    cased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "c", vocab_size=100,
+                                           lowercase=False))
+    assert cased.tokenize("The Cat saw the cat") == ["The", "Cat", "saw", "the", "cat"]
+    uncased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "u", vocab_size=100))
+    assert uncased.tokenize("The Cat saw the cat") == ["the", "cat", "saw", "the", "cat"]
