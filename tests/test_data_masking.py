@@ -80,3 +80,44 @@ def test_fp8_padding_keeps_the_masks_of_the_other_precisions(tmp_path):
     ea, eb = _eval_batches(Rows(rows), plain, 8, 1234), _eval_batches(Rows(rows), fp8, 8, 1234)
     for x, y in zip(ea, eb):
         assert torch.equal(y["labels"][:, : x["labels"].shape[1]], x["labels"])
+
+
+def test_masks_of_the_same_rows_differ_by_step_and_by_seed(tmp_path):
+    """step_seed(seed, step) decides the masks: the same rows are masked otherwise at another step of the
+    seed and at the same step of another seed (a seed-only or step-only RNG would repeat masks), and
+    identically again under the same (seed, step)."""
+    tok = _tokenizer(tmp_path)
+    collate = _make_collator("mlm", tok, 0.15)
+    feats = _features(tok, 32, seed=0)
+    labels = {(s, t): _collate(collate, feats, step_seed(s, t))["labels"] for s in (1, 2) for t in (0, 1)}
+    assert torch.equal(_collate(collate, feats, step_seed(1, 0))["labels"], labels[(1, 0)])
+    keys = list(labels)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            assert not torch.equal(labels[a], labels[b]), (a, b)
+
+
+def test_eval_masks_are_fixed_by_the_eval_seed_whatever_the_global_rng(tmp_path):
+    """Every evaluation of every run scores the same masked tokens: the eval batches are built under
+    eval_seed, not under whatever state training left the global RNG in; another eval_seed masks otherwise."""
+    tok = _tokenizer(tmp_path)
+    collate = _make_collator("mlm", tok, 0.15)
+    rows = _Rows(_features(tok, 40, seed=9))
+    first = _eval_batches(rows, collate, 8, 1234)
+    torch.manual_seed(99)
+    torch.rand(1000)  # training moved the global RNG
+    again = _eval_batches(rows, collate, 8, 1234)
+    other = _eval_batches(rows, collate, 8, 4321)
+    assert len(first) == 5 and all(torch.equal(x["labels"], y["labels"]) and torch.equal(x["input_ids"], y["input_ids"])
+                                   for x, y in zip(first, again))
+    assert not all(torch.equal(x["labels"], y["labels"]) for x, y in zip(first, other))
+
+
+class _Rows(list):
+    """A list of feature dicts indexable by a range like a datasets.Dataset (column -> values)."""
+
+    def __getitem__(self, idx):
+        if isinstance(idx, range):
+            got = [list.__getitem__(self, i) for i in idx]
+            return {k: [r[k] for r in got] for k in got[0]}
+        return list.__getitem__(self, idx)

@@ -76,3 +76,22 @@ def test_loop_prefetch_is_invisible_in_results(data, tmp_path, monkeypatch):
     # step t+1's batch is built before step t's end-of-step synchronization (overlapping the GPU's work)
     assert seen[:5] == [0, 1, "sync", 2, "sync"]
     assert m["samples_seen"] == 9 * 16
+
+
+def test_every_epoch_is_a_new_permutation_of_all_rows(data):
+    """Each epoch shows every training row once, in an order of its own (a fixed order would repeat the same
+    batches every epoch)."""
+    import datasets
+
+    b = _batches(data["classify"], "classify", seed=7)
+    assert b.per_epoch == 6  # 96 rows / 16
+
+    def rows(step):
+        x = b.get(step)
+        return [tuple(ids[: int(m.sum())].tolist()) for ids, m in zip(x["input_ids"], x["attention_mask"])]
+
+    epoch0 = [r for s in range(6) for r in rows(s)]
+    epoch1 = [r for s in range(6, 12) for r in rows(s)]
+    every = sorted(tuple(x) for x in datasets.load_from_disk(str(data["classify"]))["train"]["input_ids"])
+    assert sorted(epoch0) == every == sorted(epoch1)
+    assert epoch0 != epoch1
