@@ -276,3 +276,23 @@ def test_rows_with_an_empty_text_cell_are_counted_logged_and_recorded(tmp_path, 
     meta = prepare({**spec, "train": str(ok), "eval": str(ok)}, tok, "classify", 32, tmp_path / "out2")
     assert (meta["train_rows_dropped"], meta["eval_rows_dropped"]) == (0, 0)
     assert "dropped" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_an_empty_second_sentence_drops_the_row_in_every_table_format(tmp_path, kind):
+    """An empty text_b cell is a null in CSV (dropped) but an empty string in JSONL/parquet, where it was kept and
+    tokenized as "[CLS] a [SEP] [SEP]"; a whitespace-only text_b was kept in both (a whitespace-only text_a is
+    dropped). Every format drops them now, and counts them."""
+    recs = [("a b", "", 0), ("c d", "e f", 1), ("g h", "   ", 1), ("k", "l", 0)]
+    f = tmp_path / f"t.{kind}"
+    if kind == "jsonl":
+        f.write_text("".join(json.dumps({"s1": a, "s2": b, "y": y}) + "\n" for a, b, y in recs), encoding="utf-8")
+    else:
+        f.write_text("s1,s2,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in recs), encoding="utf-8")
+    src = load_source({"kind": kind, "train": str(f), "eval": str(f), "columns": PAIRS}, "classify")
+    assert src.train["text_a"] == ["c d", "k"] and src.train["text_b"] == ["e f", "l"]
+    assert src.dropped["train"][:2] == (2, 4)
+    # no text_b column mapped: nothing is dropped for it
+    single = load_source({"kind": kind, "train": str(f), "eval": str(f), "columns": {**PAIRS, "text_b": None}},
+                         "classify")
+    assert single.train["text_a"] == ["a b", "c d", "g h", "k"]

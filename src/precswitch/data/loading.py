@@ -467,9 +467,10 @@ def _to_classify(ds, cols: dict, where: str):
         n = len(b["label"])
         good = []
         for i in range(n):
-            a = b["text_a"][i]
-            t = b["text_b"][i] if "text_b" in b else ""
-            good.append(b["label"][i] is not None and a is not None and t is not None and bool(str(a).strip()))
+            # text_b too: an empty cell is a null in CSV/TSV but "" in JSONL/parquet, and a whitespace-only one
+            # is neither (both were kept and tokenized as "[CLS] a [SEP] [SEP]")
+            texts = [b["text_a"][i]] + ([b["text_b"][i]] if "text_b" in b else [])
+            good.append(b["label"][i] is not None and all(t is not None and bool(str(t).strip()) for t in texts))
         return good
 
     return ds.filter(ok, batched=True, keep_in_memory=True)
