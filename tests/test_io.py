@@ -77,3 +77,65 @@ def test_atomic_path_replaces_a_directory_and_a_failed_replace_keeps_the_old_one
             (tmp / "w").write_text("newer")
     assert (ck / "w").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """The disk fills while metrics.json is rewritten: readers still see the old, whole file, and no temporary
+    is left beside it."""
+    import errno
+
+    path = tmp_path / "metrics.json"
+    atomic_write_json(path, {"status": "ok"})
+    old = path.read_text()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_json(path, {"status": "rerun"})
+    assert path.read_text() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+def test_atomic_write_json_is_strict_json(tmp_path):
+    """NaN and infinities (a diverged run's loss) are written as null, also inside lists and tuples, and numpy
+    scalars as numbers: every JSON reader can parse the file."""
+    import json
+    import math
+
+    import numpy as np
+
+    path = tmp_path / "m.json"
+    atomic_write_json(path, {"loss": math.nan, "curve": [1.0, math.inf], "pair": (2, -math.inf),
+                             "acc": np.float32(0.5), "n": np.int64(3), "where": tmp_path})
+
+    def refuse(name):
+        raise ValueError(f"non-strict JSON: {name}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "loss": None, "curve": [1.0, None], "pair": [2, None], "acc": 0.5, "n": 3, "where": str(tmp_path)}
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_atomic_path_failing_in_the_body_leaves_the_old_one_and_no_temporary(tmp_path, kind):
+    """A checkpoint save that fails halfway (an exception while the temporary is written): the previous
+    checkpoint stays, whole, and the half-written temporary is removed."""
+    from precswitch import io
+
+    target = tmp_path / "checkpoint"
+    if kind == "dir":
+        target.mkdir()
+        (target / "w").write_text("old")
+    else:
+        target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with io.atomic_path(target) as tmp:
+            if kind == "dir":
+                tmp.mkdir()
+                (tmp / "w").write_text("half")
+            else:
+                tmp.write_text("half")
+            raise RuntimeError("killed halfway")
+    assert (target / "w" if kind == "dir" else target).read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
