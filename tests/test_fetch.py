@@ -253,3 +253,38 @@ def test_cli_register():
     fetch.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["fetch", "--config", "c.yaml", "--manifest", "m.json"])
     assert args.func is fetch._run and args.config == "c.yaml" and not args.no_verify
+
+
+@pytest.mark.parametrize("env, hub, data", [
+    ({}, False, False),
+    ({"HF_HUB_OFFLINE": "1"}, True, True),  # what the docs say: with HF_HUB_OFFLINE=1 nothing is downloaded
+    ({"TRANSFORMERS_OFFLINE": "true"}, True, False),
+    ({"HF_DATASETS_OFFLINE": "yes"}, False, True),
+    ({"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "off"}, False, False),
+])
+def test_offline_switches_follow_the_environment(monkeypatch, env, hub, data):
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert (fetch.hub_offline(), fetch.datasets_offline()) == (hub, data)
+
+
+def test_a_config_without_split_names_fetches_the_schema_defaults():
+    """`precswitch fetch --config study.yaml` on a file that leaves the split names out fetches the splits the
+    workflow reads (the schema defaults train and validation), not others."""
+    need = fetch.requirements({"data": {"finetune": {"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc"}}})
+    assert need[1]["splits"] == ["train", "validation"]
+
+
+def test_local_things_that_are_not_what_they_should_be_are_named(tmp_path, monkeypatch):
+    """A data file that is a directory, a model directory without weights: named now, not by the job that
+    reads them."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.tsv").mkdir()
+    with pytest.raises(PrecswitchError, match=r"data.finetune: file 'train.tsv' does not exist \(it is a directory\)"):
+        fetch.fetch({"data": {"finetune": {"kind": "tsv", "train": "train.tsv", "eval": "train.tsv"}}})
+    make_tiny_model(tmp_path / "tiny")
+    (tmp_path / "tiny" / "model.safetensors").unlink()
+    with pytest.raises(PrecswitchError, match=r"model directory './tiny' holds no weights"):
+        fetch.fetch({"model": {"init": "./tiny"}})
