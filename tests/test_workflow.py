@@ -591,3 +591,166 @@ def test_more_threads_than_cores_is_said_before_the_run(tmp_path):
             "but torch runs 2 threads in it") in warned.stderr
     quiet = dry_run(tmp_path, {"threads": 2}, "--cores", "2")
     assert quiet.returncode == 0 and "precswitch: warning: threads" not in quiet.stderr
+
+
+# ------------------------------------------------------------------------------ what each job gets
+def _jobs(out: str) -> list[tuple[str, str]]:
+    """(rule, its block: input/output/threads lines and the shell command) of each job of a dry run with -p."""
+    return re.findall(r"^(?:local)?rule (\w+):\n(.*?)(?=^\[|\Z)", out, re.M | re.S)
+
+
+def test_each_training_job_gets_its_own_seed_stage1_run_and_settings(tmp_path):
+    """Stage 2 starts from, and waits for, the stage-1 run of ITS schedule and seed (a switched stage 1 is its own
+    run, not its first precision's; a finetune-only schedule starts from model.init); each job gets its stage's
+    precision and settings, its seed, the config's device and threads (also its Snakemake threads); stage 1
+    always saves its checkpoint; every run is scored with one eval_seed (the same eval masks)."""
+    cfg = {"schedules": {"x": {"pretrain": "amp_bf16", "finetune": "fp32"},
+                         "z": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.5},
+                               "finetune": "amp_bf16"},
+                         "y": {"finetune": "amp_bf16"}},
+           "analysis": {"baseline": "x", "contrasts": []}, "seeds": [3, 5], "device": "cuda", "threads": 2,
+           # save_checkpoint is always on for stage 1 (stage 2 starts from it), whatever the config says
+           "train": {"pretrain": {"lr": 0.001, "steps": 40, "save_checkpoint": False},
+                     "finetune": {"lr": 0.0002, "steps": 30}}}
+    proc = dry_run(tmp_path, cfg, "-p", "--cores", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = {}
+    for rule, block in _jobs(proc.stdout):
+        if rule in ("pretrain", "finetune"):
+            hp = json.loads(re.search(r"--hparams '([^']*)'", block).group(1))
+            assert hp["stage"] == rule and hp["run_id"] not in train
+            train[hp["run_id"]] = (hp, block)
+    stage1 = {"amp_bf16": ("amp_bf16", None), "amp_bf16-to-fp32-at50": ("amp_bf16", "fp32")}
+    assert set(train) == ({f"pretrain-{n}-seed{s}" for n in stage1 for s in (3, 5)}
+                          | {f"finetune-{n}-seed{s}" for n in "xyz" for s in (3, 5)})
+    assert len({hp.get("eval_seed") for hp, _ in train.values()}) == 1
+    for run_id, (hp, block) in train.items():
+        seed, stage = int(run_id.rsplit("-seed", 1)[1]), hp["stage"]
+        assert hp["seed"] == seed, run_id
+        assert (hp["device"], hp["threads"]) == ("cuda", 2) and "\n    threads: 2\n" in block, run_id
+        assert (hp["lr"], hp["steps"]) == (cfg["train"][stage]["lr"], cfg["train"][stage]["steps"]), run_id
+        assert hp["save_checkpoint"] is (stage == "pretrain"), run_id
+        inputs = re.search(r"^    input: (.*)$", block, re.M).group(1).split(", ")
+        if stage == "pretrain":
+            name = run_id.removeprefix("pretrain-").rsplit("-seed", 1)[0]
+            assert (hp["precision"], hp.get("switch_to")) == stage1[name], run_id
+            assert hp["init"] == "scratch" and hp["tags"] == {}, run_id
+            continue
+        schedule = hp["tags"]["schedule"]
+        assert hp["precision"] == {"x": "fp32", "z": "amp_bf16", "y": "amp_bf16"}[schedule], run_id
+        assert "switch_to" not in hp, run_id
+        run = {"x": "amp_bf16", "z": "amp_bf16-to-fp32-at50", "y": None}[schedule]
+        if run is None:
+            assert hp["init"] == "scratch" and not [i for i in inputs if "/runs/" in i], run_id
+        else:
+            ckpt = f"results/runs/pretrain/{run}/seed{seed}/checkpoint"
+            assert hp["init"] == ckpt, run_id
+            assert sorted(i for i in inputs if "/runs/" in i) == sorted(
+                [ckpt, f"results/runs/pretrain/{run}/seed{seed}/metrics.json"]), (run_id, inputs)
+
+
+def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
+    """Each stage's data is prepared for its objective at its own max_length; synth makes the sizes asked for;
+    aggregate reads every stage-1 and stage-2 run (runs.csv has a row for each)."""
+    cfg = {"seeds": [1, 2], "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 48}},
+           "data": {"synthetic": {"n_train": 2000, "n_dev": 500}}}
+    proc = dry_run(tmp_path, cfg, "-p")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = _jobs(proc.stdout)
+    commands = {}
+    for rule, block in jobs:
+        command = re.search(r"^Shell command: (.*)$", block, re.M).group(1)
+        stage = re.search(r"wildcards: stage=(\w+)", block)
+        commands[rule if stage is None else f"{rule}[{stage.group(1)}]"] = command
+    assert "--objective mlm --max-length 64 " in commands["prepare[pretrain]"]
+    assert "--objective classify --max-length 48 " in commands["prepare[finetune]"]
+    assert "--n-train 2000 --n-dev 500 " in commands["synth"]
+    made = [m for rule, block in jobs if rule in ("pretrain", "finetune")
+            for m in re.findall(r"^    output: ([^,\n]*/metrics\.json)", block, re.M)]
+    assert len(made) == 2 * (len(DEFAULT_STAGE1) + len(DEFAULT_SCHEDULES))
+    read = re.search(r"--metrics (.*?) --out-dir", commands["aggregate"]).group(1).split()
+    assert sorted(read) == sorted(made)
+
+
+def test_compute_jobs_run_offline_and_only_fetch_downloads(tmp_path):
+    """A study that reads the hub: the fetch rule (a local rule: on the login node) downloads, every other job
+    that reads a model or data runs with the hub's offline switches (compute nodes have no internet); a hub data
+    source alone (model from scratch) is enough to need them. A study without the hub sets nothing."""
+    offline = "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 precswitch "
+    data_only = {**HUB_STUDY, "model": {"init": "scratch"}}
+    for cfg in (HUB_STUDY, data_only):
+        out = dry_run(tmp_path, cfg, "-p").stdout
+        commands = [(rule, re.search(r"^Shell command: (.*)$", block, re.M).group(1)) for rule, block in _jobs(out)]
+        assert {r for r, _ in commands} >= {"fetch", "tokenizer", "prepare", "pretrain", "finetune"}
+        for rule, command in commands:
+            if rule in ("tokenizer", "prepare", "pretrain", "finetune"):
+                assert command.startswith(offline), (rule, command[:200])
+            else:
+                assert "OFFLINE" not in command, (rule, command[:200])
+    out = dry_run(tmp_path, None, "-p").stdout
+    assert "Shell command: precswitch train" in out and "OFFLINE" not in out and "rule fetch" not in out
+
+
+def test_a_rerun_keeps_the_finished_runs_it_replaces_under_previous(tmp_path):
+    """onstart: each finished run that will rerun is kept, as it was, under <results_dir>/previous/ before any job
+    starts (its files and its log, not its resume/ state); an unfinished run and the runs that do not rerun are
+    not; the next rerun keeps the latest version. (--touch runs onstart as a real run does, without training.)"""
+    study = {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "y": {"finetune": "fp32"}},
+             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2], "warm_start": False,
+             "results_dir": "res"}
+    _touch_study(tmp_path, study)
+    res = tmp_path / "res"
+    finished = {}
+    for run in sorted((res / "runs").glob("*/*/seed*")):
+        rel = run.relative_to(res)
+        finished[rel] = json.dumps({"run": str(rel)})
+        (run / "metrics.json").write_text(finished[rel])
+        (run / "resume").mkdir()
+        (run / "resume" / "state.pt").write_text("resume state")
+        (res / "logs" / rel.relative_to("runs").parent).mkdir(parents=True, exist_ok=True)
+        (res / "logs" / f"{rel.relative_to('runs')}.log").write_text(f"log of {rel}")
+    assert len(finished) == 2 + 4
+    weights = res / "runs" / "finetune" / "x" / "seed1" / "model.safetensors"
+    weights.write_bytes(b"w" * (2 << 20))  # a large file: hard-linked, not copied
+    (res / "runs" / "finetune" / "y" / "seed2" / "metrics.json").unlink()  # an unfinished run (resume/ only)
+    del finished[Path("runs/finetune/y/seed2")]
+    for f in res.rglob("*"):
+        os.utime(f, (1.7e9, 1.7e9))
+
+    def rerun_finetune(lr):
+        path = write_config(tmp_path / "changed.yaml", {**study, "train": {"finetune": {"lr": lr}}})
+        proc = snakemake(tmp_path, "--touch", "-c1", "--configfile", path, check=True)
+        assert "3 finished run(s) will rerun; their previous results are kept under res/previous/" in proc.stderr
+
+    rerun_finetune(1e-4)
+    prev = res / "previous"
+    kept = sorted(p.parent.relative_to(prev) for p in prev.rglob("metrics.json"))
+    assert kept == sorted(r for r in finished if r.parts[1] == "finetune")  # stage 1 does not rerun
+    for rel in kept:
+        assert (prev / rel / "metrics.json").read_text() == finished[rel]
+        assert (res / rel / "metrics.json").read_text() == finished[rel]  # the run itself is where it was
+        assert (prev / rel / f"{rel.name}.log").read_text() == f"log of {rel}"
+        assert not (prev / rel / "resume").exists()
+    assert not (prev / "runs" / "finetune" / "y" / "seed2").exists()
+    kept_weights = prev / "runs" / "finetune" / "x" / "seed1" / "model.safetensors"
+    assert kept_weights.read_bytes() == weights.read_bytes()
+    probe = tmp_path / "probe"
+    probe.touch()
+    try:
+        os.link(probe, tmp_path / "probe-link")
+    except OSError:  # a file system without hard links: copied
+        pass
+    else:
+        assert kept_weights.stat().st_ino == weights.stat().st_ino  # no second copy of the weights
+    (res / "runs" / "finetune" / "x" / "seed1" / "metrics.json").write_text('{"run": "second"}')
+    rerun_finetune(5e-5)
+    assert (prev / "runs" / "finetune" / "x" / "seed1" / "metrics.json").read_text() == '{"run": "second"}'
+    assert sorted(p.name for p in (prev / "runs" / "finetune" / "x").iterdir()) == ["seed1", "seed2"]
+
+
+def test_a_batch_as_large_as_the_training_rows_is_accepted(tmp_path):
+    """The engine refuses a batch larger than the training rows; a batch of exactly their number (one full batch
+    per step) runs, and the config check lets it through."""
+    cfg = {"data": {"synthetic": {"n_train": 32}}, "train": {"finetune": {"batch_size": 32}}}
+    proc = dry_run(tmp_path, cfg)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
