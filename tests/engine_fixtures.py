@@ -85,3 +85,27 @@ def prepared_both(tmp_path_factory) -> dict:
     """Prepared masked-LM and classification data, for a module-scoped ``data`` fixture."""
     root = tmp_path_factory.mktemp("data")
     return {"mlm": make_prepared(root, "mlm"), "classify": make_prepared(root, "classify")}
+
+
+def tiny_bert_mlm():
+    """A seeded 2-layer BertForMaskedLM (vocab 97, hidden 32) without dropout: the engine tests' direct model."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0))
+
+
+def mlm_batch(n_masked: int, seed: int = 0) -> dict:
+    """A 4 x 24 masked-LM batch for :func:`tiny_bert_mlm` with ``n_masked`` labelled (masked) positions."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 97, (4, 24), generator=g)
+    labels = torch.full_like(ids, -100)
+    pos = torch.randperm(ids.numel(), generator=g)[:n_masked]
+    labels.view(-1)[pos] = ids.view(-1)[pos]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+            "labels": labels}

@@ -18,7 +18,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, make_prepared, prepared_both  # noqa: E402
+from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, tiny_bert_mlm  # noqa: E402
 
 from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
@@ -1144,30 +1144,11 @@ def test_fp8_padding_keeps_the_masks_every_other_precision_draws(data):
     assert (padded["input_ids"][:, 13:] == tok.pad_token_id).all()
 
 
-def _tiny_bert_mlm():
-    from transformers import BertConfig, BertForMaskedLM
-
-    torch.manual_seed(0)
-    return BertForMaskedLM(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                                      attention_probs_dropout_prob=0.0))
-
-
-def _masked_batch(n_masked: int, seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, 97, (4, 24), generator=g)
-    labels = torch.full_like(ids, -100)
-    pos = torch.randperm(ids.numel(), generator=g)[:n_masked]
-    labels.view(-1)[pos] = ids.view(-1)[pos]
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-            "labels": labels}
-
-
 def test_mlm_eval_loss_is_the_mean_over_masked_tokens_in_the_eval_precision():
     """eval_loss: the mean cross-entropy over every masked token of the split (a batch with 40 masked tokens
     weighs 8 times one with 5, not the same), computed in the eval precision (amp_bf16: under bf16 autocast)."""
-    model, cpu = _tiny_bert_mlm().eval(), torch.device("cpu")
-    batches = [_masked_batch(5, seed=1), _masked_batch(40, seed=2)]
+    model, cpu = tiny_bert_mlm().eval(), torch.device("cpu")
+    batches = [mlm_batch(5, seed=1), mlm_batch(40, seed=2)]
     for name in ("fp32", "amp_bf16"):
         prec = P.get(name)
         total, n = 0.0, 0

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, make_prepared, prepared_both  # noqa: E402
+from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, tiny_bert_mlm  # noqa: E402
 
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
@@ -151,31 +151,12 @@ def _old_mlm_forward(model, batch):
     return loss, scores, rows_labels
 
 
-def _tiny_mlm():
-    from transformers import BertConfig, BertForMaskedLM
-
-    torch.manual_seed(0)
-    return BertForMaskedLM(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                                      attention_probs_dropout_prob=0.0))
-
-
-def _mlm_batch(n_masked: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, 97, (4, 24), generator=g)
-    labels = torch.full_like(ids, -100)
-    pos = torch.randperm(ids.numel(), generator=g)[:n_masked]
-    labels.view(-1)[pos] = ids.view(-1)[pos]
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-            "labels": labels}
-
-
 @pytest.mark.parametrize("host_rows", [False, True])
 def test_mlm_loss_of_a_batch_without_a_masked_token_is_a_graph_zero(host_rows):
     """Before: the mean cross-entropy over no row, NaN. Now 0, on the graph (backward runs, every gradient
     is zero), whether the head rows are selected on the host (training) or in the forward (eval)."""
-    model = _tiny_mlm()
-    batch = _mlm_batch(0)
+    model = tiny_bert_mlm()
+    batch = mlm_batch(0)
     if host_rows:
         batch.update(zip(engine.HEAD_KEYS, engine.mlm_head_rows(batch["labels"])))
     loss, scores, rows = engine.mlm_forward(model, batch)
@@ -190,9 +171,9 @@ def test_mlm_loss_of_a_batch_without_a_masked_token_is_a_graph_zero(host_rows):
 
 
 def test_mlm_loss_of_a_normal_batch_is_the_old_loss_bit_for_bit():
-    model = _tiny_mlm()
+    model = tiny_bert_mlm()
     for n in (1, 7, 40):
-        batch = _mlm_batch(n, seed=n)
+        batch = mlm_batch(n, seed=n)
         new = engine.mlm_forward(model, batch)[0]
         old = _old_mlm_forward(model, batch)[0]
         direct = torch.nn.functional.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits
@@ -298,14 +279,14 @@ def test_an_eval_split_without_a_masked_token_is_refused_before_training(tmp_pat
 
 
 def test_evaluate_leaves_out_batches_without_a_masked_token_and_refuses_none_at_all():
-    model = _tiny_mlm()
+    model = tiny_bert_mlm()
     prec, cpu = P.get("fp32"), torch.device("cpu")
-    normal, empty = _mlm_batch(30, seed=1), _mlm_batch(0)
+    normal, empty = mlm_batch(30, seed=1), mlm_batch(0)
     alone = engine.evaluate(model, [normal], "mlm", prec, cpu, {})
     mixed = engine.evaluate(model, [empty, normal, empty], "mlm", prec, cpu, {})
     assert math.isfinite(alone["eval_loss"]) and mixed == alone and mixed["eval_masked_tokens"] == 30
     with pytest.raises(PrecswitchError, match="the masked-LM eval split has no masked token"):
         engine.evaluate(model, [empty, empty], "mlm", prec, cpu, {})
     # pure 16-bit: the fp32 re-reduction of the loss must not turn an empty batch into NaN either
-    m16 = P.get("pure_bf16").prepare_model(_tiny_mlm())
+    m16 = P.get("pure_bf16").prepare_model(tiny_bert_mlm())
     assert math.isfinite(engine.evaluate(m16, [empty, normal], "mlm", P.get("pure_bf16"), cpu, {})["eval_loss"])
