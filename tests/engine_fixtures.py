@@ -109,3 +109,11 @@ def mlm_batch(n_masked: int, seed: int = 0) -> dict:
     labels.view(-1)[pos] = ids.view(-1)[pos]
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
             "labels": labels}
+
+
+def steps_rows(out: Path) -> list[dict]:
+    """A stage run's steps.csv as dicts (strings, as csv reads them)."""
+    import csv
+
+    with open(out / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -18,7 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, tiny_bert_mlm  # noqa: E402
+from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, steps_rows, tiny_bert_mlm  # noqa: E402
 
 from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
@@ -31,11 +30,6 @@ from precswitch.train.engine import run_stage  # noqa: E402
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return prepared_both(tmp_path_factory)
-
-
-def _rows(out: Path) -> list[dict]:
-    with open(out / "steps.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _safetensors_dtypes(ckpt: Path) -> set[str]:
@@ -322,7 +316,7 @@ def test_switch_changes_autocast_and_loss_scaling_at_the_switch_step(data, tmp_p
     assert m["status"] == "ok" and m["switch_step"] == 3 and m["precision_final"] == then
     autocast = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16, "fp32": None}
     assert seen == [autocast[first]] * 3 + [autocast[then]] * 3
-    scaled = [r["loss_scale"] != "" for r in _rows(tmp_path / "r")]
+    scaled = [r["loss_scale"] != "" for r in steps_rows(tmp_path / "r")]
     assert scaled == [first == "amp_fp16"] * 3 + [then == "amp_fp16"] * 3
 
 
@@ -930,7 +924,7 @@ def test_the_optimizer_steps_on_unscaled_gradients_clipped_to_max_grad_norm(data
                        "max_grad_norm": max_norm, "save_checkpoint": False}, tmp_path / "r")
     finally:
         handle.remove()
-    rows = _rows(tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
     assert m["status"] == "ok" and m["skipped_steps"] == 0 and len(seen) == 4
     recorded = [float(r["grad_norm"]) for r in rows]
     assert all(max_norm * 10 < g < 1000 for g in recorded), recorded  # clipping needed; an unscaled norm
@@ -968,7 +962,7 @@ def test_non_finite_losses_between_finite_ones_are_skipped_counted_and_not_diver
     assert m["status"] == "ok", m["status_reason"]
     assert m["steps_completed"] == 10 and m["nonfinite_losses"] == 5 and m["first_nonfinite_step"] == 2
     assert m["skipped_steps"] == 5 and m["loss_scale_end"] == 2.0**16 / 2**4
-    rows = _rows(tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
     assert [int(r["step"]) for r in rows if r["skipped"] == "1"] == [2, 4, 6, 8, 10]
     assert all(math.isfinite(float(r["loss"])) for r in rows if r["skipped"] == "0")
     assert m["eval_loss"] is not None and math.isfinite(m["eval_loss"]) and m["eval_note"] is None
@@ -981,7 +975,7 @@ def test_loss_scale_growth_is_not_a_skipped_step(data, tmp_path, monkeypatch):
         device_type, init_scale=1.0, growth_interval=1) if self.loss_scaling else None)
     m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY,
                    "save_checkpoint": False}, tmp_path / "r")
-    rows = _rows(tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
     assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert m["skipped_steps"] == 0 and all(r["skipped"] == "0" for r in rows)
 
@@ -993,7 +987,7 @@ def test_steps_csv_lr_follows_the_linear_warmup_and_decay(data, tmp_path):
                    "model": TINY, "save_checkpoint": False}, tmp_path / "r")
     assert m["status"] == "ok"
     want = [1e-3 * t / 2 if t < 2 else 1e-3 * (10 - t) / 8 for t in range(10)]
-    assert [float(r["lr"]) for r in _rows(tmp_path / "r")] == pytest.approx(want, rel=1e-9, abs=1e-15)
+    assert [float(r["lr"]) for r in steps_rows(tmp_path / "r")] == pytest.approx(want, rel=1e-9, abs=1e-15)
 
 
 def test_timed_windows_leave_out_warm_up_evaluation_and_set_up(data, tmp_path, monkeypatch):
@@ -1020,7 +1014,7 @@ def test_timed_windows_leave_out_warm_up_evaluation_and_set_up(data, tmp_path, m
     monkeypatch.setattr(engine, "evaluate", slow_eval)
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "timing_warmup_steps": 2,
                    "batch_size": 16, "save_checkpoint": False}, tmp_path / "r")
-    dts = [float(r["step_seconds"]) for r in _rows(tmp_path / "r")]
+    dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
     assert len(dts) == 6 and min(dts[:2]) >= 10 and max(dts[2:]) < 10
     assert m["timing_warmup_steps"] == 2
     assert m["train_seconds"] == pytest.approx(sum(dts), abs=1e-5) and m["eval_seconds"] >= 100

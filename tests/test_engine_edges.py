@@ -4,7 +4,6 @@ split) without a masked token."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import sys
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, tiny_bert_mlm  # noqa: E402
+from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, steps_rows, tiny_bert_mlm  # noqa: E402
 
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
@@ -25,11 +24,6 @@ from precswitch.train.engine import run_stage  # noqa: E402
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return prepared_both(tmp_path_factory)
-
-
-def _rows(out: Path) -> list[dict]:
-    with open(out / "steps.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _nothing_written(out: Path) -> bool:
@@ -209,7 +203,7 @@ def test_batches_without_a_masked_token_are_counted_not_nonfinite(data, tmp_path
     assert m["nonfinite_losses"] == 0 and m["first_nonfinite_step"] is None
     assert m["mlm_empty_batches"] == len(empty)
     assert m["eval_loss"] is not None and math.isfinite(m["eval_loss"]) and m["eval_note"] is None
-    rows = _rows(tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
     assert [int(r["step"]) for r in rows if r["loss"] == ""] == empty
     assert all(float(r["grad_norm"]) == 0.0 and r["skipped"] == "0" for r in rows if r["loss"] == "")
     assert all(math.isfinite(float(r["loss"])) and float(r["grad_norm"]) > 0 for r in rows if r["loss"] != "")
@@ -239,8 +233,8 @@ def test_batches_without_a_masked_token_train_the_weights_the_old_loss_did(data,
     w_old = load_file(next((tmp_path / "old" / "checkpoint").glob("*.safetensors")))
     assert w_new.keys() == w_old.keys() and all(torch.equal(w_new[k], w_old[k]) for k in w_new)
     cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
-    assert [[r[c] for c in cols] for r in _rows(tmp_path / "new")] == \
-        [[r[c] for c in cols] for r in _rows(tmp_path / "old")]
+    assert [[r[c] for c in cols] for r in steps_rows(tmp_path / "new")] == \
+        [[r[c] for c in cols] for r in steps_rows(tmp_path / "old")]
 
 
 @pytest.mark.parametrize("prec", ["fp32", "amp_bf16"])
@@ -254,8 +248,8 @@ def test_a_normal_run_has_the_old_codes_losses_bit_for_bit(data, tmp_path, monke
     old = run_stage(hp, tmp_path / "old")
     assert new["mlm_empty_batches"] == 0 and new["status"] == old["status"] == "ok"
     cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
-    assert [[r[c] for c in cols] for r in _rows(tmp_path / "new")] == \
-        [[r[c] for c in cols] for r in _rows(tmp_path / "old")]
+    assert [[r[c] for c in cols] for r in steps_rows(tmp_path / "new")] == \
+        [[r[c] for c in cols] for r in steps_rows(tmp_path / "old")]
     for k in ("eval_loss", "mlm_accuracy", "eval_masked_tokens", "final_train_loss", "nonfinite_losses"):
         assert new[k] == old[k], k
 
