@@ -862,3 +862,282 @@ def test_a_lock_taken_on_a_file_unlinked_meanwhile_is_retaken_on_the_new_one(tmp
         assert (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
     finally:
         gpu._release(fd)
+
+
+# ------------------------------------------------------------------ mutation audit (gpu): slots, claims, provenance
+def test_the_default_lock_dir_is_one_per_user_and_host(monkeypatch):
+    """Two users of one workstation (each with the default) must not share lock files: the first one's
+    0666 files would do, but a dir made 0755 by the other's umask would refuse the second user."""
+    import socket
+    import tempfile
+
+    monkeypatch.delenv(gpu.LOCK_DIR_ENV, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert gpu.default_lock_dir() == (Path(tempfile.gettempdir()) / f"precswitch-gpu-locks-{os.getuid()}"
+                                      / socket.gethostname())
+
+
+def test_cuda_visible_devices_longer_than_the_device_count(tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES may name more GPUs than n_devices counts (a caller passing n_devices=1): the
+    first n entries name the lock files, in order."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", " 6, 2,5")
+    assert gpu.visible_device_ids(2) == ["6", "2"]
+    assert gpu.visible_device_ids(1) == ["6"]
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1) as i:
+        assert i == 0 and [f.name for f in tmp_path.iterdir()] == ["gpu-6.lock"]
+
+
+def test_a_lock_dir_removed_meanwhile_is_made_again(tmp_path):
+    """A finished SLURM job's cleanup may rmdir the job's lock dir between another process's mkdir and
+    its open: that process makes the dir again and locks there."""
+    path = tmp_path / "slurm-9" / "gpu-0.lock"
+    fd = gpu._try_lock(path)
+    try:
+        assert fd is not None and path.is_file()
+        assert gpu._try_lock(path) is None  # really locked
+    finally:
+        gpu._release(fd)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_waiting_and_releasing_leak_no_file_descriptors(tmp_path, no_cvd):
+    """A job waits for a GPU for hours, trying every lock file each poll: a descriptor left open per try
+    would end in EMFILE ('Too many open files') for the job, and one left per release in a process
+    that takes slots again and again."""
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1) as i:  # another open file: the flock excludes it
+        assert i == 0
+        before = _open_fds()
+        with pytest.raises(gpu.GpuSlotTimeout):
+            with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.3, poll=0.005):
+                pass
+        assert _open_fds() == before
+    before = _open_fds()
+    for _ in range(20):
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1):
+            pass
+    assert _open_fds() == before
+
+
+def test_a_slot_is_released_when_its_block_raises(tmp_path, no_cvd):
+    """A training stage that fails inside the `with` must not keep its GPU: a later job (here another
+    process) takes the same GPU at once."""
+    with pytest.raises(RuntimeError, match="diverged"):
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1) as i:
+            assert i == 0
+            raise RuntimeError("diverged")
+    q, r = CTX.Queue(), CTX.Event()
+    p = CTX.Process(target=_hold, args=(tmp_path, 1, q, r, None, 2.0))
+    p.start()
+    try:
+        assert q.get(timeout=30)[0] == 0
+    finally:
+        r.set()
+        p.join(30)
+    assert p.exitcode == 0
+
+
+def test_indices_outside_the_visible_devices_are_refused(tmp_path, no_cvd):
+    """cuda:-1 or an empty candidate list is a caller's mistake: say so at once, instead of locking the
+    last GPU under index -1 (torch's cuda:-1 is no GPU) or waiting forever for no GPU at all."""
+    for indices in ([-1], [0, -2], []):
+        with pytest.raises(PrecswitchError, match="out of range") as e:
+            with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=0.2, poll=0.05, indices=indices):
+                pass
+        assert not isinstance(e.value, gpu.GpuSlotTimeout)
+    assert list(tmp_path.iterdir()) == []  # nothing was locked
+
+
+def test_the_timeout_holds_when_poll_is_longer(tmp_path, no_cvd):
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1):
+        t0 = time.monotonic()
+        with pytest.raises(gpu.GpuSlotTimeout):
+            with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.3, poll=30):
+                pass
+        assert time.monotonic() - t0 < 3
+
+
+def test_a_nested_lock_dir_that_does_not_exist_yet_is_made(tmp_path, no_cvd, monkeypatch):
+    """The default lock dir is <tmp>/precswitch-gpu-locks-<uid>/<host>[/slurm-<id>]: none of it exists on
+    a fresh node."""
+    monkeypatch.setenv(gpu.LOCK_DIR_ENV, str(tmp_path / "a" / "b"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with gpu.acquire_gpu_slot(n_devices=1, timeout=1) as i:
+        assert i == 0 and (tmp_path / "a" / "b" / "gpu-0.lock").is_file()
+
+
+def test_an_explicit_lock_dir_is_kept_inside_a_slurm_job(tmp_path, no_cvd, monkeypatch):
+    """Only the job's own slurm-<id> dir is tidied away; a lock dir the caller names (shared with
+    other runs) stays, with its lock files."""
+    monkeypatch.setenv("SLURM_JOB_ID", "31")
+    shared = tmp_path / "shared"
+    with gpu.acquire_gpu_slot(shared, n_devices=1, timeout=1):
+        pass
+    assert [f.name for f in shared.iterdir()] == ["gpu-0.lock"]
+    try:
+        gpu.claim_device("cuda", lock_dir=shared, n_devices=1, timeout=1)
+    finally:
+        gpu.release_claim()
+    assert [f.name for f in shared.iterdir()] == ["gpu-0.lock"]
+
+
+def test_claim_records_how_long_it_waited(tmp_path, no_cvd):
+    """metrics.json's gpu_slot_wait_seconds (and setup_seconds, which subtracts it) need the real wait."""
+    import threading
+
+    import torch  # noqa: F401 - imported before the clock starts (claim_device imports it)
+
+    q, r = CTX.Queue(), CTX.Event()
+    p = CTX.Process(target=_hold, args=(tmp_path, 1, q, r))
+    p.start()
+    try:
+        assert q.get(timeout=30)[0] == 0
+        threading.Timer(0.6, r.set).start()
+        t0 = time.monotonic()
+        gpu.claim_device("cuda", lock_dir=tmp_path, n_devices=1, timeout=20, poll=0.05)
+        waited = time.monotonic() - t0
+        assert 0.5 <= gpu.claim_info()["gpu_slot_wait_seconds"] <= waited
+    finally:
+        gpu.release_claim()
+        r.set()
+        p.join(30)
+
+
+def test_claim_records_the_physical_gpu_and_makes_it_current(tmp_path, monkeypatch):
+    """With CUDA_VISIBLE_DEVICES=5,7 the claim of cuda:1 is physical GPU 7 (its lock file and its
+    provenance), and torch's current device is the one claimed, not the one asked for."""
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    set_to = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: set_to.append(torch.device(d)))
+    try:
+        assert gpu.claim_device("cuda:1", lock_dir=tmp_path, n_devices=2, timeout=1) == torch.device("cuda", 1)
+        info = gpu.claim_info()
+        assert (info["gpu_slot_index"], info["gpu_slot_physical_id"]) == (1, "7")
+        assert set_to == [torch.device("cuda", 1)] and (tmp_path / "gpu-7.lock").is_file()
+    finally:
+        gpu.release_claim()
+    # a plain "cuda" while another job holds physical GPU 5: the claim is cuda:1, and so is the current device
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=1) as held:
+        assert held == 0
+        try:
+            assert gpu.claim_device("cuda", lock_dir=tmp_path, n_devices=2, timeout=1) == torch.device("cuda", 1)
+            assert set_to[-1] == torch.device("cuda", 1) and gpu.claim_info()["gpu_slot_physical_id"] == "7"
+        finally:
+            gpu.release_claim()
+
+
+def _fake_cuda(monkeypatch, props):
+    """torch.cuda as on a machine whose visible devices have ``props`` (current device 0)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(props))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+
+
+def _props(name, major, uuid, bus):
+    import types
+
+    return types.SimpleNamespace(name=name, major=major, minor=0, total_memory=80 << 30, multi_processor_count=108,
+                                 uuid=uuid, pci_domain_id=0, pci_bus_id=bus, pci_device_id=0)
+
+
+def _fake_nvml(monkeypatch, by_index: dict):
+    """pynvml with two GPUs, found by their GPU- UUIDs, by NVML index only as ``by_index`` says, never by PCI id."""
+    import types
+
+    gpus = {"hA": ("GPU-aaaa", 250_000, 1530), "hC": ("GPU-cccc", 400_000, 1410)}
+
+    def by_uuid(u):
+        return {"GPU-aaaa": "hA", "GPU-cccc": "hC"}[u]  # a bare or MIG- uuid: KeyError, as NVML's not-found
+
+    def by_pci(bus):
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlSystemGetDriverVersion=lambda: b"550.54",
+        nvmlSystemGetCudaDriverVersion=lambda: 12040, nvmlDeviceGetHandleByUUID=by_uuid,
+        nvmlDeviceGetHandleByPciBusId=by_pci, nvmlDeviceGetHandleByIndex=lambda i: by_index[i],
+        nvmlDeviceGetUUID=lambda h: gpus[h][0].encode(), nvmlDeviceGetEnforcedPowerLimit=lambda h: gpus[h][1],
+        NVML_CLOCK_SM=0, NVML_CLOCK_MEM=1, nvmlDeviceGetMaxClockInfo=lambda h, kind: gpus[h][2] if kind == 0 else 1215)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+
+def test_gpu_provenance_describes_the_gpu_asked_for(monkeypatch):
+    """Provenance of cuda:1 with CUDA_VISIBLE_DEVICES=4,6: physical GPU 6's name, capability and NVML
+    readings (NVML found by the GPU- prefixed UUID torch gives bare), not cuda:0's."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    _fake_cuda(monkeypatch, [_props("Fake V100", 7, "aaaa", 0x17), _props("Fake A100", 8, "cccc", 0x65)])
+    _fake_nvml(monkeypatch, by_index={})  # only the UUID finds a GPU
+    info = gpu.gpu_provenance(1)
+    assert (info["gpu_index"], info["gpu_physical_id"], info["name"]) == (1, "6", "Fake A100")
+    assert info["compute_capability"] == "8.0" and info["bf16_supported"] is True  # an A100 has native bf16
+    assert (info["uuid"], info["power_limit_watts"], info["max_sm_clock_mhz"]) == ("GPU-cccc", 400.0, 1410)
+    assert (info["driver_version"], info["nvml_cuda_driver_version"]) == ("550.54", "12.4")
+    info = gpu.gpu_provenance()  # the current device: cuda:0, physical 4, a V100 (no native bf16)
+    assert (info["gpu_index"], info["gpu_physical_id"], info["bf16_supported"]) == (0, "4", False)
+    assert info["uuid"] == "GPU-aaaa"
+    # no UUID from torch and no PCI match: the physical id (CUDA_VISIBLE_DEVICES' 6) is NVML's index, not cuda:1's 1
+    _fake_cuda(monkeypatch, [_props("Fake V100", 7, None, 0x17), _props("Fake A100", 8, None, 0x65)])
+    _fake_nvml(monkeypatch, by_index={4: "hA", 6: "hC"})
+    info = gpu.gpu_provenance(1)
+    assert info["uuid"] == "GPU-cccc" and info["power_limit_watts"] == 400.0
+
+
+def test_a_lock_on_a_file_replaced_meanwhile_is_no_lock(tmp_path, monkeypatch):
+    """The cleanup unlinks the lock file after our open, and another process makes a new one at the path
+    and locks it before our flock: our flock on the old file is no lock on that GPU, which is held."""
+    from precswitch import io
+
+    path = tmp_path / "gpu-0.lock"
+    real = io.flock_and_sign
+    other, state = [], {"replaced": False}
+
+    def replaced_first(fd, holder):
+        if not state["replaced"]:
+            state["replaced"] = True
+            path.unlink()
+            other.append(gpu._try_lock_once(path))  # the other process's new lock file, locked
+        return real(fd, holder)
+
+    monkeypatch.setattr(gpu, "flock_and_sign", replaced_first)
+    try:
+        assert gpu._try_lock(path) is None  # held by the other: not ours as well
+        assert state["replaced"] and other[0] is not None
+    finally:
+        gpu._release(other[0])
+
+
+def test_the_cleanup_never_unlinks_a_lock_file_made_after_its_open(tmp_path, monkeypatch):
+    """Two processes of a job tidy up at once: one unlinks gpu-0.lock after the other opened it, and a
+    third process makes a new gpu-0.lock and locks it. The second's flock (on the old file) succeeds; it
+    must not unlink the new, held file (a fourth process would lock yet another one: two jobs on GPU 0)."""
+    import fcntl
+
+    path = tmp_path / "gpu-0.lock"
+    path.write_text("")
+    real_flock = fcntl.flock
+    held, state = [], {"replaced": False}
+
+    def flock(fd, op):
+        if not state["replaced"] and op == fcntl.LOCK_EX | fcntl.LOCK_NB:
+            state["replaced"] = True
+            path.unlink()
+            held.append(gpu._try_lock_once(path))  # the third process's new lock file, locked
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(gpu.fcntl, "flock", flock)
+    try:
+        gpu._remove_job_lock_dir(tmp_path)
+        assert state["replaced"] and held[0] is not None
+        assert path.is_file() and gpu._same_file(held[0], path)  # the holder's file is still the one at the path
+    finally:
+        monkeypatch.undo()
+        gpu._release(held[0])
