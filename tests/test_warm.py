@@ -311,3 +311,310 @@ def test_a_child_whose_client_never_learned_its_pid_does_not_run(server, tmp_pat
     r = subprocess.run([sys.executable, "-m", "precswitch.cli", "--version"], capture_output=True, text=True,
                        env=_env(**{warm.SOCKET_ENV: str(server)}), timeout=60)
     assert r.returncode == 0 and "precswitch" in r.stdout and "cold" not in r.stderr
+
+
+# ------------------------------------------------------------------ mutation audit (warm): a fake-command server
+# A real server (warm.serve) whose precswitch.cli.main is replaced by a few test commands, and that
+# imports nothing (preload=()): it starts in well under a second. Its "torch" only records
+# set_num_threads, which a child calls for the client's OMP_NUM_THREADS.
+FAKE_SERVER = r"""
+import json, os, signal, sys, time, types
+import precswitch.cli as cli
+from precswitch import warm
+
+THREADS = []
+sys.modules["torch"] = types.SimpleNamespace(set_num_threads=THREADS.append)
+
+
+def main(argv):
+    cmd, *rest = argv
+    print(f"fake {cmd} stdout", flush=True)
+    if cmd == "report":
+        with open(rest[0], "w") as f:
+            json.dump({"cwd": os.getcwd(), "env": dict(os.environ), "sys_argv": sys.argv, "threads": THREADS,
+                       "process_start": warm.process_start()}, f)
+        return 0
+    if cmd == "sleep":
+        time.sleep(float(rest[0]))
+        return 0
+    if cmd == "exit":
+        raise SystemExit(rest[0])
+    if cmd == "exit-int":
+        raise SystemExit(int(rest[0]))
+    if cmd == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if cmd == "slow-stop":  # like a training stage: SIGTERM saves its state (here: until rest[0] exists), exits 75
+        def save_state(*a):
+            t = time.monotonic()
+            while not os.path.exists(rest[0]) and time.monotonic() - t < 20:
+                time.sleep(0.02)
+            os._exit(75)
+
+        signal.signal(signal.SIGTERM, save_state)
+        print("saving on SIGTERM", flush=True)
+        time.sleep(60)
+        return 0
+    return 42
+
+
+cli.main = main
+warm.write_pid(sys.argv[1], os.getpid())
+warm.serve(sys.argv[1], None, float(sys.argv[2]), preload=())
+"""
+
+# A client: hands argv to the server; exit 99 when it was not served (would start cold).
+CLIENT = r"""
+import socket, sys
+from precswitch import warm
+
+if sys.argv[1] == "--short-timeouts":  # the client's 30 s socket timeouts as 0.3 s
+    class Fast(socket.socket):
+        def settimeout(self, t):
+            super().settimeout(None if t is None else t / 100)
+
+    socket.socket = Fast
+    del sys.argv[1]
+status = warm.delegate(sys.argv[1:])
+sys.exit(99 if status is None else status)
+"""
+
+#: what the Snakefile's onstart gives the server: no thread pools in it, the children set their own
+SERVER_THREADS = {k: "1" for k in warm.THREAD_ENV}
+
+
+def _fake_server(sock: Path, idle: float = 0, **env) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), str(idle)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env=_env(**SERVER_THREADS, **env))
+    t = time.time()
+    while not sock.exists():
+        assert p.poll() is None, p.stdout.read()
+        assert time.time() - t < 60, "fake server never listened"
+        time.sleep(0.02)
+    return p
+
+
+def _stop(p: subprocess.Popen) -> str:
+    if p.poll() is None:
+        p.terminate()
+    try:
+        return p.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return p.communicate()[0]
+
+
+def _client(sock: Path, args: list[str], *, short_timeouts: bool = False, cwd=None,
+            **env) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-c", CLIENT, *(["--short-timeouts"] if short_timeouts else []), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env=_env(**{warm.SOCKET_ENV: str(sock)}, **env))
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    sock = tmp_path_factory.mktemp("fakewarm") / "s"
+    p = _fake_server(sock, PRECSWITCH_TEST_SERVER_ONLY="1")
+    yield sock
+    _stop(p)
+
+
+def test_a_warm_child_is_the_clients_process(fake_server, tmp_path):
+    """The child has the client's environment (not the server's, and no socket variable: its own
+    subprocesses start cold), working directory, argv, thread count (the client's OMP_NUM_THREADS,
+    which differs from the server's without a decline) and stdout."""
+    out = tmp_path / "report.json"
+    r = _client(fake_server, ["report", str(out)], cwd=tmp_path, PRECSWITCH_TEST_CLIENT_ONLY="yes", OMP_NUM_THREADS="2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "fake report stdout\n" and "declined" not in r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["env"]["PRECSWITCH_TEST_CLIENT_ONLY"] == "yes" and rep["env"]["OMP_NUM_THREADS"] == "2"
+    assert "PRECSWITCH_TEST_SERVER_ONLY" not in rep["env"] and warm.SOCKET_ENV not in rep["env"]
+    assert rep["cwd"] == str(tmp_path) and rep["sys_argv"] == ["precswitch", "report", str(out)]
+    assert rep["threads"] == [2] and rep["process_start"] == "warm"
+
+
+@pytest.mark.parametrize("args, code, err", [
+    (["exit", "no such file: x.yaml"], 1, "no such file: x.yaml"),  # sys.exit("message"): 1, the message on stderr
+    (["exit-int", "3"], 3, ""),
+    (["kill"], 128 + signal.SIGKILL, ""),  # killed by a signal: 128 + its number, as a shell reports it
+])
+def test_a_warm_childs_exit_status_is_a_fresh_processs(fake_server, args, code, err):
+    r = _client(fake_server, args)
+    assert r.returncode == code, r.stderr
+    assert err in r.stderr and "declined" not in r.stderr
+
+
+def test_a_command_longer_than_the_clients_socket_timeout_still_reports(fake_server):
+    """The client's 30 s timeout is for connecting and the server's first reply only: a training stage of
+    hours must not end in a socket timeout (here 0.3 s, the command 1 s)."""
+    r = _client(fake_server, ["sleep", "1"], short_timeouts=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "fake sleep stdout\n"
+
+
+def test_warm_subcommands_are_never_handed_to_the_server(fake_server):
+    """`precswitch warm serve|stop` with the socket variable set (a shell inside a job) must run itself,
+    not in a child of the very server it would start or stop."""
+    for args in (["warm", "stop", "--socket", str(fake_server)], ["warm", "serve", "--socket", "x"]):
+        r = _client(fake_server, args)
+        assert r.returncode == 99, (r.returncode, r.stdout, r.stderr)  # not served: runs cold
+        assert r.stdout == ""
+
+
+def test_a_zombie_or_another_users_process_counts_right(monkeypatch):
+    p = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    try:
+        assert not warm.alive(p.pid)
+    finally:
+        p.wait()
+    assert warm.alive(os.getpid())
+
+    def not_yours(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(warm.os, "kill", not_yours)  # exists, but belongs to another user
+    assert warm.alive(os.getpid())
+
+
+def test_the_idle_timeout_counts_from_the_last_command_not_during_one(tmp_path):
+    """A stage longer than --idle-timeout is no idle server: it runs to its end, and the server stops
+    once it has been idle that long after it."""
+    sock = tmp_path / "s"
+    p = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), "1.0"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_env(**SERVER_THREADS))
+    warm.write_pid(str(sock), p.pid)  # as onstart does: the client waits for the server's imports
+    try:
+        r = _client(sock, ["sleep", "1.5"])
+        assert r.returncode == 0, r.stderr
+        assert p.wait(timeout=30) == 0  # then idle: it stops by itself
+    finally:
+        out = _stop(p)
+    assert "idle for 1 s" in out and "served 1 commands" in out and not sock.exists()
+
+
+def test_stopping_the_server_terminates_its_running_commands(tmp_path):
+    """`precswitch warm stop`: running children get SIGTERM (a stage saves its state), and stop returns
+    once the server is gone, not before."""
+    sock = tmp_path / "s"
+    p = _fake_server(sock)
+    try:
+        c = subprocess.Popen([sys.executable, "-c", CLIENT, "sleep", "60"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=_env(**{warm.SOCKET_ENV: str(sock)}))
+        assert c.stdout.readline() == "fake sleep stdout\n"  # the child runs
+        t = time.monotonic()
+        assert warm.stop_server(str(sock), timeout=20)
+        assert not warm.alive(p.pid)
+        assert c.wait(timeout=20) == 128 + signal.SIGTERM
+        assert time.monotonic() - t < 15
+    finally:
+        out = _stop(p)
+        if c.poll() is None:
+            c.kill()
+            c.wait()
+    assert "served 1 commands" in out
+
+
+def _request(host: str, env: dict, n_fds: int = 3) -> tuple:
+    """A request as delegate sends it (stdin, stdout and stderr: one pipe's write end), on a socket pair:
+    (the pipe's read end, the server's end, the client's end)."""
+    import socket as socketlib
+
+    server_end, client_end = socketlib.socketpair(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    r, w = os.pipe()
+    warm._send(client_end, {"argv": ["--version"], "cwd": "/", "env": env, "host": host}, [w] * n_fds)
+    os.close(w)
+    return r, server_end, client_end
+
+
+def test_a_request_the_server_cannot_serve_like_a_fresh_process_is_declined(monkeypatch):
+    """Declined: a client on another host, an import-time variable the server has and the client has not
+    (the child would silently run with it), a request without stdin/stdout/stderr. Nothing is forked, and
+    the server lets go of the client's output at once."""
+    import socket as socketlib
+
+    forked = []
+    monkeypatch.setattr(os, "fork", lambda: forked.append(1) or os.getpid())  # a fork would be a bug here
+    host = socketlib.gethostname()
+    cases = [
+        ("elsewhere", {"PATH": "/bin"}, {}, 3, "client on host 'elsewhere'"),
+        (host, {"PATH": "/bin"}, {"HF_HUB_OFFLINE": "1"}, 3, "environment differs from the server's in HF_HUB_OFFLINE"),
+        (host, {"PATH": "/bin"}, {}, 1, None),  # one fd instead of three: dropped, no answer
+    ]
+    for req_host, env, base_env, n_fds, why in cases:
+        r, server_end, client_end = _request(req_host, env, n_fds)
+        assert warm._accept(server_end, base_env, {}, host) is None
+        reply = warm._recv(client_end)[0]
+        assert (reply is None) if why is None else (why in reply["decline"]), reply
+        assert os.read(r, 1) == b""  # EOF: the server holds no copy of the client's stdout
+        os.close(r)
+        client_end.close()
+    assert forked == []
+
+
+def test_a_server_made_variable_never_overrides_the_clients(tmp_path, monkeypatch):
+    """What the server's imports put into the environment (KMP_INIT_AT_FORK, ...) reaches a child only
+    where its client does not set the variable itself."""
+    import socket as socketlib
+
+    report = tmp_path / "env.json"
+
+    def child(req, fds):  # in the forked child: report the environment it would run with, and exit
+        with open(report, "w") as f:
+            json.dump(req["env"], f)
+        os._exit(0)
+
+    monkeypatch.setattr(warm, "_child", child)
+    r, server_end, client_end = _request(socketlib.gethostname(), {"PATH": "/bin", "PRECSWITCH_TEST_X": "client"})
+    pid = warm._accept(server_end, {}, {"PRECSWITCH_TEST_X": "server", "PRECSWITCH_TEST_Y": "server"},
+                       socketlib.gethostname())
+    assert pid is not None and warm._recv(client_end)[0] == {"pid": pid}
+    assert os.waitpid(pid, 0)[1] == 0
+    os.close(r)
+    server_end.close()
+    client_end.close()
+    assert json.loads(report.read_text()) == {"PATH": "/bin", "PRECSWITCH_TEST_X": "client",
+                                              "PRECSWITCH_TEST_Y": "server"}
+
+
+def test_serve_removes_only_its_own_socket_dir(tmp_path, monkeypatch):
+    """The pid file always goes; the parent dir only when it is the Snakefile's precswitch-warm-* dir,
+    never a user's own (empty) dir that happens to hold the socket."""
+    import argparse
+
+    monkeypatch.setattr(warm, "serve", lambda *a, **k: 0)
+    for name, kept in (("mine", True), (warm.SOCKET_DIR_PREFIX + "abc", False)):
+        d = tmp_path / name
+        d.mkdir()
+        assert warm._cmd_serve(argparse.Namespace(socket=str(d / "socket"), parent_pid=None, idle_timeout=0)) == 0
+        assert d.exists() == kept
+        assert not (d / "socket.pid").exists()
+
+
+def test_a_dead_servers_children_hold_neither_its_listener_nor_their_clients(tmp_path):
+    """Killed hard, the server's children get SIGTERM and may take a while to save their state. Meanwhile
+    a new client is refused at once and starts cold (a child holding the listener would leave it waiting
+    in a backlog nobody accepts from), and the running child's client is told at once."""
+    sock = tmp_path / "s"
+    server = _fake_server(sock)
+    saved = tmp_path / "saved"
+    c = subprocess.Popen([sys.executable, "-c", CLIENT, "slow-stop", str(saved)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env(**{warm.SOCKET_ENV: str(sock)}))
+    try:
+        assert c.stdout.readline() == "fake slow-stop stdout\n" and c.stdout.readline() == "saving on SIGTERM\n"
+        (child,) = _children_of(server.pid)
+        server.kill()
+        server.wait()
+        assert c.wait(timeout=30) == 1  # its pipes stay open: the child still writes to them
+        r = _client(sock, ["report", str(tmp_path / "r.json")])
+        assert warm.alive(child)  # still saving its state
+        assert r.returncode == 99 and "Connection refused" in r.stderr, r.stderr
+        saved.touch()
+        assert "went away" in c.communicate(timeout=30)[1]
+    finally:
+        saved.touch()
+        _stop(server)
+        if c.poll() is None:
+            c.kill()
+            c.wait()
