@@ -618,3 +618,18 @@ def test_a_dead_servers_children_hold_neither_its_listener_nor_their_clients(tmp
         if c.poll() is None:
             c.kill()
             c.wait()
+
+
+def test_stop_leaves_alone_a_process_that_took_a_stale_pid_files_number(tmp_path):
+    """A pid file left by a server that died (a crashed Snakemake) may name a pid the system has since
+    given to another program: `precswitch warm stop` must not SIGTERM it."""
+    sock = tmp_path / "s"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        warm.write_pid(str(sock), other.pid)
+        assert warm.stop_server(str(sock), timeout=2)  # the server on sock is not running
+        time.sleep(0.2)
+        assert other.poll() is None  # and the other program was not signalled
+    finally:
+        other.kill()
+        other.wait()

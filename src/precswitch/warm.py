@@ -436,13 +436,27 @@ def _kill(pid: int, sig: int) -> None:
 def stop_server(path: str, timeout: float = 30.0) -> bool:
     """Ask the server on ``path`` to stop (SIGTERM to the pid it serves under); True once it is gone."""
     pid = server_pid(path)
-    if pid is None:
+    if pid is None or not _serves(pid, path):
         return True
     _kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     return not alive(pid)
+
+
+def _serves(pid: int, path: str) -> bool:
+    """False when ``pid`` is provably not the server on ``path``: gone, or (a stale pid file whose
+    number the system gave to another program) its command line does not name ``path``. True where
+    /proc cannot tell (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return os.fsencode(path) in argv
 
 
 def server_pid(path: str) -> int | None:
