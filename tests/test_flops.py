@@ -116,3 +116,53 @@ def test_engine_step_against_flop_counter_mode(objective):
     assert step.get_total_flops() == pytest.approx(ours, rel=0.03)
     assert ours < flops.train_step_flops(cfg, B, S, objective)  # less than the stock step
     assert flops.engine_head_rows(32, 128) == 624  # 614.4 -> 614 -> padded to 624
+
+
+def test_engine_step_hand_count_tiny():
+    """The engine's cheaper step, counted by hand (TINY, batch 4 x 16; per token per layer 18,432 as above).
+
+    classify, [CLS]-only last layer: layer 1 in full on the 64 tokens, layer 2 computes K and V for the 64
+    tokens (2 x 2h^2 each) and Q, scores, weighted sum, output projection and FFN for the 4 [CLS] rows only."""
+    full_layer = 64 * 18432                                       # 1,179,648
+    kv = 64 * 2 * (2 * 32 * 32)                                   # 262,144
+    cls_rows = 4 * (2 * 32 * 32 + 2 * 16 * 32 + 2 * 16 * 32 + 2 * 32 * 32 + (2 * 32 * 64 + 2 * 64 * 32))  # 57,344
+    assert (full_layer, kv, cls_rows) == (1_179_648, 262_144, 57_344)
+    fc = flops.forward_flops(TINY, B, S, "classify", cls_only_last_layer=True)
+    assert fc == {"encoder": 1_499_136, "head": 8_960, "total": 1_508_096}
+    assert flops.train_step_flops(TINY, B, S, "classify", cls_only_last_layer=True) == 3 * 1_508_096
+    # the flag is the classification engine's: a masked-LM stage is counted in full either way
+    assert flops.forward_flops(TINY, B, S, "mlm", cls_only_last_layer=True) == flops.forward_flops(TINY, B, S, "mlm")
+    # masked LM, 16 scored rows: the encoder on every token, transform + decoder on the 16 rows only
+    fm = flops.forward_flops(TINY, B, S, "mlm", head_rows=16)
+    assert fm == {"encoder": 2_359_296, "head": 16 * (2 * 32 * 32 + 2 * 32 * 101), "total": 2_359_296 + 136_192}
+    assert flops.forward_flops(TINY, B, S, "mlm", head_rows=0)["head"] == 0
+
+
+def test_head_rows_padding_and_masking_probability():
+    assert [flops.padded_head_rows(n) for n in (0, 1, 15, 16, 17, 614)] == [0, 16, 16, 16, 32, 624]
+    # expected labelled tokens = round(batch x seq x mlm_probability), then padded to a multiple of 16
+    assert flops.engine_head_rows(8, 64) == 80          # 76.8 -> 77 -> 80
+    assert flops.engine_head_rows(8, 64, 0.3) == 160    # 153.6 -> 154 -> 160
+    assert flops.engine_head_rows(8, 64, 0.5) == 256    # 256 exactly
+
+
+def test_flops_per_token_and_mfu_guards():
+    # one sequence of TINY (16 tokens), masked LM: forward 2,904,064 / 4 sequences, x 3, per token
+    assert flops.train_flops_per_token(TINY, S, "mlm") == 3 * (2_904_064 // 4) / 16 == 136_128
+    assert flops.train_flops_per_token(TINY, S, "classify") == 3 * (2_368_256 // 4) / 16
+    assert flops.mfu(3e12, 2.0, 1e12) == 1.5
+    for seconds, peak in ((0.0, 1e12), (-1.0, 1e12), (1.0, 0.0), (1.0, -1e12)):
+        with pytest.raises(ValueError, match="must be > 0"):
+            flops.mfu(1e12, seconds, peak)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "classify"])
+def test_parameter_count_is_the_models(objective):
+    """Against transformers' own BERT of the TINY sizes (the masked-LM decoder weight is tied to the word
+    embeddings and counted once; BertForMaskedLM has no pooler)."""
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    cfg = BertConfig(**{**TINY, "type_vocab_size": 3})
+    model = (BertForMaskedLM if objective == "mlm" else BertForSequenceClassification)(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    assert flops.parameter_count(cfg, objective, type_vocab_size=3, max_position_embeddings=32) == n
