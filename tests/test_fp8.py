@@ -95,3 +95,62 @@ def test_converter_calls_torchao_with_the_filter(monkeypatch):
     assert calls["converted"] == ["0"]
     with pytest.raises(PrecisionUnsupported, match="multiples of 16"):
         fp8.convert_model_to_fp8(nn.Sequential(nn.Linear(10, 3)))
+
+
+def _gpu(monkeypatch, cap, name):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cap)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+
+
+@pytest.mark.parametrize("cap, name", [((8, 9), "NVIDIA L4"), ((9, 0), "NVIDIA H200"), ((12, 0), "NVIDIA B200")])
+def test_ada_hopper_and_newer_with_torchao_are_accepted(monkeypatch, cap, name):
+    """The docstring's floor is compute capability 8.9 (Ada) inclusive."""
+    _gpu(monkeypatch, cap, name)
+    monkeypatch.setattr(fp8, "torchao_available", lambda: True)
+    fake = SimpleNamespace(float8=SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "torchao", fake)
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake.float8)
+    assert fp8.check_fp8_supported(torch.device("cuda:0")) is None
+
+
+def test_cuda_requested_without_cuda_is_refused_naming_fp8(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PrecisionUnsupported, match=r"precision 'fp8': device 'cuda:0' requested but CUDA is not"):
+        fp8.check_fp8_supported(torch.device("cuda:0"))
+
+
+def test_a_torchao_without_float8_is_refused_before_training(monkeypatch):
+    """torchao present but torchao.float8 not importable (built for another torch): refused by the check,
+    not at the conversion after the model was built."""
+    _gpu(monkeypatch, (9, 0), "NVIDIA H200")
+    monkeypatch.setattr(fp8, "torchao_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "torchao", SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import torchao.float8 -> ImportError
+    with pytest.raises(PrecisionUnsupported, match=r"'fp8': torchao is installed but torchao.float8 cannot be "
+                                                   r"imported.*pip install torchao"):
+        fp8.check_fp8_supported(torch.device("cuda"))
+
+
+def test_converter_passes_a_given_filter_and_config(monkeypatch):
+    calls = {}
+
+    def fake_convert(module, *, module_filter_fn=None, config=None):
+        calls["converted"] = [n for n, m in module.named_modules() if module_filter_fn(m, n)]
+        calls["config"] = config
+        return module
+
+    fake = SimpleNamespace(convert_to_float8_training=fake_convert)
+    monkeypatch.setitem(sys.modules, "torchao", SimpleNamespace(float8=fake))
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16))
+    cfg = object()
+    fp8.convert_model_to_fp8(model, config=cfg, module_filter_fn=lambda m, n: n == "1")
+    assert calls == {"converted": ["1"], "config": cfg}
+
+
+def test_count_fp8_linears_counts_only_float8_linear():
+    Float8Linear = type("Float8Linear", (nn.Linear,), {})
+    model = nn.Sequential(Float8Linear(16, 16), nn.Linear(16, 16), Float8Linear(16, 16), nn.LayerNorm(16))
+    assert fp8.count_fp8_linears(model) == 2
+    assert fp8.count_fp8_linears(nn.Sequential(nn.Linear(16, 16))) == 0
