@@ -1,0 +1,158 @@
+"""Stage hyper-parameters (precswitch.train.config): every bad value is refused by ``resolve`` with a message
+naming its key, before anything is built or trained; the config hash follows what changes the numbers.
+No data, model or training: each check is ``resolve`` on a dict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from precswitch.errors import PrecswitchError
+from precswitch.train import config as C
+
+BASE = {"data": "d", "steps": 10}
+
+
+@pytest.mark.parametrize("patch, msg", [
+    ({"lr": 0}, r"lr must be > 0, got 0"),
+    ({"lr": -1e-3}, r"lr must be > 0, got -0\.001"),
+    ({"weight_decay": -0.1}, r"weight_decay must be >= 0"),
+    ({"adam_eps": -1e-8}, r"adam_eps and weight_decay must be >= 0"),
+    ({"adam_eps": float("nan")}, r"^adam_eps must be a finite number, got nan"),
+    ({"adam_beta1": float("inf")}, r"^adam_beta1 must be a finite number, got inf"),
+    ({"warmup_ratio": 1}, r"warmup_ratio must be in \[0, 1\), got 1"),
+    ({"warmup_ratio": -0.1}, r"warmup_ratio must be in \[0, 1\)"),
+    ({"mlm_probability": 0}, r"mlm_probability must be in \(0, 1\), got 0"),
+    ({"mlm_probability": 1}, r"mlm_probability must be in \(0, 1\), got 1"),
+    ({"batch_size": 0}, r"^batch_size must be a positive integer, got 0"),
+    ({"batch_size": 8.0}, r"^batch_size must be a positive integer, got 8\.0"),
+    ({"eval_batch_size": 0}, r"^eval_batch_size must be a positive integer"),
+    ({"threads": 0}, r"^threads must be a positive integer"),
+    ({"log_every": 0}, r"^log_every must be a positive integer"),
+    ({"max_nonfinite": 0}, r"^max_nonfinite must be a positive integer"),
+    ({"seed": -1}, r"^seed must be a non-negative integer below 2\^32, got -1"),
+    ({"telemetry_every": -1}, r"^telemetry_every must be a non-negative integer, got -1"),
+    ({"objective": "seq2seq"}, r"objective 'seq2seq': allowed mlm, classify"),
+    ({"optimizer_impl": "adamw"}, r"optimizer_impl 'adamw': allowed 'fused' or 'foreach'"),
+    ({"on_unsupported": "ignore"}, r"on_unsupported 'ignore': allowed 'error' or 'skip'"),
+    ({"eval_precision": "fp64"}, r"eval_precision 'fp64': allowed 'same' or one of fp32, tf32"),
+    ({"precision": "fp64"}, r"fp64"),
+    ({"data": None}, r"hparams key 'data' is required"),
+    ({"epochs": 2}, r"set exactly one of 'steps' or 'epochs'"),
+    ({"steps": None}, r"set exactly one of 'steps' or 'epochs'"),
+    ({"steps": 2.5}, r"steps must be a whole number, got 2\.5"),
+    ({"steps": True}, r"steps must be a positive number, got True"),
+    ({"switch_at": 0.5}, r"switch_to and switch_at go together"),
+    ({"switch_to": "fp32"}, r"switch_to and switch_at go together"),
+    ({"switch_to": "fp32", "switch_at": 1.5}, r"switch_at must be a fraction of the steps in \(0, 1\], got 1\.5"),
+    ({"switch_to": "fp32", "switch_at": 0}, r"switch_at must be a fraction of the steps in \(0, 1\], got 0"),
+    ({"switch_to": "fp64", "switch_at": 0.5}, r"fp64"),
+    ({"model": {"hidden_size": 0}}, r"model\.hidden_size must be a positive integer, got 0"),
+    ({"model": {"num_attention_heads": -2}}, r"model\.num_attention_heads must be a positive integer, got -2"),
+    ({"model": {"hidden_sise": 64}}, r"unknown model key\(s\) \['hidden_sise'\]"),
+])
+def test_a_bad_value_is_refused_naming_its_key(patch, msg):
+    with pytest.raises(PrecswitchError, match=msg):
+        C.resolve({**BASE, **patch})
+
+
+@pytest.mark.parametrize("first, then", [("fp32", "fp8"), ("fp8", "amp_bf16"), ("pure_bf16", "pure_bf16_kahan"),
+                                         ("pure_bf16_sr", "pure_bf16"), ("amp_bf16", "pure_bf16"),
+                                         ("pure_fp16", "pure_bf16")])
+def test_an_in_stage_switch_between_weight_storages_is_refused(first, then):
+    """fp8 converts the Linear layers and Kahan/SR keep extra optimizer state: neither can start or stop
+    inside a stage, though the weight dtype is the same."""
+    with pytest.raises(PrecswitchError, match=f"cannot switch from '{first}' to '{then}' inside a stage"):
+        C.resolve({**BASE, "precision": first, "switch_to": then, "switch_at": 0.5})
+
+
+@pytest.mark.parametrize("first, then", [("amp_fp16", "fp32"), ("fp32", "amp_bf16"), ("amp_bf16", "amp_fp16")])
+def test_an_in_stage_switch_between_fp32_master_weight_precisions_is_accepted(first, then):
+    hp = C.resolve({**BASE, "precision": first, "switch_to": then, "switch_at": 0.5})
+    assert (hp["switch_to"], hp["switch_at"], C.switch_step(hp, 10)) == (then, 0.5, 5)
+
+
+def test_boundary_values_are_accepted_and_defaults_filled():
+    hp = C.resolve({**BASE, "max_nonfinite_fraction": 1, "warmup_ratio": 0, "seed": 0, "switch_to": "fp32",
+                    "switch_at": 1, "precision": "amp_fp16", "steps": 4.0, "stage": "finetune"})
+    assert hp["max_nonfinite_fraction"] == 1 and hp["warmup_ratio"] == 0 and hp["switch_at"] == 1
+    assert hp["steps"] == 4 and isinstance(hp["steps"], int)
+    assert hp["run_id"] == "finetune-amp_fp16-seed0"  # stage, precision and seed: unique per job
+    assert C.resolve({**BASE, "seed": 7})["run_id"] == "pretrain-fp32-seed7"
+    assert C.resolve({**BASE, "run_id": "mine"})["run_id"] == "mine"
+    # a key given as null takes its default
+    assert C.resolve({**BASE, "lr": None, "batch_size": None}) == C.resolve(BASE)
+
+
+def test_config_hash_follows_every_key_that_changes_the_numbers():
+    """Beyond test_engine's list: the optimizer settings, the model, the data and the init, the objective,
+    steps vs epochs and the compile mode (off is the same as not set)."""
+    fixed = {**BASE, "run_id": "r"}
+    h = C.config_hash(C.resolve(fixed))
+    for change in ({"weight_decay": 0.1}, {"warmup_ratio": 0.2}, {"adam_eps": 1e-6}, {"adam_beta1": 0.8},
+                   {"adam_beta2": 0.98}, {"model": {"hidden_size": 64}}, {"model": {"attn_implementation": "sdpa"}},
+                   {"data": "other"}, {"init": "some/checkpoint"}, {"objective": "classify"},
+                   {"steps": None, "epochs": 10}, {"compile": "default"}, {"optimizer_impl": "foreach"},
+                   {"tokenizer": "tok2"}, {"max_nonfinite": 3}):
+        assert C.config_hash(C.resolve({**fixed, **change})) != h, change
+    assert C.config_hash(C.resolve({**fixed, "compile": "off"})) == h
+    assert C.config_hash(C.resolve({**fixed, "compile": False})) == h
+    # stable: the same hparams in another key order give the same hash
+    assert C.config_hash(C.resolve(dict(reversed(list(fixed.items()))))) == h
+
+
+@pytest.mark.parametrize("spec", ["mps", "tpu", "xla:0"])
+def test_a_device_other_than_cpu_or_cuda_is_named(spec):
+    with pytest.raises(PrecswitchError, match=f"device '{spec}': allowed auto, cpu, cuda, cuda:N"):
+        C.resolve_device(spec)
+
+
+def test_cuda_on_a_machine_without_it_is_named(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PrecswitchError, match=r"device 'cuda:1' requested but no CUDA GPU is available"):
+        C.resolve_device("cuda:1")
+    assert C.resolve_device("auto") == torch.device("cpu")
+    assert C.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_train_cli_set_overrides_parse_json_values(monkeypatch, capsys):
+    """``precswitch train --set KEY=VALUE``: VALUE read as JSON (else kept as text), split at the first '=',
+    applied over --hparams, later --set winning."""
+    from precswitch.cli import main
+    from precswitch.train import engine
+
+    seen = {}
+
+    def fake_run_stage(hp, out):
+        seen.update(hp=hp, out=str(out))
+        return {"run_id": hp.get("run_id"), "status": "ok"}
+
+    monkeypatch.setattr(engine, "run_stage", fake_run_stage)
+    rc = main(["train", "--hparams", '{"data": "d", "steps": 3, "lr": 0.1}', "--out", "o",
+               "--set", "steps=5", "--set", "precision=amp_fp16", "--set", "tags={\"a\": [1, 2]}",
+               "--set", "run_id=x=y", "--set", "lr=1e-3", "--set", "lr=2e-3", "--set", "progress=false"])
+    assert rc == 0
+    assert seen == {"out": "o", "hp": {"data": "d", "steps": 5, "lr": 2e-3, "precision": "amp_fp16",
+                                       "tags": {"a": [1, 2]}, "run_id": "x=y", "progress": False}}
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--set", "steps"], "--set 'steps': expected KEY=VALUE"),
+    (["--set", "lr=-1"], "lr must be > 0, got -1"),  # -1 the number, not the text '-1'
+    (["--set", "stepz=3"], "unknown hparams key(s) ['stepz']"),
+])
+def test_train_cli_bad_set_is_one_line_exit_2_before_training(tmp_path, capsys, argv, msg):
+    from precswitch.cli import main
+
+    out = tmp_path / "o"
+    rc = main(["train", "--hparams", '{"data": "d", "steps": 3}', "--out", str(out), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("precswitch: error: ") and msg in err[0], err
+    assert not out.exists()
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    from precswitch.cli import main
+
+    assert main([]) == 2
+    assert "usage: precswitch" in capsys.readouterr().out
