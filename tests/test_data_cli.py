@@ -73,3 +73,33 @@ def test_python_dash_m_precswitch_is_the_cli():
 
     r = subprocess.run([sys.executable, "-m", "precswitch", "--version"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("precswitch "), (r.stdout, r.stderr)
+
+
+def test_synth_language_option_is_applied(tmp_path):
+    syn = tmp_path / "synth"
+    assert main(["synth", "--out", str(syn), "--seed", "3", "--n-corpus", "60", "--n-train", "20", "--n-dev", "10",
+                 "--language", '{"n_places": 5, "p_passive": 0.0}']) == 0
+    meta = json.loads((syn / "synth.json").read_text())
+    assert (meta["language"]["n_places"], meta["language"]["p_passive"]) == (5, 0.0)
+    assert meta["seed"] == 3 and meta["sizes"] == {"n_corpus": 60, "n_train": 20, "n_dev": 10}
+
+
+def test_tokenizer_and_prepare_options_reach_the_functions(tmp_path, monkeypatch):
+    """--vocab-size, --model-max-length, --cased (and their defaults) and prepare's arguments are passed on
+    in their places (the functions themselves: test_data_tokenizer_prepare.py)."""
+    from precswitch.data import loading, prepare, tokenizer
+
+    calls = []
+    monkeypatch.setattr(loading, "source_texts", lambda spec: ["a b", "c d"])
+    monkeypatch.setattr(tokenizer, "build_tokenizer",
+                        lambda texts, out, vocab, **kw: calls.append((vocab, kw["model_max_length"], kw["lowercase"]))
+                        or out)
+    src = '{"kind": "synthetic", "dir": "x"}'
+    assert main(["tokenizer", "--source", src, "--out", str(tmp_path / "t1"), "--vocab-size", "150",
+                 "--model-max-length", "48", "--cased"]) == 0
+    assert main(["tokenizer", "--source", src, "--out", str(tmp_path / "t2")]) == 0
+    assert calls == [(150, 48, False), (tokenizer.DEFAULT_VOCAB_SIZE, tokenizer.DEFAULT_MODEL_MAX_LENGTH, True)]
+    monkeypatch.setattr(prepare, "prepare", lambda *a: calls.append(a) or {"max_length": a[3]})
+    assert main(["prepare", "--source", src, "--tokenizer", "T", "--objective", "classify", "--max-length", "24",
+                 "--out", "O"]) == 0
+    assert calls[-1] == (src, "T", "classify", 24, "O")
