@@ -754,3 +754,63 @@ def test_a_batch_as_large_as_the_training_rows_is_accepted(tmp_path):
     cfg = {"data": {"synthetic": {"n_train": 32}}, "train": {"finetune": {"batch_size": 32}}}
     proc = dry_run(tmp_path, cfg)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+
+
+# every stage_train key the engine reads, with values the engine refuses (and the schema must, before the
+# DAG is built, instead of a job failing after others trained) and boundary values both accept
+STAGE_BAD = [("batch_size", 0), ("eval_batch_size", 0), ("lr", 0), ("warmup_ratio", 1), ("weight_decay", -0.1),
+             ("adam_eps", -1e-8), ("mlm_probability", 0), ("mlm_probability", 1), ("max_nonfinite", 0),
+             ("max_nonfinite_fraction", 0), ("telemetry_every", -1), ("log_every", 0), ("checkpoint_every_steps", -1), ("max_grad_norm", -1),
+             ("compile", "max-autotune"), ("eval_precision", "fp64"), ("on_unsupported", "ignore"), ("steps", 0),
+             ("lrr", 0.1)]
+STAGE_GOOD = [("max_nonfinite_fraction", 1), ("warmup_ratio", 0), ("adam_beta1", 0), ("weight_decay", 0),
+              ("max_grad_norm", 0), ("compile", False), ("compile", "reduce-overhead"), ("eval_precision", "same"),
+              ("checkpoint_every_minutes", 0), ("telemetry_every", 0)]
+
+
+@pytest.mark.parametrize("key, value", STAGE_BAD + STAGE_GOOD)
+def test_schema_and_engine_agree_on_stage_hyperparameters(key, value):
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    from precswitch.errors import PrecswitchError
+    from precswitch.train import config as C
+
+    cfg = {"train": {"finetune": {key: value}}}
+    hp = {"data": "d", "steps": 10, key: value}
+    if (key, value) in STAGE_BAD:
+        with pytest.raises(WorkflowError):
+            validate(cfg, str(SCHEMA))
+        with pytest.raises(PrecswitchError, match=key):
+            C.resolve(hp)
+    else:
+        validate(cfg, str(SCHEMA))
+        assert C.resolve(hp)[key] == ("off" if value is False else value)
+
+
+@pytest.mark.parametrize("cfg", [
+    {"device": "cudax"}, {"device": "cuda:"}, {"device": "gpu"},
+    {"schedules": {"x": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0}}}},
+    {"schedules": {"x": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 1.5}}}},
+    {"schedules": {"x": {"finetune": {"precision": "amp_fp16", "switch_to": "fp64", "switch_at": 0.5}}}},
+    {"model": {"num_attention_heads": 0}}, {"model": {"attn_implementation": "flash"}},
+    {"train": {"pretrain": {"max_length": 4}}}, {"threads": 0},
+])
+def test_schema_refuses(cfg):
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    with pytest.raises(WorkflowError):
+        validate(cfg, str(SCHEMA))
+
+
+def test_schema_stage_defaults():
+    """Left out, a stage's keys take the stage's defaults: stage 1 its own steps, lr, warm-up and checkpoint."""
+    from snakemake.utils import validate
+
+    cfg = {}
+    validate(cfg, str(SCHEMA))
+    pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
+    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 1.0e-3, 0.06, True)
+    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (300, 3.0e-4, 0.1, False)
+    assert pre["batch_size"] == fin["batch_size"] == 32 and pre["compile"] == fin["compile"] == "off"
