@@ -156,3 +156,12 @@ def test_no_command_prints_help_and_exits_2(capsys):
 
     assert main([]) == 2
     assert "usage: precswitch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("off", [None, 0])
+def test_max_grad_norm_null_turns_clipping_off_as_0_does(off):
+    """DEFAULTS: '0 or null: no clipping'. null used to be replaced by the default 1.0 like any other null
+    key: the stage clipped at 1.0 (and recorded max_grad_norm 1.0) though the user had turned clipping off."""
+    hp = C.resolve({**BASE, "max_grad_norm": off})
+    assert hp["max_grad_norm"] == off
+    assert C.resolve(BASE)["max_grad_norm"] == 1.0  # left out: the default

@@ -87,7 +87,9 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
         raise PrecswitchError(f"unknown hparams key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    hp = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k in ("steps", "epochs")}}
+    # a key given as null takes its default, except where null means something of its own (max_grad_norm:
+    # no clipping, as 0)
+    hp = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k in ("steps", "epochs", "max_grad_norm")}}
     hp["model"] = {**DEFAULTS["model"], **(raw.get("model") or {})}
     bad_model = sorted(set(hp["model"]) - MODEL_KEYS)
     if bad_model:
