@@ -165,3 +165,34 @@ def test_max_grad_norm_null_turns_clipping_off_as_0_does(off):
     hp = C.resolve({**BASE, "max_grad_norm": off})
     assert hp["max_grad_norm"] == off
     assert C.resolve(BASE)["max_grad_norm"] == 1.0  # left out: the default
+
+
+@pytest.mark.parametrize("patch, msg", [
+    ({"adam_beta1": 1.5}, r"^adam_beta1 must be in \[0, 1\), got 1\.5"),
+    ({"adam_beta1": -0.1}, r"^adam_beta1 must be in \[0, 1\), got -0\.1"),
+    ({"adam_beta2": 1.0}, r"^adam_beta2 must be in \[0, 1\), got 1\.0"),
+    ({"model": {"hidden_dropout_prob": 1.5}}, r"^model\.hidden_dropout_prob must be a number in \[0, 1\], got 1\.5"),
+    ({"model": {"attention_probs_dropout_prob": -0.1}}, r"^model\.attention_probs_dropout_prob must be a number"),
+    ({"model": {"hidden_dropout_prob": "0.1"}}, r"^model\.hidden_dropout_prob must be a number in \[0, 1\], got .0\.1."),
+    ({"model": {"attn_implementation": "flash"}}, r"^model\.attn_implementation 'flash': allowed 'eager', 'sdpa'"),
+    ({"init": "some/checkpoint", "model": {"attn_implementation": "flash"}}, r"^model\.attn_implementation 'flash'"),
+])
+def test_optimizer_betas_dropout_and_attention_kernel_are_checked_with_the_rest(patch, msg):
+    """These used to pass resolve: torch (AdamW, Dropout) or transformers refused them with a traceback (exit 1,
+    not naming the key) once the data was loaded and the model built; an unknown kernel with a checkpoint init
+    was blamed on the checkpoint ('cannot be loaded (corrupt or truncated?)')."""
+    with pytest.raises(PrecswitchError, match=msg):
+        C.resolve({**BASE, **patch})
+    assert C.resolve({**BASE, "adam_beta1": 0, "adam_beta2": 0.95,
+                      "model": {"hidden_dropout_prob": 0, "attention_probs_dropout_prob": 1,
+                                "attn_implementation": "sdpa"}})
+
+
+def test_a_bad_beta_through_the_cli_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    from precswitch.cli import main
+
+    out = tmp_path / "o"
+    assert main(["train", "--hparams", '{"data": "d", "steps": 3, "adam_beta2": 1}', "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["precswitch: error: adam_beta2 must be in [0, 1), got 1"]
+    assert not out.exists()

@@ -759,8 +759,9 @@ def test_a_batch_as_large_as_the_training_rows_is_accepted(tmp_path):
 # every stage_train key the engine reads, with values the engine refuses (and the schema must, before the
 # DAG is built, instead of a job failing after others trained) and boundary values both accept
 STAGE_BAD = [("batch_size", 0), ("eval_batch_size", 0), ("lr", 0), ("warmup_ratio", 1), ("weight_decay", -0.1),
-             ("adam_eps", -1e-8), ("mlm_probability", 0), ("mlm_probability", 1), ("max_nonfinite", 0),
-             ("max_nonfinite_fraction", 0), ("telemetry_every", -1), ("log_every", 0), ("checkpoint_every_steps", -1), ("max_grad_norm", -1),
+             ("adam_eps", -1e-8), ("adam_beta1", 1), ("adam_beta2", 1.0), ("adam_beta2", -0.1),
+             ("mlm_probability", 0), ("mlm_probability", 1), ("max_nonfinite", 0), ("max_nonfinite_fraction", 0),
+             ("telemetry_every", -1), ("log_every", 0), ("checkpoint_every_steps", -1), ("max_grad_norm", -1),
              ("compile", "max-autotune"), ("eval_precision", "fp64"), ("on_unsupported", "ignore"), ("steps", 0),
              ("lrr", 0.1)]
 STAGE_GOOD = [("max_nonfinite_fraction", 1), ("warmup_ratio", 0), ("adam_beta1", 0), ("weight_decay", 0),
@@ -802,6 +803,15 @@ def test_schema_refuses(cfg):
 
     with pytest.raises(WorkflowError):
         validate(cfg, str(SCHEMA))
+
+
+def test_schema_model_values_match_the_engines():
+    from precswitch.train import config as C
+
+    model = yaml.safe_load(SCHEMA.read_text())["properties"]["model"]["properties"]
+    assert model["attn_implementation"]["enum"] == list(C.ATTN_IMPLEMENTATIONS)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        assert model[key]["default"] == C.DEFAULTS["model"][key], key
 
 
 def test_schema_stage_defaults():

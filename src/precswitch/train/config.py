@@ -72,6 +72,8 @@ OBJECTIVES = ("mlm", "classify")
 #: reduce-overhead (fusion + CUDA graphs: on an H200 the only mode that lifted 16-bit BERT-base steps
 #: out of the host's kernel launches, docs/gpu.md)
 COMPILE_MODES = ("off", "default", "reduce-overhead")
+#: attention kernels (model.attn_implementation), as in the workflow schema
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 MODEL_KEYS = set(DEFAULTS["model"]) | {"vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range"}
 
 
@@ -94,6 +96,10 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     bad_model = sorted(set(hp["model"]) - MODEL_KEYS)
     if bad_model:
         raise PrecswitchError(f"unknown model key(s) {bad_model}; allowed: {sorted(MODEL_KEYS)}")
+    attn = hp["model"]["attn_implementation"]
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise PrecswitchError(f"model.attn_implementation {attn!r}: allowed "
+                              f"{', '.join(repr(a) for a in ATTN_IMPLEMENTATIONS)}")
     if str(hp["init"]) != "scratch":
         # a checkpoint or pretrained model brings its own sizes and dropout: only the attention kernel applies,
         # and only it is recorded (metrics.json's hparams must not claim sizes the model does not have)
@@ -105,6 +111,10 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
             v = m.get(key)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise PrecswitchError(f"model.{key} must be a positive integer, got {v!r}")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            v = m.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise PrecswitchError(f"model.{key} must be a number in [0, 1], got {v!r}")
         if m["hidden_size"] % m["num_attention_heads"]:
             raise PrecswitchError(f"model.hidden_size {m['hidden_size']} is not a multiple of "
                                   f"model.num_attention_heads {m['num_attention_heads']}")
@@ -148,6 +158,9 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         v = hp[key]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
             raise PrecswitchError(f"{key} must be a finite number, got {v!r}")
+    for key in ("adam_beta1", "adam_beta2"):  # torch.optim.AdamW refuses them only once the model is built
+        if not 0 <= hp[key] < 1:
+            raise PrecswitchError(f"{key} must be in [0, 1), got {hp[key]!r}")
     if hp["lr"] <= 0:
         raise PrecswitchError(f"lr must be > 0, got {hp['lr']!r}")
     if hp["adam_eps"] < 0 or hp["weight_decay"] < 0:
