@@ -4,6 +4,8 @@ No data, model or training: each check is ``resolve`` on a dict."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -63,6 +65,19 @@ def test_an_in_stage_switch_between_weight_storages_is_refused(first, then):
     """fp8 converts the Linear layers and Kahan/SR keep extra optimizer state: neither can start or stop
     inside a stage, though the weight dtype is the same."""
     with pytest.raises(PrecswitchError, match=f"cannot switch from '{first}' to '{then}' inside a stage"):
+        C.resolve({**BASE, "precision": first, "switch_to": then, "switch_at": 0.5})
+
+
+@pytest.mark.parametrize("first, then, why", [
+    ("fp32", "fp8", "float32 vs float32 + fp8 Linear layers"),
+    ("pure_bf16", "pure_bf16_kahan", "bfloat16 vs bfloat16 + kahan update"),
+    ("pure_bf16_sr", "pure_bf16", "bfloat16 + stochastic_rounding update vs bfloat16"),
+    ("amp_bf16", "pure_bf16", "float32 vs bfloat16"),
+])
+def test_the_switch_refusal_says_how_the_storage_differs(first, then, why):
+    """It used to say '(float32 vs float32)' for fp8 and '(bfloat16 vs bfloat16)' for Kahan/SR: a difference
+    that is none."""
+    with pytest.raises(PrecswitchError, match=re.escape(f"stored differently ({why}); use two stages instead")):
         C.resolve({**BASE, "precision": first, "switch_to": then, "switch_at": 0.5})
 
 

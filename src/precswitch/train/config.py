@@ -202,7 +202,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         if (a.param_dtype, a.update_compensation, a.fp8_linear) != (b.param_dtype, b.update_compensation, b.fp8_linear):
             raise PrecswitchError(
                 f"cannot switch from {a.name!r} to {b.name!r} inside a stage: their weights are stored differently "
-                f"({P.dtype_name(a.param_dtype)} vs {P.dtype_name(b.param_dtype)}); use two stages instead"
+                f"({_storage(a)} vs {_storage(b)}); use two stages instead"
             )
         if hp["steps"] is not None:  # an epochs stage's step count is known only with its data (engine)
             switch_step(hp, hp["steps"])
@@ -217,6 +217,12 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     if hp["run_id"] is None:
         hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
     return hp
+
+
+def _storage(p) -> str:
+    """How a precision stores and updates the weights (what an in-stage switch must keep), for messages."""
+    return " + ".join([P.dtype_name(p.param_dtype)] + (["fp8 Linear layers"] if p.fp8_linear else [])
+                      + ([f"{p.update_compensation} update"] if p.update_compensation else []))
 
 
 def _fraction_at(step: int, total: int) -> str:
