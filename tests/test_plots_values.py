@@ -483,3 +483,21 @@ def test_make_plots_groups_a_switched_stage_by_its_spec(tmp_path, monkeypatch):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "amp_fp16", "amp_fp16-to-fp32-at80"]
     # one hue level (stage 1 only): each bar centred on its column, the mean of seeds 1 and 2
     assert _bars(ax) == [(0.0, pytest.approx(11.5)), (1.0, pytest.approx(21.5)), (2.0, pytest.approx(41.5))]
+
+
+def test_loss_scale_draws_a_stage_that_switches_into_fp16(mpl):
+    """A stage may switch *into* fp16 (fp32 → amp_fp16, both keep fp32 weights): the engine makes a loss scaler
+    at the switch and logs its scale from then on. The plot kept only specs whose *first* precision is fp16,
+    so such a run (spec fp32-to-amp_fp16-at50, e.g. a switch-point sweep towards fp16) vanished, and with no
+    other fp16 run the panel said "no fp16 runs with a loss scale"."""
+    rows = [{"stage": "finetune", "precision": "fp32-to-amp_fp16-at50", "schedule": "ft-sw-at50",
+             "run_id": "ft-sw-1", "seed": 1, "status": "ok", "step": i, "loss": 1.0, "loss_scale": sc,
+             "skipped": int(i == 4), "regular": True}
+            for i, sc in enumerate([math.nan, math.nan, 65536.0, 32768.0], 1)]
+    fig = plots.plot_loss_scale(pd.DataFrame(rows), *mpl)
+    ax = fig.axes[0]
+    (trace,) = [ln for ln in ax.get_lines() if ln.get_label() == "ft-sw-at50 seed 1"]
+    assert list(zip(trace.get_xdata(), trace.get_ydata())) == [(3, 65536.0), (4, 32768.0)]
+    (skips,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("skipped step")]
+    assert list(zip(skips.get_xdata(), skips.get_ydata())) == [(4, 32768.0)]
+    assert "Stage 2" in ax.get_title() and not any("no fp16 runs" in t.get_text() for t in ax.texts)

@@ -589,13 +589,20 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
     return fig
 
 
+def _scales_loss(spec: Any) -> bool:
+    """True when the stage runs in fp16 in any part of its spec: a precision, or an in-stage switch
+    ``<first>-to-<second>-at<percent>`` into or out of fp16 (fp32 → amp_fp16 makes its loss scaler at the
+    switch and logs the scale from then on)."""
+    first, _, rest = str(spec).partition("-to-")
+    return first in FP16_PRECISIONS or rest.rsplit("-at", 1)[0] in FP16_PRECISIONS
+
+
 def plot_loss_scale(steps, plt, sns):
     import pandas as pd
 
     st = steps.copy()
     if not st.empty and "loss_scale" in st:
-        first = st["precision"].map(lambda p: str(p).split("-to-")[0])  # spec → its first precision
-        st = st[first.isin(FP16_PRECISIONS) & st["loss_scale"].notna()]
+        st = st[st["precision"].map(_scales_loss) & st["loss_scale"].notna()]
     else:
         st = st.iloc[0:0]
     stages = [s for s in ("pretrain", "finetune") if s in set(st.get("stage", []))]
