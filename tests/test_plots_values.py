@@ -501,3 +501,27 @@ def test_loss_scale_draws_a_stage_that_switches_into_fp16(mpl):
     (skips,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("skipped step")]
     assert list(zip(skips.get_xdata(), skips.get_ydata())) == [(4, 32768.0)]
     assert "Stage 2" in ax.get_title() and not any("no fp16 runs" in t.get_text() for t in ax.texts)
+
+
+def test_time_memory_stage_colours_are_fixed_per_stage(mpl):
+    """The caption says blue is stage 1 and orange stage 2. The colours came from the stages present, so a
+    study without any stage 1 (every schedule fine-tunes from scratch) drew its stage-2 bars and dots blue."""
+    import seaborn as sns
+
+    blue, orange = (to_hex(c) for c in sns.color_palette(n_colors=2))
+
+    def colours(stages):
+        runs = pd.DataFrame([{"run_id": f"{st}-{s}", "stage": st, "precision": "fp32", "status": "ok",
+                              "train_seconds": 1.0 + s, "peak_memory_bytes": MIB} for st in stages for s in (1, 2)])
+        ax = plots.plot_time_memory(runs, *mpl).axes[0]
+        leg = ax.get_legend()
+        legend = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(leg.get_texts(), leg.legend_handles)}
+        bars = {round(p.get_x() + p.get_width() / 2, 6): to_hex(p.get_facecolor()) for p in ax.patches}
+        return legend, bars, {round(x, 1): c for x, _, c in _points(ax)}
+
+    legend, bars, dots = colours(("pretrain", "finetune"))
+    assert list(legend) == ["stage 1 (pre-train)", "stage 2 (fine-tune)"]
+    assert {x: c for x, c in dots.items()} == {-0.2: blue, 0.2: orange}  # the dots in the palette's own colours
+    legend2, bars2, dots2 = colours(("finetune",))
+    assert legend2 == {"stage 2 (fine-tune)": legend["stage 2 (fine-tune)"]}  # stage 2 keeps its colour
+    assert set(bars2.values()) == {bars[0.2]} and set(dots2.values()) == {orange}

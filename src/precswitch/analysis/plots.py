@@ -468,6 +468,8 @@ def plot_time_memory(runs, plt, sns, schedules=None):
     left_out = ~ok | of_failed
     order = sorted(df["precision"].unique(), key=lambda p: (p != "fp32", p))
     hue_order = [h for h in ("stage 1 (pre-train)", "stage 2 (fine-tune)") if h in set(df["stage_label"])]
+    # each stage its own colour (blue stage 1, orange stage 2, as the caption says), whichever stages ran
+    palette = dict(zip(("stage 1 (pre-train)", "stage 2 (fine-tune)"), _colors(2)))
     failed = left_out.groupby([df["precision"], df["stage_label"]]).sum().to_dict()
     use = df[~left_out].copy()
     kinds = sorted({str(k) for k in use.get("memory_kind", []) if isinstance(k, str)})
@@ -477,9 +479,9 @@ def plot_time_memory(runs, plt, sns, schedules=None):
         use[col] = values.astype(float) * scale if values is not None else math.nan
         if not use.empty and use[col].notna().any():
             sns.barplot(data=use, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
-                        errorbar=None, alpha=0.45, ax=ax)
+                        palette=palette, errorbar=None, alpha=0.45, ax=ax)
             sns.stripplot(data=use, x="precision", y=col, hue="stage_label", order=order, hue_order=hue_order,
-                          dodge=True, jitter=0.1, size=4, ax=ax, legend=False)
+                          palette=palette, dodge=True, jitter=0.1, size=4, ax=ax, legend=False)
             ax.legend(fontsize=8, title=None)
         else:
             ax.set_yticks([])
