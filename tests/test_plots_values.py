@@ -525,3 +525,25 @@ def test_time_memory_stage_colours_are_fixed_per_stage(mpl):
     legend2, bars2, dots2 = colours(("finetune",))
     assert legend2 == {"stage 2 (fine-tune)": legend["stage 2 (fine-tune)"]}  # stage 2 keeps its colour
     assert set(bars2.values()) == {bars[0.2]} and set(dots2.values()) == {orange}
+
+
+def test_overflow_draws_an_activation_that_already_overflowed(mpl):
+    """Telemetry records max_abs = inf for an output that already overflowed (telemetry.py). A log axis drops
+    inf without a word: the worst layer of the run was a gap in its line, and inf made every pair of curves
+    'coincide' (the legend said 'lines overlap' of curves 10 vs 12 and 100 vs inf apart). The inf peak is now
+    drawn at a ceiling above every finite value and 65504, marked and labelled, and the curves differ."""
+    rows = [{"step": 0, "layer": layer, "max_abs": v, "spec": spec, "seed": 1, "status": "ok"}
+            for spec, vals in (("fp32", [10.0, 100.0, 1e5]), ("pure_fp16", [12.0, math.inf, 900.0]))
+            for layer, v in zip(LAYERS, vals)]
+    ax = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0]
+    (fp16,) = [ln for ln in ax.get_lines() if ln.get_label() == "pure_fp16"]
+    y = list(fp16.get_ydata())
+    assert y[0] == 12.0 and y[2] == 900.0
+    assert np.isfinite(y[1]) and y[1] > 1e5 and y[1] > FP16_MAX  # above everything finite, on the axes
+    assert ax.get_ylim()[1] >= y[1]
+    (mark,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("inf")]
+    assert list(zip(mark.get_xdata(), mark.get_ydata())) == [(1, y[1])]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("inf") for t in legend)
+    assert not any(t.startswith("lines overlap") for t in legend)
+    assert "2 precision(s) exceed it" in ax.get_title()

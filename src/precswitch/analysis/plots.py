@@ -793,8 +793,16 @@ def plot_overflow(acts, plt, sns):
         fig, ax = plt.subplots(figsize=(8, 4))
         _empty(ax, "no activation telemetry\n(set train.pretrain.telemetry_every > 0)")
         return fig
+    import numpy as np
+
     order = list(dict.fromkeys(acts["layer"]))  # module order of the first run (forward order)
     peak = acts.groupby(["spec", "layer"])["max_abs"].max().reset_index()
+    # an output that already overflowed records max_abs inf, which a log axis drops without a word (and with
+    # which every pair of curves "coincided"): drawn at a ceiling above every finite value, marked and labelled
+    finite = peak.loc[np.isfinite(peak["max_abs"]), "max_abs"]
+    ceiling = 4 * max(FP16_MAX, float(finite.max()) if not finite.empty else FP16_MAX)
+    inf = np.isposinf(peak["max_abs"])
+    peak["y"] = peak["max_abs"].where(~inf, ceiling)
     ticks = [str(x).replace("bert.encoder.", "").replace("bert.", "") for x in order]
     # the vertical layer names take ~0.055 in per character: the figure grows with them, so that the axes
     # keep their height (long names squeezed the axes below the height of the y label)
@@ -809,8 +817,11 @@ def plot_overflow(acts, plt, sns):
         g = g.assign(i=g["layer"].map(pos)).sort_values("i")
         style = _series_style(i, len(specs), len(g))
         style.update(lw=style["lw"] * 0.6, ms=style["ms"] * 0.7)
-        ax.plot(g["i"], g["max_abs"].clip(lower=1e-12), color=colors[spec], label=spec, **style)
+        ax.plot(g["i"], g["y"].clip(lower=1e-12), color=colors[spec], label=spec, **style)
     ax.axhline(FP16_MAX, color="tab:red", ls="--", lw=1.2, label="fp16 max 65504")
+    if inf.any():
+        ax.plot(peak.loc[inf, "layer"].map(pos), [ceiling] * int(inf.sum()), "^", color="black", ms=7, zorder=5,
+                label=f"inf (drawn at {ceiling:g}): already overflowed")
     ax.set_yscale("log")
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(ticks, rotation=90, fontsize=6)
@@ -829,7 +840,7 @@ def plot_overflow(acts, plt, sns):
         runs = ", ".join(named[:3]) + (f", {len(named) - 3} more" if len(named) > 3 else "")
         title += f"\n{len(diverged)} run(s) diverged ({runs}): the samples (every telemetry_every steps) may miss it"
     ax.set_title(title, fontsize=11 if diverged.empty else 10)
-    curves = {spec: peak[peak["spec"] == spec].set_index(peak.loc[peak["spec"] == spec, "layer"].map(pos))["max_abs"]
+    curves = {spec: peak[peak["spec"] == spec].set_index(peak.loc[peak["spec"] == spec, "layer"].map(pos))["y"]
               for spec in specs}
     _legend(ax, _coinciding(curves, log=True), fontsize=8, title="stage-1 precision", title_fontsize=9)
     fig.tight_layout()
