@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -634,17 +635,28 @@ def test_gpu_check_times_at_least_min_seconds_where_energy_is_read(monkeypatch):
     and its per-step figures divide by the steps it really timed."""
     gc = _load_gpu_check()
     dev = gc.torch.device("cpu")
-    clock = {"t0": time.perf_counter()}
+    # a virtual clock: every step takes 0.125 s on it, whatever this machine's load (a real clock made the
+    # test fail on a busy CPU, where 2 steps already took over --min-seconds)
+    clock = {"t": 0.0}
+    real_forward = gc.forward_loss
+
+    def forward(model, b, objective):
+        clock["t"] += 0.125
+        return real_forward(model, b, objective)
+
+    monkeypatch.setattr(gc, "forward_loss", forward)
+    monkeypatch.setattr(gc, "time", types.SimpleNamespace(perf_counter=lambda: clock["t"]))
     # an energy counter on the CPU, as NVML on a GPU: 1 W, in mJ
-    monkeypatch.setattr(gc.measure, "nvml_energy_mj", lambda device: int((time.perf_counter() - clock["t0"]) * 1000))
-    args = gc.parse_args(["--device", "cpu", "--quick", "--steps", "2", "--warmup", "1", "--min-seconds", "0.6"])
+    monkeypatch.setattr(gc.measure, "nvml_energy_mj", lambda device: int(clock["t"] * 1000))
+    args = gc.parse_args(["--device", "cpu", "--quick", "--steps", "2", "--warmup", "1", "--min-seconds", "0.5"])
     batches = gc.make_batches(gc.QUICK, args.batch, args.seq, args.mlm, dev, engine_step=True)
     row = gc.measure_one("fp32", "eager", args, gc.QUICK, dev, batches, {})
     assert row["status"] == "ok", row
     n = row["steps_measured"]
-    assert n > 2 and row["seconds"] >= 0.6 and row["energy_window_seconds"] == row["seconds"]
-    assert row["steps_per_second"] == pytest.approx(n / row["seconds"])
-    assert row["energy_joules_per_step"] == pytest.approx(row["seconds"] / n, abs=0.01)  # 1 W x window / n
+    assert n == 4 and row["seconds"] == 0.5 and row["energy_window_seconds"] == row["seconds"]  # 4 x 0.125 s
+    assert row["warmup_seconds"] == 0.125  # the warm-up step, outside the window
+    assert row["steps_per_second"] == 8.0 and row["step_seconds"] == 0.125
+    assert row["energy_joules_per_step"] == pytest.approx(0.125)  # 1 W x 0.5 s / 4 steps
     # no energy counter (a CPU, a GPU without NVML): exactly --steps steps
     monkeypatch.setattr(gc.measure, "nvml_energy_mj", lambda device: None)
     row = gc.measure_one("fp32", "eager", args, gc.QUICK, dev, batches, {})
