@@ -741,6 +741,47 @@ def test_gpu_hours_of_the_shipped_config_from_the_h200_measurements():
     assert r.returncode != 0 and "not a gpu_check --out result" in r.stderr
 
 
+def _check_json(path, objective, batch, seq, layers, hidden, steps_s: dict, variant="eager", status="ok"):
+    path.write_text(json.dumps({
+        "schema": "precswitch-gpu-check/1", "objective": objective, "batch": batch, "seq_len": seq,
+        "model": {"num_hidden_layers": layers, "hidden_size": hidden},
+        "results": [{"precision": p, "variant": variant, "status": status, "step_seconds": s}
+                    for p, s in steps_s.items()]}))
+    return path
+
+
+def _hours_args(**over):
+    import argparse
+
+    return argparse.Namespace(**{"step_overhead_ms": 2.0, "stage1_job_s": 25.0, "stage2_job_s": 18.0,
+                                 "pretrain_rows": None, "finetune_rows": 100, **over})
+
+
+def test_gpu_hours_uses_eager_ok_rows_at_the_configs_shapes(tmp_path):
+    """Only eager rows that ran (the engine does not compile; a failed row has no time), keyed by objective,
+    precision, batch, sequence length and model shape: a config at length 64 takes the length-64 times."""
+    gh = _gpu_hours()
+    mlm = _check_json(tmp_path / "mlm.json", "mlm", 128, 64, 4, 512, {"fp32": 0.5})
+    cls = _check_json(tmp_path / "cls.json", "classify", 16, 64, 4, 512, {"fp32": 0.1, "amp_bf16": 0.05})
+    cls128 = _check_json(tmp_path / "cls128.json", "classify", 16, 128, 4, 512, {"fp32": 9.0, "amp_bf16": 9.0})
+    compiled = _check_json(tmp_path / "cg.json", "classify", 16, 64, 4, 512, {"fp32": 0.001}, variant="compiled")
+    failed = _check_json(tmp_path / "f.json", "classify", 16, 64, 4, 512, {"amp_bf16": 0.001}, status="failed")
+    meas = gh.load_measurements([mlm, cls, cls128, compiled, failed])
+    assert dict(meas) == {("mlm", "fp32", 128, 64, 4, 512): [0.5], ("classify", "fp32", 16, 64, 4, 512): [0.1],
+                          ("classify", "amp_bf16", 16, 64, 4, 512): [0.05],
+                          ("classify", "fp32", 16, 128, 4, 512): [9.0], ("classify", "amp_bf16", 16, 128, 4, 512): [9.0]}
+    cfg = {"seeds": [1, 2, 3], "model": {"init": "scratch", "num_hidden_layers": 4, "hidden_size": 512},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}, "b": {"pretrain": "fp32", "finetune": "amp_bf16"}},
+           "train": {"pretrain": {"steps": 100, "epochs": None, "batch_size": 128, "max_length": 64},
+                     "finetune": {"steps": None, "epochs": 3, "batch_size": 16, "max_length": 64}}}
+    res = gh.estimate(cfg, meas, _hours_args())
+    # stage 1: 100 x (0.5 + 0.002) + 25 = 75.2 s, shared; stage 2: 3 x (100 // 16) = 18 steps x (t + 0.002) + 18
+    assert res["missing"] == []
+    assert sorted((j["stage"], j["steps"], j["seeds"], round(j["run_s"][0], 6), round(j["run_s"][1], 6))
+                  for j in res["jobs"]) == [("finetune", 18, 3, 18.936, 18.936), ("finetune", 18, 3, 19.836, 19.836),
+                                            ("pretrain", 100, 3, 75.2, 75.2)]
+
+
 # ------------------------------------------------------------------ benchmarks/job_overhead.py
 def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
     """job_overhead.py (tiny model): each process's wall time splits into the engine's timed parts and

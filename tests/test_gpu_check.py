@@ -1,0 +1,391 @@
+"""benchmarks/gpu_check.py: the logic that decides what a borrowed GPU's run reports, checked on a CPU with
+hand-built inputs and hand-computed expectations (mutation audit). The summary and verdicts (checks_from),
+the figures of a timed row (FLOPs, MFU against the right peak, tokens/s), the timed window (warm-up and
+profiled steps outside it), the profiler's per-step arithmetic on CUDA-like events, the synthetic batches,
+the time budget, the JSON written after every row and the exit code. Nothing here needs a GPU."""
+
+import importlib.util
+import json
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def gc():
+    spec = importlib.util.spec_from_file_location("gpu_check_audit", ROOT / "benchmarks" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ok(precision, variant, sps, mfu=None):
+    return {"precision": precision, "variant": variant, "status": "ok", "reason": None,
+            "steps_per_second": sps, "mfu": mfu}
+
+
+# ------------------------------------------------------------------ checks_from: verdicts
+def _checks(gc, rows, device=CUDA):
+    ratios, checks = gc.checks_from(rows, device)
+    return ratios, {c["name"]: c for c in checks}
+
+
+def test_targets_pass_at_exactly_their_threshold(gc):
+    """>= 2.5x and >= 35%: a value at the target passes, one just under fails."""
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), _ok("amp_bf16", "eager", 25.0, 0.35)])
+    assert c["speedup_amp_bf16_over_fp32"]["value"] == 2.5 and c["speedup_amp_bf16_over_fp32"]["result"] == "PASS"
+    assert c["mfu_amp_bf16"]["value"] == 0.35 and c["mfu_amp_bf16"]["result"] == "PASS"
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0), _ok("amp_bf16", "eager", 24.9, 0.349)])
+    assert c["speedup_amp_bf16_over_fp32"]["result"] == "FAIL" and c["mfu_amp_bf16"]["result"] == "FAIL"
+    assert c["speedup_amp_bf16_over_fp32"]["target"] == 2.5 and c["mfu_amp_bf16"]["target"] == 0.35
+
+
+def test_failed_and_skipped_rows_never_count(gc):
+    """A failed row (even one that got as far as a speed or an MFU before it failed) gives no ratio and no
+    MFU; a failed fp32 row leaves the speed-up unmeasured (n/a), not a number."""
+    failed_bf16 = {**_ok("amp_bf16", "compiled", 99.0, 0.99), "status": "failed", "reason": "OutOfMemoryError"}
+    failed_fp32 = {"precision": "fp32", "variant": "eager", "status": "failed", "reason": "RuntimeError: x"}
+    skipped = {"precision": "tf32", "variant": "eager", "status": "skipped", "reason": "time budget"}
+    rows = [failed_fp32, _ok("amp_bf16", "eager", 30.0, 0.2), _ok("fp32", "compiled", 10.0), failed_bf16, skipped]
+    ratios, c = _checks(gc, rows)
+    assert ratios == {}  # no ok fp32 eager row; the compiled amp_bf16 row failed
+    assert c["speedup_amp_bf16_over_fp32"]["value"] is None and c["speedup_amp_bf16_over_fp32"]["result"] == "n/a"
+    assert c["mfu_amp_bf16"]["value"] == 0.2 and c["mfu_amp_bf16"]["result"] == "FAIL"  # not the failed row's 0.99
+
+
+def test_mfu_target_is_amp_bf16s_best_variant_only(gc):
+    rows = [_ok("fp32", "eager", 10.0, 0.6), _ok("amp_bf16", "eager", 20.0, 0.1), _ok("pure_bf16", "eager", 40.0, 0.5),
+            _ok("amp_bf16", "compiled", 60.0, 0.3), _ok("tf32", "eager", 15.0, 0.4)]
+    ratios, c = _checks(gc, rows)
+    assert c["mfu_amp_bf16"]["value"] == 0.3 and c["mfu_amp_bf16"]["result"] == "FAIL"  # pure_bf16's 0.5 is not it
+    # no compiled fp32 row: the speed-up compares the eager rows, 20 / 10
+    assert c["speedup_amp_bf16_over_fp32"]["variant"] == "eager" and c["speedup_amp_bf16_over_fp32"]["value"] == 2.0
+    assert ratios == {"amp_bf16/fp32 (eager)": 2.0, "pure_bf16/fp32 (eager)": 4.0, "tf32/fp32 (eager)": 1.5}
+
+
+def test_no_verdict_on_a_cpu(gc):
+    ratios, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), _ok("amp_bf16", "eager", 100.0, 0.9)], device=CPU)
+    assert ratios == {"amp_bf16/fp32 (eager)": 10.0}
+    assert c["speedup_amp_bf16_over_fp32"]["result"] == "n/a" and c["mfu_amp_bf16"]["result"] == "n/a"
+    assert c["speedup_amp_bf16_over_fp32"]["value"] == 10.0
+
+
+# ------------------------------------------------------------------ one timed row: figures
+# QUICK model: hidden h 64, FFN f 256, 2 layers, vocab V 1000, 2 labels; batch 3 x seq 16 (48 tokens).
+# Forward matmul FLOPs per token per layer: 8h^2 + 4hf + 4sh = 32768 + 65536 + 4096 = 102400.
+B, S = 3, 16
+FULL_ENCODER = 48 * 2 * 102_400  # 9,830,400
+# the engine's classification step: layer 2 computes K, V for all 48 tokens (2 x 2h^2 each) and the rest
+# for [CLS] only: Q 2h^2 + scores 2sh + sum 2sh + out 2h^2 + FFN 4hf = 8192 + 2048 + 2048 + 8192 + 65536
+CLS_ENCODER = 48 * 102_400 + 48 * 2 * 8192 + B * 86_016  # 5,959,680
+CLS_HEAD = B * (2 * 64 * 64 + 2 * 64 * 2)  # pooler + classifier on [CLS]: 25,344
+MLM_HEAD_PER_ROW = 2 * 64 * 64 + 2 * 64 * 1000  # transform + decoder: 136,192
+
+
+def _row(gc, name, extra=(), peaks=None, **over):
+    args = gc.parse_args(["--device", "cpu", "--quick", "--batch", str(B), "--seq", str(S), "--steps", "2",
+                          "--warmup", "1", *extra])
+    batches = gc.make_batches(gc.QUICK, B, S, args.mlm, CPU, n=2, engine_step=args.step == "engine")
+    row = gc.measure_one(name, "eager", args, gc.QUICK, CPU, batches, peaks or {})
+    assert row["status"] == "ok", row
+    return row, batches
+
+
+def _rates_are_consistent(row, flops_per_step):
+    n, sec = row["steps_measured"], row["seconds"]
+    assert row["model_flops_per_step"] == flops_per_step
+    assert row["steps_per_second"] == pytest.approx(n / sec) and row["step_seconds"] == pytest.approx(sec / n)
+    assert row["samples_per_second"] == pytest.approx(n * B / sec)
+    assert row["tokens_per_second"] == pytest.approx(n * B * S / sec)
+    assert row["achieved_tflops"] == pytest.approx(flops_per_step * n / sec / 1e12)
+
+
+def test_classification_row_flops_mfu_and_rates(gc):
+    """The engine's classification step: FLOPs with the [CLS]-only last layer, counted by hand; MFU against
+    the peak of the row's own precision (fp32's for fp32, bf16's for amp_bf16)."""
+    peaks = {"fp32": 0.002, "tf32": 0.003, "fp16": 0.007, "bf16": 0.005}
+    want = 3 * (CLS_ENCODER + CLS_HEAD)  # 17,955,072
+    for name, key in (("fp32", "fp32"), ("amp_bf16", "bf16")):
+        row, _ = _row(gc, name, peaks=peaks)
+        _rates_are_consistent(row, want)
+        assert row["peak_key"] == key and row["peak_tflops"] == peaks[key]
+        assert row["mfu"] == pytest.approx(row["achieved_tflops"] / peaks[key])
+        assert row["fused_adamw"] is True  # the engine's default optimizer_impl: fused
+
+
+def test_stock_step_counts_the_full_model(gc):
+    row, _ = _row(gc, "fp32", extra=["--step", "stock"])
+    _rates_are_consistent(row, 3 * (FULL_ENCODER + CLS_HEAD))  # 29,567,232
+    assert row["mfu"] is None and row["peak_tflops"] is None  # no peak given
+
+
+def test_mlm_row_flops_count_the_scored_rows(gc):
+    row, batches = _row(gc, "fp32", extra=["--mlm"])
+    labelled = [int((b["labels"] != -100).sum()) for b in batches]
+    head_rows = round(sum((x + 15) // 16 * 16 for x in labelled) / len(labelled))  # padded to 16, averaged
+    assert 0 < head_rows < B * S
+    _rates_are_consistent(row, 3 * (FULL_ENCODER + head_rows * MLM_HEAD_PER_ROW))
+
+
+def test_timed_window_excludes_warmup_and_profiled_steps(gc, monkeypatch):
+    """Warm-up steps (compilation) and profiled steps are slow here on purpose: neither may reach the timed
+    window, whose steps are exactly --steps; the step clips gradients every time, as the engine's does; the
+    profile's GPU time and matmul time become per-step fractions of the unprofiled step."""
+    calls, clips = [], []
+    slow, late = {"on": True}, {"s": 0.0}
+    real_forward, real_clip = gc.forward_loss, gc.torch.nn.utils.clip_grad_norm_
+    # a slow step takes 100 s more on measure_one's clock (no real sleep: robust on a busy machine)
+    monkeypatch.setattr(gc, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + late["s"]))
+
+    def forward(model, b, objective):
+        calls.append(slow["on"])
+        if slow["on"]:
+            late["s"] += 100.0
+        return real_forward(model, b, objective)
+
+    def clip(params, max_norm, *a, **k):
+        clips.append(max_norm)
+        return real_clip(params, max_norm, *a, **k)
+
+    def fake_profile(step, batches, n, device, top=8):
+        slow["on"] = True
+        for i in range(n):
+            step(batches[i % len(batches)])
+        return {"profiled_steps": n, "gpu_kernel_ms_per_step": 4.0, "matmul_ms_per_step": 2.0}
+
+    orig_sync = gc.measure.sync
+
+    def sync(device):  # the sync that opens the timed window: from here on, steps are fast
+        orig_sync(device)
+        if len(calls) == 1:
+            slow["on"] = False
+
+    monkeypatch.setattr(gc, "forward_loss", forward)
+    monkeypatch.setattr(gc.torch.nn.utils, "clip_grad_norm_", clip)
+    monkeypatch.setattr(gc, "profile_steps", fake_profile)
+    monkeypatch.setattr(gc.measure, "sync", sync)
+    row, _ = _row(gc, "fp32", extra=["--steps", "3", "--profile-steps", "1"])
+    assert calls == [True, False, False, False, True]  # 1 warm-up, 3 timed, 1 profiled
+    assert clips == [1.0] * 5
+    assert row["warmup_steps"] == 1 and row["warmup_seconds"] >= 100
+    assert row["steps_measured"] == 3 and row["seconds"] < 100, row["seconds"]
+    step_s = row["seconds"] / 3
+    assert row["step_seconds"] == pytest.approx(step_s)
+    assert row["gpu_busy_fraction"] == pytest.approx(0.004 / step_s)
+    assert row["matmul_share_of_step"] == pytest.approx(0.002 / step_s)
+    assert row["matmul_tflops"] == pytest.approx(row["model_flops_per_step"] / 0.002 / 1e12)
+
+
+def test_warmup_zero_is_kept(gc):
+    assert gc.parse_args(["--warmup", "0"]).warmup == 0 and gc.parse_args([]).warmup == 10
+    assert gc.parse_args(["--quick"]).warmup == 1
+
+
+# ------------------------------------------------------------------ profile_steps on CUDA-like events
+KERNELS = [  # (name, calls over 2 steps, GPU us): CUDA kernels as torch.profiler names them
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+     20, 8000.0),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", 4, 2000.0),
+    ("void flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>, false>"
+     "(Flash_fwd_params)", 4, 1000.0),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+     "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >",
+     6, 600.0),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+     "(at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, bool*, bool*>", 2, 400.0),
+    ("triton_poi_fused_add_gelu_native_dropout_3", 2, 200.0),
+    ("Memset (Device)", 2, 40.0),
+]
+
+
+def _event(key, count, device_type, device_us=0.0, cpu_us=0.0):
+    return types.SimpleNamespace(key=key, count=count, device_type=device_type, self_device_time_total=device_us,
+                                 self_cuda_time_total=device_us, self_cpu_time_total=cpu_us)
+
+
+def test_profile_steps_per_step_arithmetic_on_cuda_events(gc, monkeypatch):
+    """profile_steps over 2 steps of a fake CUDA profile: counts and GPU times per step, host syncs without
+    the final one, host-side ops ignored on CUDA (their time is launches, not work), kinds by kernel name."""
+    import torch.profiler
+
+    cuda_t, cpu_t = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [_event(k, c, cuda_t, device_us=us) for k, c, us in KERNELS] + [
+        _event("cudaStreamSynchronize", 3, cpu_t, cpu_us=50.0),
+        _event("cudaDeviceSynchronize", 2, cpu_t, cpu_us=50.0),  # one of them: profile_steps' own final sync
+        _event("cudaEventSynchronize", 0, cpu_t),
+        _event("aten::_local_scalar_dense", 2, cpu_t, cpu_us=30.0),
+        _event("aten::mm", 24, cpu_t, cpu_us=90_000.0),  # host-side op: launches
+        _event("cudaLaunchKernel", 40, cpu_t, cpu_us=20_000.0),
+    ]
+    steps = []
+
+    class FakeProfile:
+        def __init__(self, activities):
+            assert torch.profiler.ProfilerActivity.CUDA in activities
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return events
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(gc.measure, "sync", lambda device: None)
+    res = gc.profile_steps(lambda b: steps.append(b), [{"i": 0}, {"i": 1}], 2, CUDA, top=3)
+    assert steps == [{"i": 0}, {"i": 1}]
+    assert res["profiled_steps"] == 2 and res["time_basis"] == "gpu_kernel_time"
+    assert res["kernels_per_step"] == 20.0  # 40 kernels / 2 steps
+    assert res["gpu_kernel_ms_per_step"] == pytest.approx(6.12)  # 12,240 us / 2
+    assert res["host_syncs_per_step"] == 2.0  # (3 + 2 - 1) / 2
+    assert res["host_item_calls_per_step"] == 1.0
+    assert res["ms_per_step_by_kind"] == pytest.approx(
+        {"matmul": 5.0, "attention": 0.5, "elementwise": 0.3, "optimizer": 0.2, "compiled": 0.1, "copy_cast": 0.02})
+    assert list(res["ms_per_step_by_kind"]) == ["matmul", "attention", "elementwise", "optimizer", "compiled",
+                                               "copy_cast"]  # most expensive first
+    assert res["matmul_ms_per_step"] == pytest.approx(5.5)  # matmuls and attention
+    top = res["top_kernels"]
+    assert [(t["kind"], t["ms_per_step"], t["calls_per_step"]) for t in top] == [
+        ("matmul", 4.0, 10.0), ("matmul", 1.0, 2.0), ("attention", 0.5, 2.0)]
+    assert top[1]["name"].startswith("ampere_bf16_s16816gemm")
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "matmul"),
+    ("ampere_sgemm_128x64_tn", "matmul"),
+    ("sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_kernel", "matmul"),
+    ("void cutlass::Kernel<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8>(Params)", "matmul"),
+    ("flash_fwd_kernel", "attention"),
+    ("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128, 128, 8>, true>", "attention"),
+    ("triton_red_fused_native_layer_norm_0", "compiled"),
+    ("triton_poi_fused_gelu_1", "compiled"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >",
+     "copy_cast"),
+    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>", "layer_norm"),
+])
+def test_kernel_kind_of_more_real_kernels(gc, name, kind):
+    assert gc.kernel_kind(name) == kind
+
+
+# ------------------------------------------------------------------ synthetic batches
+def test_make_batches_shapes_ids_and_masks(gc):
+    """batch x seq rows; no special-token ids (< 1000) in a real vocabulary; masked-LM labels are the
+    original ids at the masked positions (each shown as id 4) and -100 elsewhere, ~15% masked and at least
+    one per row; every batch different."""
+    cfg = dict(gc.BASE)
+    bs = gc.make_batches(cfg, 16, 64, True, CPU, n=3, engine_step=False)
+    assert len(bs) == 3
+    masked_total = 0
+    for b in bs:
+        ids, labels = b["input_ids"], b["labels"]
+        assert ids.shape == labels.shape == b["attention_mask"].shape == b["token_type_ids"].shape == (16, 64)
+        assert bool(b["attention_mask"].all()) and not bool(b["token_type_ids"].any())
+        m = labels != -100
+        assert bool((ids[m] == 4).all()) and bool((ids[~m] >= 1000).all()) and bool((ids < cfg["vocab_size"]).all())
+        assert bool((labels[m] >= 1000).all()) and bool(m.any(dim=1).all())
+        masked_total += int(m.sum())
+    assert 0.12 < masked_total / (3 * 16 * 64) < 0.19
+    assert not torch.equal(bs[0]["input_ids"], bs[1]["input_ids"])
+    # short rows: at 15%, many 4-token rows would have no masked token (0.85^4 = 52%); each still has one
+    short = gc.make_batches(cfg, 32, 4, True, CPU, n=1, engine_step=False)[0]
+    assert bool((short["labels"] != -100).any(dim=1).all())
+    cls = gc.make_batches(cfg, 5, 8, False, CPU, n=2, engine_step=False)
+    assert cls[0]["input_ids"].shape == (5, 8) and cls[0]["labels"].shape == (5,)
+    assert set(torch.cat([b["labels"] for b in cls]).tolist()) <= {0, 1}
+    assert bool((cls[0]["input_ids"] >= 1000).all())
+
+
+# ------------------------------------------------------------------ main: budget, JSON, exit code
+def _run_main(gc, monkeypatch, tmp_path, rows_of, argv, clock=None):
+    """main with measure_one faked by rows_of(name, variant) -> (row, seconds it takes); a fake clock."""
+    clock = clock if clock is not None else {"t": 0.0}
+    monkeypatch.setattr(gc, "time", types.SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(gc, "print_table", lambda res: None)
+    seen = []
+    out = tmp_path / "g.json"
+
+    def fake_measure(name, variant, args, cfg, device, batches, peaks):
+        seen.append(json.loads(out.read_text()) if out.exists() else None)
+        row, took = rows_of(name, variant)
+        clock["t"] += took
+        return row
+
+    monkeypatch.setattr(gc, "measure_one", fake_measure)
+    rc = gc.main(["--device", "cpu", "--quick", "--no-slot", "--out", str(out), *argv])
+    return rc, json.loads(out.read_text()), seen
+
+
+def _timed(name, variant, warmup, seconds):
+    return {**_ok(name, variant, 1.0), "warmup_seconds": warmup, "seconds": seconds}, warmup + seconds
+
+
+@pytest.mark.parametrize("budget", [200, 85])
+def test_budget_skips_compiled_rows_by_their_expected_cost(gc, monkeypatch, tmp_path, budget):
+    """A compiled row starts only if the time used plus its expected cost fits the budget: 60 s before any
+    compiled row ran, then the largest warm-up + timed seconds of one so far. Eager rows always run. Every
+    skipped row is in the JSON with its reason.
+    Eager rows 10 s each (t = 40 s after 4). Budget 200: amp_bf16 at 40 (+60 fits) takes 60 s; fp32 at 100
+    (+60) takes 25; amp_fp16 at 125 (+60 = 185) takes 35; pure_bf16 at 160 (+60 = 220) is skipped.
+    Budget 85: the first compiled row, at 40 + 60 = 100 s, is already over: every compiled row is skipped."""
+    cost = {"amp_bf16": (50, 10), "fp32": (20, 5), "amp_fp16": (30, 5), "pure_bf16": (40, 5)}
+
+    def rows_of(name, variant):
+        return _timed(name, variant, 1, 9) if variant == "eager" else _timed(name, variant, *cost[name])
+
+    rc, res, _ = _run_main(gc, monkeypatch, tmp_path, rows_of, ["--compile", "on", "--budget-seconds", str(budget),
+                                                               "--precisions", "amp_bf16,fp32,amp_fp16,pure_bf16"])
+    got = [(r["precision"], r["variant"], r["status"]) for r in res["results"]]
+    names = ["amp_bf16", "fp32", "amp_fp16", "pure_bf16"]
+    ran = 3 if budget == 200 else 0
+    assert got == [(n, "eager", "ok") for n in names] + [
+        (n, "compiled", "ok" if i < ran else "skipped") for i, n in enumerate(names)]
+    skipped = [r for r in res["results"] if r["status"] == "skipped"]
+    at = 160 if budget == 200 else 40
+    assert all(r["reason"] == f"time budget: {at} s used of --budget-seconds {budget}" for r in skipped)
+    assert rc == 0 and res["complete"] is True
+
+
+def test_json_is_rewritten_after_every_row(gc, monkeypatch, tmp_path):
+    def rows_of(name, variant):
+        return _timed(name, variant, 1, 1)
+
+    _, res, seen = _run_main(gc, monkeypatch, tmp_path, rows_of, ["--compile", "off", "--precisions", "fp32,amp_bf16,tf32"])
+    assert seen[0] is None  # nothing written before the first row
+    for k, partial in enumerate(seen[1:], start=1):  # before row k+1: the k rows so far, marked incomplete
+        assert partial["complete"] is False and [r["precision"] for r in partial["results"]] == ["fp32", "amp_bf16"][:k]
+        assert partial["checks"] and partial["schema"] == "precswitch-gpu-check/1"
+    assert res["complete"] is True and len(res["results"]) == 3
+
+
+@pytest.mark.parametrize("bf16_sps, bf16_mfu, want", [
+    (30.0, 0.40, 0),   # 3.0x, 40%: both PASS
+    (20.0, 0.40, 1),   # 2.0x: FAIL
+    (30.0, 0.20, 1),   # 20%: FAIL
+    (30.0, None, 0),   # no peak for this GPU: the MFU check is n/a, which is no failure
+])
+def test_exit_code_follows_the_verdicts_not_the_skipped_rows(gc, monkeypatch, tmp_path, bf16_sps, bf16_mfu, want):
+    """On a GPU (checks_from told it is one), exit 1 only for a FAIL; skipped rows (tf32 unsupported, fp8
+    without torchao) and n/a checks leave it 0."""
+    real = gc.checks_from
+    monkeypatch.setattr(gc, "checks_from", lambda rows, device: real(rows, CUDA))
+
+    def rows_of(name, variant):
+        if name in ("tf32", "fp8"):
+            return {"precision": name, "variant": variant, "status": "skipped", "reason": f"{name}: unsupported"}, 0.0
+        if name == "fp32":
+            return _ok("fp32", variant, 10.0, 0.5), 1.0
+        return _ok("amp_bf16", variant, bf16_sps, bf16_mfu), 1.0
+
+    rc, res, _ = _run_main(gc, monkeypatch, tmp_path, rows_of, ["--compile", "off", "--precisions", "amp_bf16,fp32,tf32,fp8"])
+    results = {c["name"]: c["result"] for c in res["checks"]}
+    assert rc == want, results
+    assert ("FAIL" in results.values()) == (want == 1)
