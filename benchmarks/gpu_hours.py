@@ -76,15 +76,19 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
               "finetune": ("classify", args.stage2_job_s, args.finetune_rows)}
     jobs, missing = [], set()
     for stage, (objective, job_s, rows) in stages.items():
-        train = cfg["train"][stage]
-        steps = stage_steps(train, rows, stage)
-        b, seq = int(train["batch_size"]), int(train["max_length"])
         specs = {}
         for name, sched in cfg["schedules"].items():
+            if stage not in sched:  # no stage 1: the schedule fine-tunes model.init directly
+                continue
             spec = sched[stage]
             # stage 1 is shared by the schedules that start the same way; stage 2 is one job per schedule
             key = json.dumps(spec, sort_keys=True) if stage == "pretrain" else name
             specs[key] = spec
+        if not specs:
+            continue
+        train = cfg["train"][stage]
+        steps = stage_steps(train, rows, stage)
+        b, seq = int(train["batch_size"]), int(train["max_length"])
         for key, spec in specs.items():
             lo = hi = 0.0
             for prec, frac in stage_parts(spec):

@@ -782,6 +782,29 @@ def test_gpu_hours_uses_eager_ok_rows_at_the_configs_shapes(tmp_path):
                                             ("pretrain", 100, 3, 75.2, 75.2)]
 
 
+def test_gpu_hours_schedule_without_stage_1(tmp_path):
+    """A schedule without pretrain (the schema allows it: it fine-tunes model.init directly) runs no stage-1
+    job; gpu_hours used to stop on it with KeyError 'pretrain'. With no stage 1 anywhere, stage 1's train
+    section and measurements are not needed at all."""
+    gh = _gpu_hours()
+    meas = gh.load_measurements([
+        _check_json(tmp_path / "mlm.json", "mlm", 128, 64, 4, 512, {"fp32": 0.5}),
+        _check_json(tmp_path / "cls.json", "classify", 16, 64, 4, 512, {"fp32": 0.1, "amp_bf16": 0.05})])
+    finetune = {"steps": None, "epochs": 3, "batch_size": 16, "max_length": 64}
+    cfg = {"seeds": [1, 2], "model": {"init": "scratch", "num_hidden_layers": 4, "hidden_size": 512},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}, "c": {"finetune": "amp_bf16"}},
+           "train": {"pretrain": {"steps": 100, "epochs": None, "batch_size": 128, "max_length": 64},
+                     "finetune": finetune}}
+    res = gh.estimate(cfg, meas, _hours_args())
+    # stage 1 (a only): 100 x 0.502 + 25 = 75.2 s; stage 2: 18 steps x (t + 0.002) + 18 s, for a and for c
+    assert res["missing"] == []
+    assert sorted((j["stage"], j["spec"] if j["stage"] == "finetune" else "-", round(j["run_s"][0], 6))
+                  for j in res["jobs"]) == [("finetune", "a", 19.836), ("finetune", "c", 18.936), ("pretrain", "-", 75.2)]
+    cfg = {**cfg, "schedules": {"c": {"finetune": "amp_bf16"}}, "train": {"finetune": finetune}}
+    res = gh.estimate(cfg, meas, _hours_args())
+    assert [(j["stage"], j["spec"], round(j["run_s"][0], 6)) for j in res["jobs"]] == [("finetune", "c", 18.936)]
+
+
 # ------------------------------------------------------------------ benchmarks/job_overhead.py
 def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
     """job_overhead.py (tiny model): each process's wall time splits into the engine's timed parts and
