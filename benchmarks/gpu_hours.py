@@ -53,6 +53,14 @@ def stage_parts(spec) -> list[tuple[str, float]]:
     return [(spec["precision"], 1.0)]
 
 
+def run_key(spec) -> str:
+    """One stage-1 run per key, as the workflow names them (common.smk stage_spec / spec_name): "fp32" and
+    {precision: fp32} (no switch_to) are the same run."""
+    if isinstance(spec, str) or "switch_to" not in spec:
+        return spec if isinstance(spec, str) else spec["precision"]
+    return json.dumps(spec, sort_keys=True)
+
+
 def stage_steps(train: dict, rows: int | None, name: str) -> int:
     if train.get("steps"):
         return int(train["steps"])
@@ -82,8 +90,8 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
                 continue
             spec = sched[stage]
             # stage 1 is shared by the schedules that start the same way; stage 2 is one job per schedule
-            key = json.dumps(spec, sort_keys=True) if stage == "pretrain" else name
-            specs[key] = spec
+            key = run_key(spec) if stage == "pretrain" else name
+            specs.setdefault(key, spec)
         if not specs:
             continue
         train = cfg["train"][stage]

@@ -805,6 +805,34 @@ def test_gpu_hours_schedule_without_stage_1(tmp_path):
     assert [(j["stage"], j["spec"], round(j["run_s"][0], 6)) for j in res["jobs"]] == [("finetune", "c", 18.936)]
 
 
+def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
+    """The jobs the workflow runs, counted by hand: schedules a and b share one stage-1 run per seed (fp32,
+    written once as a name and once as a mapping: the workflow normalises both to the run "fp32"), s has
+    its own (a switch), c has none; stage 2 runs once per schedule and seed.
+    finetune: 3 epochs x (100 // 16 = 6 batches, the partial one dropped) = 18 steps."""
+    gh = _gpu_hours()
+    cfg = {"seeds": [1, 2, 3], "model": {"init": "scratch", "num_hidden_layers": 4, "hidden_size": 512},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"},
+                         "b": {"pretrain": {"precision": "fp32"}, "finetune": "amp_bf16"},
+                         "s": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.75},
+                               "finetune": "fp32"},
+                         "c": {"finetune": "amp_bf16"}},
+           "train": {"pretrain": {"steps": 100, "epochs": None, "batch_size": 128, "max_length": 64},
+                     "finetune": {"steps": None, "epochs": 3, "batch_size": 16, "max_length": 64}}}
+    meas = gh.load_measurements([
+        _check_json(tmp_path / "mlm.json", "mlm", 128, 64, 4, 512, {"fp32": 0.5, "amp_bf16": 0.2}),
+        _check_json(tmp_path / "cls.json", "classify", 16, 64, 4, 512, {"fp32": 0.1, "amp_bf16": 0.05})])
+    res = gh.estimate(cfg, meas, _hours_args())
+    assert res["missing"] == []
+    # stage 1: fp32 100 x 0.502 + 25 = 75.2 s; the switch 75 x 0.202 + 25 x 0.502 + 25 = 52.7 s
+    # stage 2: fp32 18 x 0.102 + 18 = 19.836 s (a, s); amp_bf16 18 x 0.052 + 18 = 18.936 s (b, c)
+    jobs = sorted((j["stage"], j["steps"], j["seeds"], round(j["run_s"][0], 6)) for j in res["jobs"])
+    assert jobs == [("finetune", 18, 3, 18.936), ("finetune", 18, 3, 18.936), ("finetune", 18, 3, 19.836),
+                    ("finetune", 18, 3, 19.836), ("pretrain", 100, 3, 52.7), ("pretrain", 100, 3, 75.2)]
+    total_h = 3 * (75.2 + 52.7 + 2 * 19.836 + 2 * 18.936) / 3600
+    assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(total_h)
+
+
 # ------------------------------------------------------------------ benchmarks/job_overhead.py
 def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
     """job_overhead.py (tiny model): each process's wall time splits into the engine's timed parts and
