@@ -66,7 +66,9 @@ def stage_steps(train: dict, rows: int | None, name: str) -> int:
         return int(train["steps"])
     if rows is None:
         raise SystemExit(f"gpu_hours: train.{name} counts epochs: give --{name}-rows (training examples)")
-    return int(train["epochs"]) * (rows // int(train["batch_size"]))  # the engine drops a partial last batch
+    # as the engine: a partial last batch dropped each epoch, round(epochs x batches) steps (epochs may be
+    # fractional), at least 1
+    return max(1, int(round(float(train["epochs"]) * (rows // int(train["batch_size"])))))
 
 
 def model_shape(cfg: dict) -> tuple[int, int]:

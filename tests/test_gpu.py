@@ -833,6 +833,21 @@ def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
     assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(total_h)
 
 
+def test_gpu_hours_epoch_steps_as_the_engine_counts_them():
+    """The engine trains max(1, round(epochs x (rows // batch))) steps (train/engine.py): a partial last
+    batch is dropped each epoch, and a fractional epoch count (the schema allows a number) is not truncated."""
+    gh = _gpu_hours()
+
+    def steps(epochs, rows, batch=32):
+        return gh.stage_steps({"steps": None, "epochs": epochs, "batch_size": batch}, rows, "finetune")
+
+    assert steps(2, 50) == 2  # 50 // 32 = 1 batch per epoch, not 100 // 32 = 3
+    assert steps(3, 3668) == 342  # MRPC: 114 batches per epoch
+    assert steps(1.5, 330) == 15  # 10 batches per epoch; int(1.5) x 10 = 10 dropped half an epoch
+    assert steps(0.5, 40) == 1  # round(0.5 x 1) = 0: never 0
+    assert gh.stage_steps({"steps": 7, "epochs": None, "batch_size": 32}, 330, "finetune") == 7
+
+
 # ------------------------------------------------------------------ benchmarks/job_overhead.py
 def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
     """job_overhead.py (tiny model): each process's wall time splits into the engine's timed parts and
