@@ -423,6 +423,7 @@ def checks_from(rows: list[dict], device) -> tuple[dict, list[dict]]:
     speed = bf16["steps_per_second"] / fp32["steps_per_second"] if fp32 and bf16 else None
     mfus = [r["mfu"] for r in rows if r["status"] == "ok" and r["precision"] == "amp_bf16" and r["mfu"] is not None]
     best_mfu = max(mfus) if mfus else None
+    bf16_ran = any(r["status"] == "ok" and r["precision"] == "amp_bf16" for r in rows)
     on_gpu = device.type == "cuda"
 
     def verdict(value, target):
@@ -436,7 +437,9 @@ def checks_from(rows: list[dict], device) -> tuple[dict, list[dict]]:
          "note": None if on_gpu else "targets apply to a GPU; on CPU the value is informational"},
         {"name": "mfu_amp_bf16", "variant": "best", "value": best_mfu, "target": TARGET_MFU,
          "result": verdict(best_mfu, TARGET_MFU),
-         "note": None if best_mfu is not None else "no peak FLOP/s known for this device (see PEAKS_TFLOPS, --peak)"},
+         "note": None if best_mfu is not None else ("no peak FLOP/s known for this device (see PEAKS_TFLOPS, --peak)"
+                                                    if bf16_ran else "no amp_bf16 row measured (failed, skipped or "
+                                                                     "not requested)")},
     ]
     return ratios, checks
 

@@ -389,3 +389,16 @@ def test_exit_code_follows_the_verdicts_not_the_skipped_rows(gc, monkeypatch, tm
     results = {c["name"]: c["result"] for c in res["checks"]}
     assert rc == want, results
     assert ("FAIL" in results.values()) == (want == 1)
+
+
+def test_mfu_note_names_the_missing_row_not_the_peak_table(gc):
+    """On a GPU with a known peak, an MFU check without an ok amp_bf16 row (it failed, e.g. out of memory at
+    a large batch, or was skipped) says so; it used to blame the peak table ("no peak FLOP/s known")."""
+    failed = {"precision": "amp_bf16", "variant": "compiled", "status": "failed", "reason": "OutOfMemoryError"}
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), failed])
+    assert c["mfu_amp_bf16"]["result"] == "n/a"
+    assert c["mfu_amp_bf16"]["note"] == "no amp_bf16 row measured (failed, skipped or not requested)"
+    _, c = _checks(gc, [_ok("amp_bf16", "eager", 10.0, None)])  # measured, but no peak for this GPU
+    assert "no peak FLOP/s known" in c["mfu_amp_bf16"]["note"]
+    _, c = _checks(gc, [_ok("amp_bf16", "eager", 10.0, 0.4)])
+    assert c["mfu_amp_bf16"]["note"] is None
