@@ -79,7 +79,9 @@ def test_filter_rejects_dims_not_multiple_of_16_and_non_linear():
     assert fp8.fp8_module_filter(nn.Linear(32, 32), "classifier_like_name_but_not_head") is True
 
 
-def test_converter_calls_torchao_with_the_filter(monkeypatch):
+def _fake_torchao(monkeypatch) -> dict:
+    """A torchao whose convert_to_float8_training records what it would convert (names the filter
+    keeps) and the config it got, in the dict returned."""
     calls = {}
 
     def fake_convert(module, *, module_filter_fn=None, config=None):
@@ -90,6 +92,11 @@ def test_converter_calls_torchao_with_the_filter(monkeypatch):
     fake = SimpleNamespace(convert_to_float8_training=fake_convert)
     monkeypatch.setitem(sys.modules, "torchao", SimpleNamespace(float8=fake))
     monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    return calls
+
+
+def test_converter_calls_torchao_with_the_filter(monkeypatch):
+    calls = _fake_torchao(monkeypatch)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
     assert fp8.convert_model_to_fp8(model) is model
     assert calls["converted"] == ["0"]
@@ -133,16 +140,7 @@ def test_a_torchao_without_float8_is_refused_before_training(monkeypatch):
 
 
 def test_converter_passes_a_given_filter_and_config(monkeypatch):
-    calls = {}
-
-    def fake_convert(module, *, module_filter_fn=None, config=None):
-        calls["converted"] = [n for n, m in module.named_modules() if module_filter_fn(m, n)]
-        calls["config"] = config
-        return module
-
-    fake = SimpleNamespace(convert_to_float8_training=fake_convert)
-    monkeypatch.setitem(sys.modules, "torchao", SimpleNamespace(float8=fake))
-    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    calls = _fake_torchao(monkeypatch)
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16))
     cfg = object()
     fp8.convert_model_to_fp8(model, config=cfg, module_filter_fn=lambda m, n: n == "1")
