@@ -69,15 +69,7 @@ def test_fp8_padding_keeps_the_masks_of_the_other_precisions(tmp_path):
         assert (b["input_ids"][:, L:] == tok.pad_token_id).all()
     # the fixed eval masks too (built in sequence under one seed)
     rows = _features(tok, 40, seed=9)
-
-    class Rows(list):
-        def __getitem__(self, idx):
-            if isinstance(idx, range):
-                got = [list.__getitem__(self, i) for i in idx]
-                return {k: [r[k] for r in got] for k in got[0]}
-            return list.__getitem__(self, idx)
-
-    ea, eb = _eval_batches(Rows(rows), plain, 8, 1234), _eval_batches(Rows(rows), fp8, 8, 1234)
+    ea, eb = _eval_batches(_Rows(rows), plain, 8, 1234), _eval_batches(_Rows(rows), fp8, 8, 1234)
     for x, y in zip(ea, eb):
         assert torch.equal(y["labels"][:, : x["labels"].shape[1]], x["labels"])
 

@@ -40,11 +40,16 @@ def _start_server(sock: Path, parent_pid: int | None = None, idle: float = 0, wa
                          start_new_session=True)
     if not wait:
         return p
+    return _listening(p, sock, limit=120, poll=0.1, what="server")
+
+
+def _listening(p: subprocess.Popen, sock: Path, *, limit: float, poll: float, what: str) -> subprocess.Popen:
+    """Wait until the server process ``p`` listens on ``sock`` (failing if it dies or takes over ``limit`` s)."""
     t = time.time()
     while not sock.exists():
         assert p.poll() is None, p.stdout.read()
-        assert time.time() - t < 120, "server never listened"
-        time.sleep(0.1)
+        assert time.time() - t < limit, f"{what} never listened"
+        time.sleep(poll)
     return p
 
 
@@ -386,12 +391,7 @@ def _fake_server(sock: Path, idle: float = 0, **env) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), str(idle)], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True,
                          env=_env(**SERVER_THREADS, **env))
-    t = time.time()
-    while not sock.exists():
-        assert p.poll() is None, p.stdout.read()
-        assert time.time() - t < 60, "fake server never listened"
-        time.sleep(0.02)
-    return p
+    return _listening(p, sock, limit=60, poll=0.02, what="fake server")
 
 
 def _stop(p: subprocess.Popen) -> str:
