@@ -833,6 +833,20 @@ def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
     assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(total_h)
 
 
+def test_gpu_hours_refuses_the_stock_steps_times(tmp_path):
+    """gpu_check --step stock times model(**batch).loss (the masked-LM head over every token, the full last
+    layer), not the step the study's jobs run: its times would overstate the GPU-hours, so such a file is
+    refused by name; --step engine files (and older files without the field) are read."""
+    gh = _gpu_hours()
+    engine = _check_json(tmp_path / "engine.json", "mlm", 128, 64, 4, 512, {"fp32": 0.5})
+    stock = _check_json(tmp_path / "stock.json", "mlm", 128, 64, 4, 512, {"fp32": 0.7})
+    stock.write_text(json.dumps({**json.loads(stock.read_text()), "step": "stock"}))
+    engine.write_text(json.dumps({**json.loads(engine.read_text()), "step": "engine"}))
+    assert dict(gh.load_measurements([engine])) == {("mlm", "fp32", 128, 64, 4, 512): [0.5]}
+    with pytest.raises(SystemExit, match=r"stock\.json timed gpu_check --step stock"):
+        gh.load_measurements([engine, stock])
+
+
 def test_gpu_hours_epoch_steps_as_the_engine_counts_them():
     """The engine trains max(1, round(epochs x (rows // batch))) steps (train/engine.py): a partial last
     batch is dropped each epoch, and a fractional epoch count (the schema allows a number) is not truncated."""
