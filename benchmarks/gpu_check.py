@@ -13,7 +13,8 @@ CUDA-synchronized at both ends of the timed window.
 
 Targets (on CUDA): steps/s of amp_bf16 over fp32 >= 2.5 (same variant: compiled when both were
 compiled, else eager), and MFU of amp_bf16 >= 35% (best variant). Exit 0 when every target passes
-(or does not apply: CPU, no peak figure for this GPU), 1 when one fails. The JSON is written either way.
+(or does not apply: CPU, no peak figure for this GPU, a row it needs skipped), 1 when one fails, which
+includes a row it needs failing (out of memory, a compile error). The JSON is written either way.
 
 pure_fp16 runs with AdamW eps 1e-4 (--pure-fp16-eps): 1e-8 rounds to 0 in fp16 and Adam then divides
 0 by 0. Every other precision uses eps 1e-8. The engine of the study does not compile the model: the
@@ -426,20 +427,32 @@ def checks_from(rows: list[dict], device) -> tuple[dict, list[dict]]:
     bf16_ran = any(r["status"] == "ok" and r["precision"] == "amp_bf16" for r in rows)
     on_gpu = device.type == "cuda"
 
-    def verdict(value, target):
-        if value is None or not on_gpu:
+    # a row a target needs that crashed (out of memory, a compile error) fails the target on a GPU: the
+    # check could not show it is met; a skipped row (unsupported precision, time budget) leaves it n/a
+    speed_broken = [r for r in rows if r["status"] == "failed" and r["variant"] == variant
+                    and r["precision"] in ("fp32", "amp_bf16")]
+    mfu_broken = [] if bf16_ran else [r for r in rows if r["status"] == "failed" and r["precision"] == "amp_bf16"]
+
+    def verdict(value, target, broken):
+        if not on_gpu:
             return "n/a"
+        if value is None:
+            return "FAIL" if broken else "n/a"
         return "PASS" if value >= target else "FAIL"
+
+    def failed_note(broken):
+        return "; ".join(f"{r['precision']} ({r['variant']}) failed: {r.get('reason')}" for r in broken)
 
     checks = [
         {"name": "speedup_amp_bf16_over_fp32", "variant": variant, "value": speed, "target": TARGET_SPEEDUP,
-         "result": verdict(speed, TARGET_SPEEDUP),
-         "note": None if on_gpu else "targets apply to a GPU; on CPU the value is informational"},
+         "result": verdict(speed, TARGET_SPEEDUP, speed_broken),
+         "note": ("targets apply to a GPU; on CPU the value is informational" if not on_gpu
+                  else failed_note(speed_broken) if speed is None and speed_broken else None)},
         {"name": "mfu_amp_bf16", "variant": "best", "value": best_mfu, "target": TARGET_MFU,
-         "result": verdict(best_mfu, TARGET_MFU),
+         "result": verdict(best_mfu, TARGET_MFU, mfu_broken),
          "note": None if best_mfu is not None else ("no peak FLOP/s known for this device (see PEAKS_TFLOPS, --peak)"
-                                                    if bf16_ran else "no amp_bf16 row measured (failed, skipped or "
-                                                                     "not requested)")},
+                                                    if bf16_ran else failed_note(mfu_broken) if mfu_broken
+                                                    else "no amp_bf16 row measured (skipped or not requested)")},
     ]
     return ratios, checks
 

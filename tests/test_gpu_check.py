@@ -48,15 +48,38 @@ def test_targets_pass_at_exactly_their_threshold(gc):
 
 def test_failed_and_skipped_rows_never_count(gc):
     """A failed row (even one that got as far as a speed or an MFU before it failed) gives no ratio and no
-    MFU; a failed fp32 row leaves the speed-up unmeasured (n/a), not a number."""
+    MFU; a failed fp32 row leaves the speed-up unmeasured, not a number, and on a GPU fails its target."""
     failed_bf16 = {**_ok("amp_bf16", "compiled", 99.0, 0.99), "status": "failed", "reason": "OutOfMemoryError"}
     failed_fp32 = {"precision": "fp32", "variant": "eager", "status": "failed", "reason": "RuntimeError: x"}
     skipped = {"precision": "tf32", "variant": "eager", "status": "skipped", "reason": "time budget"}
     rows = [failed_fp32, _ok("amp_bf16", "eager", 30.0, 0.2), _ok("fp32", "compiled", 10.0), failed_bf16, skipped]
     ratios, c = _checks(gc, rows)
     assert ratios == {}  # no ok fp32 eager row; the compiled amp_bf16 row failed
-    assert c["speedup_amp_bf16_over_fp32"]["value"] is None and c["speedup_amp_bf16_over_fp32"]["result"] == "n/a"
+    assert c["speedup_amp_bf16_over_fp32"]["value"] is None and c["speedup_amp_bf16_over_fp32"]["result"] == "FAIL"
+    assert c["speedup_amp_bf16_over_fp32"]["note"] == "fp32 (eager) failed: RuntimeError: x"
     assert c["mfu_amp_bf16"]["value"] == 0.2 and c["mfu_amp_bf16"]["result"] == "FAIL"  # not the failed row's 0.99
+
+
+def test_a_row_a_target_needs_failing_on_a_gpu_fails_the_target_a_skipped_one_does_not(gc):
+    """amp_bf16 out of memory on a GPU: the check cannot show its targets are met, so both FAIL (exit 1), the
+    note naming the row and its reason. Skipped rows (bf16 unsupported before Ampere, the time budget) leave
+    the targets n/a; on a CPU nothing is a verdict. A failed row of another precision does not count."""
+    oom = {"precision": "amp_bf16", "variant": "eager", "status": "failed", "reason": "OutOfMemoryError: 2 GiB"}
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), oom])
+    assert (c["speedup_amp_bf16_over_fp32"]["result"], c["mfu_amp_bf16"]["result"]) == ("FAIL", "FAIL")
+    assert c["speedup_amp_bf16_over_fp32"]["note"] == c["mfu_amp_bf16"]["note"] == \
+        "amp_bf16 (eager) failed: OutOfMemoryError: 2 GiB"
+    skipped = {**oom, "status": "skipped", "reason": "bf16 needs compute capability 8.0"}
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), skipped])
+    assert (c["speedup_amp_bf16_over_fp32"]["result"], c["mfu_amp_bf16"]["result"]) == ("n/a", "n/a")
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), oom], device=CPU)
+    assert (c["speedup_amp_bf16_over_fp32"]["result"], c["mfu_amp_bf16"]["result"]) == ("n/a", "n/a")
+    other = {**oom, "precision": "pure_fp16"}
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), _ok("amp_bf16", "eager", 30.0, 0.4), other])
+    assert (c["speedup_amp_bf16_over_fp32"]["result"], c["mfu_amp_bf16"]["result"]) == ("PASS", "PASS")
+    # an amp_bf16 row that ran (compiled) keeps the MFU check on its figure, despite the eager row's failure
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), oom, _ok("amp_bf16", "compiled", 50.0, 0.4)])
+    assert c["mfu_amp_bf16"]["result"] == "PASS" and c["speedup_amp_bf16_over_fp32"]["result"] == "FAIL"
 
 
 def test_mfu_target_is_amp_bf16s_best_variant_only(gc):
@@ -396,8 +419,11 @@ def test_mfu_note_names_the_missing_row_not_the_peak_table(gc):
     a large batch, or was skipped) says so; it used to blame the peak table ("no peak FLOP/s known")."""
     failed = {"precision": "amp_bf16", "variant": "compiled", "status": "failed", "reason": "OutOfMemoryError"}
     _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), failed])
+    assert c["mfu_amp_bf16"]["result"] == "FAIL"
+    assert c["mfu_amp_bf16"]["note"] == "amp_bf16 (compiled) failed: OutOfMemoryError"
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0, 0.5), {**failed, "status": "skipped", "reason": "time budget"}])
     assert c["mfu_amp_bf16"]["result"] == "n/a"
-    assert c["mfu_amp_bf16"]["note"] == "no amp_bf16 row measured (failed, skipped or not requested)"
+    assert c["mfu_amp_bf16"]["note"] == "no amp_bf16 row measured (skipped or not requested)"
     _, c = _checks(gc, [_ok("amp_bf16", "eager", 10.0, None)])  # measured, but no peak for this GPU
     assert "no peak FLOP/s known" in c["mfu_amp_bf16"]["note"]
     _, c = _checks(gc, [_ok("amp_bf16", "eager", 10.0, 0.4)])
