@@ -19,6 +19,22 @@ import time
 import torch
 
 
+def overheads(times: dict[str, list[float]], sampled: list[float], every: int) -> dict:
+    """The printed figures, from each variant's step times (seconds; "baseline" among them) and the sampled
+    steps' times of the "on" variant: per variant its median, mean and overhead vs the baseline's mean
+    (mean) and median (median); the sampled steps' median, its excess over the baseline median, and that
+    excess divided by every (amortised)."""
+    base_mean, base_med = statistics.fmean(times["baseline"]), statistics.median(times["baseline"])
+    variants = {}
+    for name, ts in times.items():
+        med, mean = statistics.median(ts), statistics.fmean(ts)
+        variants[name] = {"median": med, "mean": mean, "overhead_mean": mean / base_mean - 1,
+                          "overhead_median": med / base_med - 1}
+    extra = statistics.median(sampled) / base_med - 1
+    return {"variants": variants, "sampled_median": statistics.median(sampled), "sampled_extra": extra,
+            "amortised": extra / every}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
@@ -84,19 +100,17 @@ def main() -> None:
                     sampled.append(dt)
                 counter[name] += 1
 
-    base_mean = statistics.fmean(times["baseline"])
+    fig = overheads(times, sampled, args.every)
     print(f"tiny BERT MLM (hidden 128, 2 layers, seq 64, batch 32), {args.precision}, threads={args.threads}, "
           f"{args.rounds * args.steps} steps per variant, interleaved step by step")
     print(f"{'variant':<14} {'median ms':>10} {'mean ms':>9} {'overhead (mean)':>16} {'overhead (median)':>18}")
-    base_med = statistics.median(times["baseline"])
     for name in names:
-        med, mean = statistics.median(times[name]), statistics.fmean(times[name])
-        print(f"{name:<14} {1e3 * med:>10.2f} {1e3 * mean:>9.2f} {100 * (mean / base_mean - 1):>15.2f}% "
-              f"{100 * (med / base_med - 1):>17.2f}%")
-    extra = statistics.median(sampled) / base_med - 1
-    print(f"sampled steps only (every {args.every}th): median {1e3 * statistics.median(sampled):.2f} ms = "
-          f"{100 * extra:+.1f}% vs baseline median -> amortised at every={args.every}: {100 * extra / args.every:+.2f}% "
-          f"({len(tel_on.modules)} modules watched, {tel_on.steps_sampled} steps sampled)")
+        v = fig["variants"][name]
+        print(f"{name:<14} {1e3 * v['median']:>10.2f} {1e3 * v['mean']:>9.2f} {100 * v['overhead_mean']:>15.2f}% "
+              f"{100 * v['overhead_median']:>17.2f}%")
+    print(f"sampled steps only (every {args.every}th): median {1e3 * fig['sampled_median']:.2f} ms = "
+          f"{100 * fig['sampled_extra']:+.1f}% vs baseline median -> amortised at every={args.every}: "
+          f"{100 * fig['amortised']:+.2f}% ({len(tel_on.modules)} modules watched, {tel_on.steps_sampled} steps sampled)")
     print(f"hooks registered now: off={tel_off.hooks_registered}, on={tel_on.hooks_registered}; "
           f"max |activation| seen: {tel_on.summary()['max_abs']:.3g} in {tel_on.summary()['max_abs_layer']}")
 
