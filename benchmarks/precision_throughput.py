@@ -3,7 +3,7 @@
 
 Tiny BERT (hidden 128, 2 layers, vocab 4k), batch 32, seq 64, AdamW; each figure is the median of
 ``--repeats`` fresh processes (one stage each), steady state after ``--warmup`` steps. Ratios are vs fp32
-measured in the same run (timings on shared machines are noisy: compare ratios, not seconds).
+measured in the same run, fp32 first (timings on shared machines are noisy: compare ratios, not seconds).
 pure_fp16 runs with adam_eps 1e-4 here (with the default 1e-8 it diverges: see the study's findings).
 
 Usage: python benchmarks/precision_throughput.py [--steps 60] [--repeats 3] [--threads 2] [--device cpu]
@@ -52,9 +52,12 @@ def main() -> None:
               f"model {a.model}, threads {a.threads}, device {a.device}, median of {a.repeats} processes")
         print(f"{'objective':<9} {'precision':<10} {'compile':<15} {'steps/s':>8} {'tokens/s':>9} {'vs fp32':>8} "
               f"{'peak MB':>8} {'J/step':>7} {'status':>8}  memory kind")
+        # fp32 first: every other row's "vs fp32" is over fp32's steps/s of the same objective and compile
+        # setting ("-" when fp32 is not listed or its runs failed), whatever the order given
+        precisions = sorted(a.precisions.split(","), key=lambda p: p != "fp32")
         for obj, comp in ((o, c) for o in a.objectives.split(",") for c in a.compile.split(",")):
             base = None
-            for prec in a.precisions.split(","):
+            for prec in precisions:
                 runs = []
                 for _ in range(a.repeats):
                     try:
@@ -81,8 +84,10 @@ def main() -> None:
                           if r.get("energy_joules_steady") is not None
                           and r["steps_completed"] > r["timing_warmup_steps"]]
                 jps = f"{statistics.median(joules):.2f}" if joules else "-"
-                base = base or sps
-                print(f"{obj:<9} {prec:<10} {comp:<15} {sps:>8.2f} {tps:>9.0f} {sps / base:>7.2f}x {mem:>8.0f} {jps:>7} "
+                if prec == "fp32":
+                    base = sps
+                vs = f"{sps / base:>7.2f}x" if base else f"{'-':>8}"
+                print(f"{obj:<9} {prec:<10} {comp:<15} {sps:>8.2f} {tps:>9.0f} {vs} {mem:>8.0f} {jps:>7} "
                       f"{runs[0]['status']:>8}  {ok[0]['memory_kind']}", flush=True)
     if a.metrics_out:
         Path(a.metrics_out).write_text(json.dumps(every, indent=1, default=str))

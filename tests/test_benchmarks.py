@@ -741,3 +741,16 @@ def test_telemetry_overhead_interleaves_and_samples_every_kth_own_step(monkeypat
     assert {k: len(v) for k, v in got["times"].items()} == {"baseline": 8, "off": 8, "on_every3": 8}
     assert len(got["sampled"]) == 3 and got["every"] == 3  # own steps 0, 3, 6
     assert "3 steps sampled" in out and "hooks registered now: off=0" in out
+
+
+def test_precision_throughput_vs_fp32_is_fp32s_row_whatever_the_order(monkeypatch, tmp_path, capsys):
+    """'vs fp32' divides by fp32's steps/s: not by the first precision listed, nor by the next one when
+    fp32's runs failed (then there is no ratio: '-')."""
+    table = {("mlm", "amp_bf16"): [_pt_metrics(30, 3000, 50, None)], ("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)],
+             ("classify", "fp32"): [subprocess.CalledProcessError(1, ["x"], "", "OutOfMemoryError")],
+             ("classify", "amp_bf16"): [_pt_metrics(20, 2000, 50, None)]}
+    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "1", "--precisions", "amp_bf16,fp32"])
+    out = capsys.readouterr().out
+    assert _row(out, "mlm", "amp_bf16")[3:6] == ["30.00", "3000", "3.00x"]
+    assert _row(out, "mlm", "fp32")[3:6] == ["10.00", "1000", "1.00x"]
+    assert _row(out, "classify", "amp_bf16")[3:6] == ["20.00", "2000", "-"]
