@@ -56,6 +56,24 @@ def _benchmarks(results: Path) -> dict[str, float]:
     return totals
 
 
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def study_config(configfile: str) -> dict:
+    """The study's config as the Snakefile sees it: the file merged onto config/config.yaml, validated
+    (schema defaults filled in)."""
+    from snakemake.utils import validate
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg = _merge(cfg, yaml.safe_load(Path(configfile).read_text()) or {})
+    validate(cfg, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default=str(ROOT / "config" / "config.yaml"))
@@ -80,17 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"snakemake failed ({proc.returncode}); workdir kept: {workdir}", file=sys.stderr)
         return 1
 
-    results = workdir / "results"
+    cfg = study_config(args.configfile)
+    results = workdir / cfg["results_dir"]  # the study's own (the GPU configs and frontier.yaml set one)
     metrics = [json.loads(p.read_text()) for p in sorted((results / "runs").rglob("metrics.json"))]
     train = sum(m.get("train_seconds") or 0.0 for m in metrics)
     evals = sum(m.get("eval_seconds") or 0.0 for m in metrics)
     setup = sum(m.get("setup_seconds") or 0.0 for m in metrics)
     ckpt = sum(m.get("checkpoint_seconds") or 0.0 for m in metrics)
 
-    from snakemake.utils import validate
-
-    cfg = yaml.safe_load(Path(args.configfile).read_text()) or {}
-    validate(cfg, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
     if cfg["device"] == "cpu":
         slots = max(1, args.cores // cfg["threads"])
     else:

@@ -754,3 +754,13 @@ def test_precision_throughput_vs_fp32_is_fp32s_row_whatever_the_order(monkeypatc
     assert _row(out, "mlm", "amp_bf16")[3:6] == ["30.00", "3000", "3.00x"]
     assert _row(out, "mlm", "fp32")[3:6] == ["10.00", "1000", "1.00x"]
     assert _row(out, "classify", "amp_bf16")[3:6] == ["20.00", "2000", "-"]
+
+
+def test_pipeline_overhead_reads_the_studys_results_dir(monkeypatch, tmp_path, capsys):
+    """A study with its own results_dir (config/frontier.yaml, the GPU configs) writes its runs there, not
+    under results/: the overhead must count them. The config file is merged onto config/config.yaml, as
+    the Snakefile does (threads and device from there when the file does not set them)."""
+    _run_overhead(monkeypatch, tmp_path, "results_dir: results/mystudy\n", cores=2, results_dir="results/mystudy")
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (res["runs"], res["train_seconds"], res["slots"]) == (3, 120.0, 2)  # config.yaml: threads 1, cpu
+    assert res["overhead_seconds"] == 35.0
