@@ -211,18 +211,18 @@ def test_precision_throughput_failed_run_and_metrics_out(monkeypatch, tmp_path, 
     """A run whose process fails is a '-' row with its reason; the others go on. --metrics-out holds every
     run's metrics.json (the failed one as a failed record)."""
     err = subprocess.CalledProcessError(1, ["x"], "", "Traceback\nRuntimeError: no bf16 here\n")
-    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)], ("mlm", "amp_bf16"): [err],
-             ("mlm", "pure_bf16"): [_pt_metrics(30, 3000, 50, None)]}
+    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)] * 2, ("mlm", "amp_bf16"): [err, err],
+             ("mlm", "pure_bf16"): [_pt_metrics(30, 3000, 50, None)] * 2}
     out_json = tmp_path / "all.json"
-    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "1", "--objectives", "mlm", "--precisions",
+    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "2", "--objectives", "mlm", "--precisions",
                                            "fp32,amp_bf16,pure_bf16", "--metrics-out", str(out_json)])
     out = capsys.readouterr().out
     assert _row(out, "mlm", "amp_bf16")[3:9] == ["-"] * 5 + ["failed"]
     assert "exit 1: RuntimeError: no bf16 here" in out
     assert _row(out, "mlm", "pure_bf16")[3:6] == ["30.00", "3000", "3.00x"]
     every = json.loads(out_json.read_text())
-    assert [r["precision"] for r in every] == ["fp32", "amp_bf16", "pure_bf16"]
-    assert [r["status"] for r in every] == ["ok", "failed", "ok"]
+    assert [r["precision"] for r in every] == ["fp32", "fp32", "amp_bf16", "amp_bf16", "pure_bf16", "pure_bf16"]
+    assert [r["status"] for r in every] == ["ok", "ok", "failed", "failed", "ok", "ok"]
 
 
 # ================================================================== batch_size_sweep.py
@@ -230,7 +230,7 @@ def test_batch_size_sweep_memory_growth_and_ratios(monkeypatch, tmp_path, capsys
     """Per (batch, precision): peak and baseline in MiB, growth = peak - baseline; 'memory relative to fp32'
     divides each precision's peak (and growth) by fp32's at the same batch size; the options reach the runs."""
     bss = _load("batch_size_sweep")
-    mib = bss.MIB
+    mib = 2**20  # the engine's bytes; the table is in MiB
     # (bs, precision): (peak MiB, baseline MiB, samples/s)
     table = {(4, "fp32"): (500, 480, 100.0), (4, "amp_bf16"): (600, 480, 90.0),
              (8, "fp32"): (540, 480, 150.0), (8, "amp_bf16"): (570, 480, 160.0)}
@@ -275,9 +275,9 @@ def test_batch_size_sweep_memory_growth_and_ratios(monkeypatch, tmp_path, capsys
 
 def test_batch_size_sweep_trains_on_enough_rows_for_the_largest_batch(monkeypatch, tmp_path):
     bss = _load("batch_size_sweep")
-    prep = []
+    prep, eps = [], []
     monkeypatch.setattr(bss._bench, "prepare", lambda root, **kw: prep.append(kw) or _fake_prepare([])(root))
-    monkeypatch.setattr(bss._bench, "engine_run", lambda d, o, p, **hp: {
+    monkeypatch.setattr(bss._bench, "engine_run", lambda d, o, p, **hp: eps.append(hp["adam_eps"]) or {
         "status": "ok", "peak_memory_bytes": 2 * bss.MIB, "memory_baseline_bytes": bss.MIB,
         "memory_kind": "cuda_max_allocated", "samples_per_second": 1.0})
     monkeypatch.setattr(bss, "_plot", lambda *a: None)
@@ -285,6 +285,7 @@ def test_batch_size_sweep_trains_on_enough_rows_for_the_largest_batch(monkeypatc
                                       "--out", str(tmp_path)])
     bss.main()
     assert prep == [{"n_corpus": 6000, "n_train": 3000}]
+    assert eps == [1e-4]  # pure_fp16: with 1e-8 (0 in fp16) it diverges
 
 
 # ================================================================== pretrain_transfer.py
@@ -314,19 +315,23 @@ def test_pretrain_transfer_pairs_each_seed_and_reports_the_gain(monkeypatch, tmp
     pt = _load("pretrain_transfer")
     seen = []
     monkeypatch.setattr(pt, "cli", _fake_transfer_cli(seen))
-    monkeypatch.setattr(sys, "argv", ["pretrain_transfer.py", "--seeds", "1", "4", "--pretrain-steps", "7",
-                                      "--synth-seed", "9", "--keep", str(tmp_path / "w")])
+    cfg = pt.yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["train"]["finetune"]["max_length"] = 48
+    (tmp_path / "c.yaml").write_text(pt.yaml.safe_dump(cfg))
+    monkeypatch.setattr(sys, "argv", ["pretrain_transfer.py", "--seeds", "1", "4", "10", "--pretrain-steps", "7",
+                                      "--synth-seed", "9", "--keep", str(tmp_path / "w"), "--config",
+                                      str(tmp_path / "c.yaml")])
     pt.main()
     out = capsys.readouterr().out
     rows = json.loads((tmp_path / "w" / "pretrain_transfer.json").read_text())
     assert [(r["seed"], r["acc_pretrained"], r["acc_scratch"], r["stage1_steps"]) for r in rows] == [
-        (1, 0.61, 0.5, 7), (4, 0.64, 0.5, 7)]
+        (1, 0.61, 0.5, 7), (4, 0.64, 0.5, 7), (10, 0.7, 0.5, 7)]
     assert rows[0]["f1_pretrained"] == 0.7 and rows[0]["f1_scratch"] == 0.1
     assert "gain +0.110" in out and "gain +0.140" in out
-    assert "pre-trained 0.625, scratch 0.500; paired gain +0.125 (min +0.110, max +0.140) over 2 seed(s)" in out
+    # gains 0.11, 0.14, 0.20: mean 0.15 (the median would be 0.14)
+    assert "pre-trained 0.650, scratch 0.500; paired gain +0.150 (min +0.110, max +0.200) over 3 seed(s)" in out
     synth = next(a for a in seen if a[0] == "synth")
     assert synth[synth.index("--seed") + 1] == "9"
-    cfg = pt.yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     prep = {a[a.index("--objective") + 1]: a for a in seen if a[0] == "prepare"}
     for stage, obj in (("pretrain", "mlm"), ("finetune", "classify")):
         assert prep[obj][prep[obj].index("--max-length") + 1] == str(cfg["train"][stage]["max_length"])
@@ -335,7 +340,9 @@ def test_pretrain_transfer_pairs_each_seed_and_reports_the_gain(monkeypatch, tmp
         ("pretrain", 1, None), ("finetune", 1, str(tmp_path / "w" / "pretrain-seed1" / "checkpoint")),
         ("finetune", 1, "scratch"),
         ("pretrain", 4, None), ("finetune", 4, str(tmp_path / "w" / "pretrain-seed4" / "checkpoint")),
-        ("finetune", 4, "scratch")]
+        ("finetune", 4, "scratch"),
+        ("pretrain", 10, None), ("finetune", 10, str(tmp_path / "w" / "pretrain-seed10" / "checkpoint")),
+        ("finetune", 10, "scratch")]
     pre, ft = trains[0], trains[1]
     assert pre["steps"] == 7 and pre["epochs"] is None  # the override
     assert ft["steps"] == cfg["train"]["finetune"]["steps"]  # not overridden
@@ -732,15 +739,19 @@ def test_telemetry_overhead_interleaves_and_samples_every_kth_own_step(monkeypat
     real_randint = to.torch.randint  # the batch: 2 x 8 tokens instead of 32 x 64
     monkeypatch.setattr(to.torch, "randint", lambda lo, hi, shape, **kw: real_randint(lo, hi, (2, 8), **kw))
     got = {}
-    real_overheads = to.overheads
-    monkeypatch.setattr(to, "overheads", lambda t, s, e: got.update(times=t, sampled=s, every=e)
-                        or real_overheads(t, s, e))
+    fig = {"variants": {n: {"median": 0.5, "mean": 0.25, "overhead_mean": 0.125, "overhead_median": 0.0625}
+                        for n in ("baseline", "off", "on_every3")}, "sampled_median": 0.75, "sampled_extra": 0.5,
+           "amortised": 0.5 / 3}
+    monkeypatch.setattr(to, "overheads", lambda t, s, e: got.update(times=t, sampled=s, every=e) or fig)
     monkeypatch.setattr(sys, "argv", ["telemetry_overhead.py", "--rounds", "2", "--steps", "4", "--every", "3"])
     to.main()
     out = capsys.readouterr().out
     assert {k: len(v) for k, v in got["times"].items()} == {"baseline": 8, "off": 8, "on_every3": 8}
     assert len(got["sampled"]) == 3 and got["every"] == 3  # own steps 0, 3, 6
     assert "3 steps sampled" in out and "hooks registered now: off=0" in out
+    # variant, median ms, mean ms, overhead (mean), overhead (median): each figure under its own heading
+    assert _row(out, "off") == ["off", "500.00", "250.00", "12.50%", "6.25%"]
+    assert "median 750.00 ms = +50.0% vs baseline median -> amortised at every=3: +16.67%" in out
 
 
 def test_precision_throughput_vs_fp32_is_fp32s_row_whatever_the_order(monkeypatch, tmp_path, capsys):
