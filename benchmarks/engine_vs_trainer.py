@@ -56,8 +56,11 @@ else:
     cfg = BertConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, attn_implementation=attn,
                      num_labels=meta["num_labels"], **m)
     model = BertForSequenceClassification(cfg); coll = DataCollatorWithPadding(tok)
-ends = []
+starts, ends = [], []
 class Clock(TrainerCallback):
+    def on_step_begin(self, a, state, control, **kw):
+        if not starts:
+            starts.append(time.perf_counter())
     def on_step_end(self, a, state, control, **kw):
         ends.append(time.perf_counter())
 targs = TrainingArguments(output_dir=args["tmp"], per_device_train_batch_size=args["batch_size"],
@@ -69,7 +72,8 @@ targs = TrainingArguments(output_dir=args["tmp"], per_device_train_batch_size=ar
 tr = Trainer(model=model, args=targs, train_dataset=dd["train"], data_collator=coll, callbacks=[Clock()])
 tr.train()
 w = args["warmup"]
-print(json.dumps({"steps_per_second": (len(ends) - w) / (ends[-1] - ends[w - 1]), "steps": len(ends),
+t_from = ends[w - 1] if w else starts[0]  # the end of the last warm-up step; with none, the first step's start
+print(json.dumps({"steps_per_second": (len(ends) - w) / (ends[-1] - t_from), "steps": len(ends),
                   "final_loss": tr.state.log_history[-1].get("train_loss")}))
 '''
 
@@ -99,6 +103,8 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,amp_bf16")
     ap.add_argument("--objectives", default="mlm,classify")
     a = ap.parse_args()
+    if not 0 <= a.warmup < a.steps:
+        ap.error(f"--warmup {a.warmup}: needs 0 <= warmup < --steps ({a.steps}), or no step is timed")
     import torch
     import transformers
 

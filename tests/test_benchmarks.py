@@ -427,6 +427,8 @@ def _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, precision="fp32", s
 
         def train(self):
             for i in range(got["args"]["max_steps"]):
+                for cb in self.callbacks:  # TrainerCallback's own on_step_begin does nothing
+                    getattr(cb, "on_step_begin", lambda *a: None)(got["args"], self.state, None)
                 clock.sleep(step_times[i])
                 for cb in self.callbacks:
                     cb.on_step_end(got["args"], self.state, None)
@@ -466,6 +468,22 @@ def test_trainer_script_times_the_steps_after_the_warmup(monkeypatch, tmp_path, 
     assert targs["max_grad_norm"] == 1.0 and targs["warmup_steps"] == 1  # round(0.1 x 6), the engine's warmup_ratio
     res, targs = _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, precision="amp_bf16", warmup=1)
     assert res["steps_per_second"] == pytest.approx(5 / 9) and targs["bf16"] is True
+
+
+def test_trainer_script_without_warmup_times_every_step(monkeypatch, tmp_path, capsys):
+    """--warmup 0: every step, from the first step's start (6 steps in 14 s), as the engine's
+    timing_warmup_steps 0; it used to divide by ends[-1] - ends[-1] = 0. A warm-up that leaves no timed
+    step is refused before anything runs."""
+    evt = _load("engine_vs_trainer")
+    res, _ = _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, warmup=0)
+    assert res["steps_per_second"] == pytest.approx(6 / 14)
+    monkeypatch.setattr(evt, "prepare", lambda root: pytest.fail("prepared data despite a bad --warmup"))
+    for bad in (["--warmup", "9", "--steps", "9"], ["--warmup", "-1"]):
+        monkeypatch.setattr(sys, "argv", ["engine_vs_trainer.py", *bad])
+        with pytest.raises(SystemExit) as e:
+            evt.main()
+        assert e.value.code == 2
+    assert "--warmup 9: needs 0 <= warmup < --steps (9)" in capsys.readouterr().err
 
 
 # ================================================================== input_pipeline.py
