@@ -64,7 +64,8 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
         }
         out["nvml_memory_used_bytes"] = nvml_memory_used(device)
         return out
-    return {"peak_memory_bytes": _read_vm("VmHWM"), "memory_kind": "cpu_peak_rss", "cuda_max_reserved_bytes": None}
+    return {"peak_memory_bytes": _read_vm("VmHWM"), "memory_kind": "cpu_peak_rss", "cuda_max_reserved_bytes": None,
+            "nvml_memory_used_bytes": None}
 
 
 _NVML_HANDLES: dict[int, Any] = {}

@@ -1,0 +1,72 @@
+"""The docs say what the code does: mechanical checks of docs/contracts.md and docs/errors.md.
+
+contracts.md lists metrics.json's keys and the columns of steps.csv, activations.csv, runs.csv and
+schedules.csv; a tiny CPU stage of each objective (a few seconds) is run and its files are compared
+with those lists, both ways.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from engine_fixtures import TINY, make_prepared
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = (ROOT / "docs" / "contracts.md").read_text(encoding="utf-8")
+
+
+def _strip_parens(text: str) -> str:
+    while True:
+        new = re.sub(r"\([^()]*\)", "", text)
+        if new == text:
+            return new
+        text = new
+
+
+def documented_metrics_keys() -> set[str]:
+    """The keys contracts.md's "metrics.json" section names under Identity, Dtypes, ..., Resume."""
+    sec = CONTRACTS.split("## metrics.json")[1].split("\n## ")[0]
+    header, *paras = re.split(r"\n(?=[A-Z][A-Za-z ]*: )", sec)
+    names = {"grad_norm", "tags", "hparams"}  # the dicts the section's title names
+    for para in paras:
+        label = para.split(":", 1)[0]
+        if label in ("Time detail", "Status"):  # prose about steps.csv and the status values
+            continue
+        for span in re.findall(r"`([^`]*)`", _strip_parens(para.split(":", 1)[1])):
+            for item in re.sub(r"\{[^}]*\}", "", span).split(","):
+                if re.fullmatch(r"[a-z][a-z0-9_]*", item.strip()) and item.strip() != "null":  # a JSON value
+                    names.add(item.strip())
+    return names
+
+
+@pytest.fixture(scope="module")
+def stage_runs(tmp_path_factory):
+    """metrics.json etc. of a tiny amp_fp16 masked-LM stage (telemetry on) and an fp32 classify stage from it."""
+    from precswitch.cli import main
+
+    root = tmp_path_factory.mktemp("stages")
+    mlm = make_prepared(root, "mlm", n_train=32, n_eval=16)
+    cls = make_prepared(root, "classify", n_train=32, n_eval=16)
+    base = {"tokenizer": str(root / "tokenizer"), "model": TINY, "batch_size": 8, "eval_batch_size": 8,
+            "threads": 1, "seed": 1, "timing_warmup_steps": 1}
+    p, f = root / "p", root / "f"
+    assert main(["train", "--hparams", json.dumps({
+        **base, "data": str(mlm), "objective": "mlm", "stage": "pretrain", "precision": "amp_fp16", "steps": 3,
+        "telemetry_every": 2, "run_id": "p"}), "--out", str(p)]) == 0
+    assert main(["train", "--hparams", json.dumps({
+        **base, "data": str(cls), "objective": "classify", "stage": "finetune", "precision": "fp32", "steps": 2,
+        "init": str(p / "checkpoint"), "tags": {"schedule": "fp16-fp32"}, "run_id": "f"}), "--out", str(f)]) == 0
+    return {"pretrain": p, "finetune": f}
+
+
+def test_metrics_json_keys_are_the_documented_ones(stage_runs):
+    written = set()
+    for out in stage_runs.values():
+        written |= set(json.loads((out / "metrics.json").read_text()))
+    documented = documented_metrics_keys()
+    assert not documented - written, f"contracts.md lists keys a CPU stage's metrics.json lacks: {sorted(documented - written)}"
