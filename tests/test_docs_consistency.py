@@ -70,3 +70,56 @@ def test_metrics_json_keys_are_the_documented_ones(stage_runs):
         written |= set(json.loads((out / "metrics.json").read_text()))
     documented = documented_metrics_keys()
     assert not documented - written, f"contracts.md lists keys a CPU stage's metrics.json lacks: {sorted(documented - written)}"
+    assert not written - documented, f"metrics.json keys contracts.md does not list: {sorted(written - documented)}"
+    gn = json.loads((stage_runs["pretrain"] / "metrics.json").read_text())["grad_norm"]
+    doc_gn = re.search(r"grad_norm \{([^}]*)\}", CONTRACTS).group(1)
+    assert set(gn) == {k.strip() for k in doc_gn.split(",")}
+
+
+def _columns(phrase: str) -> list[str]:
+    """The backticked column list right after ``phrase`` in contracts.md."""
+    m = re.search(re.escape(phrase) + r"[^`]*`([^`]*)`", CONTRACTS)
+    assert m, phrase
+    return [c.strip() for c in m.group(1).split(",")]
+
+
+def _header(path: Path) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f))
+
+
+def test_steps_and_activations_csv_columns_are_the_documented_ones(stage_runs):
+    for out in stage_runs.values():
+        assert _header(out / "steps.csv") == _columns("`DIR/steps.csv` (columns")
+    assert _header(stage_runs["pretrain"] / "activations.csv") == _columns("`telemetry_every` > 0; columns")
+
+
+def _backticked_names(text: str) -> set[str]:
+    return {n.strip() for span in re.findall(r"`([^`]*)`", text) for n in span.split(",")
+            if re.fullmatch(r"[a-z][a-z0-9_]*", n.strip())}
+
+
+def test_runs_and_schedules_tables_have_the_documented_columns(stage_runs, tmp_path):
+    from precswitch.analysis.aggregate import SCHEDULE_COLUMNS, aggregate
+
+    runs, schedules = aggregate([out / "metrics.json" for out in stage_runs.values()], tmp_path)
+    flat = set()
+    for out in stage_runs.values():
+        flat |= {k for k, v in json.loads((out / "metrics.json").read_text()).items() if not isinstance(v, dict)}
+    runs_doc = CONTRACTS.split("\nruns.csv:")[1].split("\nschedules.csv:")[0]
+    extra = set(runs.columns) - flat
+    assert extra <= _backticked_names(runs_doc), f"runs.csv columns contracts.md does not name: {sorted(extra - _backticked_names(runs_doc))}"
+    sched_doc = CONTRACTS.split("\nschedules.csv:")[1].split(", in this order")[0]
+    documented = [c.strip() for c in re.search(r"`([^`]*)`", sched_doc, re.S).group(1).replace("\n", " ").split(",")]
+    assert documented == SCHEDULE_COLUMNS
+    assert list(schedules.columns[:len(SCHEDULE_COLUMNS)]) == SCHEDULE_COLUMNS
+
+
+def test_contracts_hparams_block_names_every_engine_hyperparameter():
+    from precswitch.train.config import DEFAULTS
+
+    sec = CONTRACTS.split("## Stage hyper-parameters")[1]
+    block = sec.split("```yaml")[1].split("```")[0]
+    words = set(re.findall(r"[a-z][a-z0-9_]*", block))
+    missing = sorted(k for k in [*DEFAULTS, *DEFAULTS["model"]] if k not in words)
+    assert not missing, f"precswitch.train.config.DEFAULTS keys contracts.md's hparams block lacks: {missing}"
