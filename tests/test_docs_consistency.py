@@ -123,3 +123,82 @@ def test_contracts_hparams_block_names_every_engine_hyperparameter():
     words = set(re.findall(r"[a-z][a-z0-9_]*", block))
     missing = sorted(k for k in [*DEFAULTS, *DEFAULTS["model"]] if k not in words)
     assert not missing, f"precswitch.train.config.DEFAULTS keys contracts.md's hparams block lacks: {missing}"
+
+
+# --------------------------------------------------------------------------- docs/errors.md
+ERRORS = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
+#: the parametrized test a bare `test_x.py::...[<prefix>N]` reference means
+PARAMETRIZED = {"cfg": ("test_workflow.py", "test_config_error_names_the_key"),
+                "patch": ("test_engine.py", "test_bad_hparams_named_before_training")}
+
+
+def _test_functions(file: str) -> dict:
+    """{name: FunctionDef} of a test file, read with ast (nothing imported)."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _param_cases(file: str, func: str) -> list:
+    """The argument tuples of ``@pytest.mark.parametrize`` on ``func`` (ast nodes, in id order)."""
+    import ast
+
+    for dec in _test_functions(file)[func].decorator_list:
+        if isinstance(dec, ast.Call) and getattr(dec.func, "attr", "") == "parametrize":
+            return dec.args[1].elts
+    raise AssertionError(f"{file}::{func} is not parametrized")
+
+
+def _error_rows() -> list[tuple[str, str, str]]:
+    """(row number, message column, test column) of every row of errors.md's table."""
+    rows = []
+    for line in ERRORS.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 5 and cells[0].isdigit():
+            rows.append((cells[0], cells[3], cells[4]))
+    return rows
+
+
+def _stage_free(key: str) -> str:
+    return re.sub(r"\b(pretrain|finetune)\b", "STAGE", key)
+
+
+def test_errors_md_names_tests_that_exist_and_cases_that_match_the_row():
+    """Each `test_x.py::name[id]` of the catalog is a test, and each parametrized case it names (cfgN of
+    test_workflow's config errors, patchN of test_engine's bad hparams) is about the row's key or message:
+    the indices shift whenever a case is inserted above them."""
+    import ast
+
+    rows = _error_rows()
+    assert len(rows) >= 30, rows
+    for num, message, tests in rows:
+        for ref in re.findall(r"`([^`]*)`", tests):
+            m = re.fullmatch(r"(test_\w+\.py)(?:::(\w+|\.\.\.)(?:\[(.*)\])?)?", ref)
+            if not m:
+                assert "*" in ref, f"errors.md row {num}: cannot read the test reference {ref!r}"
+                continue
+            file, func, ids = m.groups()
+            assert (ROOT / "tests" / file).is_file(), f"errors.md row {num}: no tests/{file}"
+            if func and func != "...":
+                assert func in _test_functions(file), f"errors.md row {num}: no test {file}::{func}"
+            if not ids:
+                continue
+            first = re.match(r"(cfg|patch)(\d+)", ids)
+            assert first, f"errors.md row {num}: unknown case id {ids!r}"
+            prefix = first.group(1)
+            pfile, pfunc = PARAMETRIZED[prefix]
+            assert file == pfile and func in (pfunc, "..."), f"errors.md row {num}: {ref}"
+            cases = _param_cases(pfile, pfunc)
+            for idx in re.findall(r"(?:^|/)(?:cfg|patch)?(\d+)", ids.split("-")[0]):
+                case = cases[int(idx)]
+                text = ast.literal_eval(case.elts[1])  # the config key (cfg) or the expected message (patch)
+                if prefix == "cfg":
+                    keys = {_stage_free(k) for k in re.findall(r"config key (\(top level\)|\S+):", message)}
+                    assert _stage_free(text) in keys, (
+                        f"errors.md row {num}: {prefix}{idx} of {pfile}::{pfunc} is about config key {text!r}, "
+                        f"not the row's {sorted(keys)}")
+                else:
+                    assert text in message, (
+                        f"errors.md row {num}: {prefix}{idx} of {pfile}::{pfunc} expects {text!r}, "
+                        f"which the row's message does not say")
