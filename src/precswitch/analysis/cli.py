@@ -8,7 +8,8 @@
         → summary.csv, summary.md, deltas.csv, stats.json
     precswitch plots --runs runs.csv --schedules schedules.csv --stats stats.json
                      (--out-dir DIR | --out FILE.png|svg ...)
-        → <plot>.png/.svg for plot in accuracy, forest, time_memory, loss_curves, loss_scale, stage1
+        → <plot>.png/.svg for plot in accuracy, forest, time_memory, loss_curves, loss_scale, stage1,
+          switch_point, overflow
     precswitch verdict --stats stats.json --out verdict.md
 """
 
@@ -90,7 +91,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=_stats)
 
     p = subparsers.add_parser("plots", help="PNG/SVG plots",
-                              description="Plots: accuracy, forest, time_memory, loss_curves, loss_scale, stage1. "
+                              description="Plots: accuracy, forest, time_memory, loss_curves, loss_scale, stage1, "
+                                          "switch_point, overflow. "
                                           "--out-dir writes all as PNG and SVG; --out writes exactly the given "
                                           "files (stem = plot name, suffix .png or .svg).")
     p.add_argument("--runs", required=True, metavar="CSV|PARQUET")
