@@ -202,3 +202,101 @@ def test_errors_md_names_tests_that_exist_and_cases_that_match_the_row():
                     assert text in message, (
                         f"errors.md row {num}: {prefix}{idx} of {pfile}::{pfunc} expects {text!r}, "
                         f"which the row's message does not say")
+
+
+# --------------------------------------------------------------------------- CLI options, config keys, precisions
+DOCS = [ROOT / "README.md", ROOT / "config" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _options(parser) -> set[str]:
+    """Every option string of ``parser`` and of its sub-commands' parsers."""
+    import argparse
+
+    opts = set()
+    for action in parser._actions:
+        opts |= set(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                opts |= _options(sub)
+    return opts
+
+
+def test_precswitch_commands_in_the_docs_use_options_that_exist():
+    """`precswitch <command> --option ...` as the docs write it (inline or in a block; continuation lines
+    indented): each option is one the command's parser has."""
+    import argparse
+
+    from precswitch.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    seen = 0
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in re.finditer(r"\bprecswitch (\w+)((?:[^`\n]*)(?:\n {8,}[^`\n]*)*)", text):
+            name, rest = m.groups()
+            if name not in commands:
+                continue
+            seen += 1
+            for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest):
+                assert opt in _options(commands[name]), (
+                    f"{doc.relative_to(ROOT)}: `precswitch {name}` has no option {opt} "
+                    f"(it has {sorted(_options(commands[name]))})")
+    assert seen >= 10
+
+
+def test_plots_help_names_every_plot():
+    from precswitch.analysis.plots import PLOT_NAMES
+    from precswitch.cli import build_parser
+
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["plots"]
+    missing = [p for p in PLOT_NAMES if p not in sub.format_help()]
+    assert not missing, f"precswitch plots --help does not name {missing}"
+
+
+def _schema_keys() -> set[str]:
+    import yaml
+
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
+
+    def walk(node):
+        if isinstance(node, dict) and "$ref" in node:
+            node = {**schema["$defs"][node["$ref"].split("/")[-1]], **node}
+        if not isinstance(node, dict):
+            return
+        for k, v in (node.get("properties") or {}).items():
+            yield k
+            yield from walk(v)
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                yield from walk(node[key])
+        for key in ("allOf", "anyOf", "oneOf"):
+            for sub in node.get(key) or []:
+                yield from walk(sub)
+
+    return set(walk(schema))
+
+
+def test_every_schema_key_is_documented_in_config_readme():
+    doc = (ROOT / "config" / "README.md").read_text(encoding="utf-8")
+    keys = _schema_keys()
+    assert {"schedules", "seeds", "eval_fraction", "bootstrap_resamples"} <= keys
+    undocumented = sorted(k for k in keys if not re.search(r"`[^`\n]*\b" + re.escape(k) + r"\b[^`\n]*`", doc))
+    assert not undocumented, f"schema keys config/README.md never names: {undocumented}"
+
+
+def test_precision_tables_match_the_catalog():
+    """README.md's and config/README.md's precision tables: one row per catalog name, in catalog order;
+    loss scaling 'dynamic' exactly for the precisions with a loss scaler (amp_fp16, pure_fp16)."""
+    from precswitch import precision as P
+
+    for doc in (ROOT / "README.md", ROOT / "config" / "README.md"):
+        rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+                for line in doc.read_text(encoding="utf-8").splitlines() if re.match(r"\| `[a-z0-9_]+` \|", line)]
+        assert [r[0].strip("`") for r in rows] == list(P.NAMES), doc
+        for r in rows:
+            name = r[0].strip("`")
+            assert (r[3] == "dynamic") == P.CATALOG[name].loss_scaling, f"{doc.name}: {name} loss scaling {r[3]!r}"
+            assert (r[3] == "none") == (not P.CATALOG[name].loss_scaling), f"{doc.name}: {name} loss scaling {r[3]!r}"
+        assert "TF32 off" in dict((r[0].strip("`"), r[2]) for r in rows)["fp32"], doc
