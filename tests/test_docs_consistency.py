@@ -300,3 +300,20 @@ def test_precision_tables_match_the_catalog():
             assert (r[3] == "dynamic") == P.CATALOG[name].loss_scaling, f"{doc.name}: {name} loss scaling {r[3]!r}"
             assert (r[3] == "none") == (not P.CATALOG[name].loss_scaling), f"{doc.name}: {name} loss scaling {r[3]!r}"
         assert "TF32 off" in dict((r[0].strip("`"), r[2]) for r in rows)["fp32"], doc
+
+
+def test_data_source_spec_names_every_loader_key_and_the_schema_has_them():
+    import yaml
+
+    from precswitch.data.loading import SPEC_KEYS
+
+    block = CONTRACTS.split("## Data source spec")[1].split("```yaml")[1].split("```")[0]
+    named = set(re.findall(r"(?:^|[\s#,])([a-z_]+):", block, re.M))
+    assert SPEC_KEYS <= named, f"contracts.md's source spec lacks {sorted(SPEC_KEYS - named)}"
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
+    for stage in ("pretrain", "finetune"):
+        node = schema["properties"]["data"]["properties"][stage]
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].split("/")[-1]]
+        props = set(node["properties"])
+        assert props == SPEC_KEYS - {"dir"}, f"data.{stage}: schema {sorted(props)} vs loader {sorted(SPEC_KEYS)}"
