@@ -317,3 +317,24 @@ def test_data_source_spec_names_every_loader_key_and_the_schema_has_them():
             node = schema["$defs"][node["$ref"].split("/")[-1]]
         props = set(node["properties"])
         assert props == SPEC_KEYS - {"dir"}, f"data.{stage}: schema {sorted(props)} vs loader {sorted(SPEC_KEYS)}"
+
+
+def test_prepared_meta_json_keys_are_the_documented_ones(tmp_path):
+    """`precswitch synth/tokenizer/prepare` in-process on a small synthetic language, both objectives."""
+    from precswitch.cli import main
+
+    para = CONTRACTS.split("`DIR/meta.json`:")[1].split("\n\n")[0]
+    spans = re.findall(r"`([^`]*)`", para)
+    documented = set(re.findall(r'"([a-z_]+)"', spans[0])) | {s for s in spans[1:] if re.fullmatch(r"[a-z_]+", s)}
+    src = json.dumps({"kind": "synthetic", "dir": str(tmp_path / "s")})
+    assert main(["synth", "--out", str(tmp_path / "s"), "--seed", "0", "--n-corpus", "200", "--n-train", "40",
+                 "--n-dev", "20"]) == 0
+    assert main(["tokenizer", "--source", src, "--out", str(tmp_path / "tok"), "--vocab-size", "400"]) == 0
+    written = set()
+    for objective in ("mlm", "classify"):
+        out = tmp_path / objective
+        assert main(["prepare", "--source", src, "--tokenizer", str(tmp_path / "tok"), "--objective", objective,
+                     "--max-length", "32", "--out", str(out)]) == 0
+        written |= set(json.loads((out / "meta.json").read_text()))
+    assert written == documented, (f"meta.json keys contracts.md does not list: {sorted(written - documented)}; "
+                                   f"listed but not written: {sorted(documented - written)}")
