@@ -338,3 +338,25 @@ def test_prepared_meta_json_keys_are_the_documented_ones(tmp_path):
         written |= set(json.loads((out / "meta.json").read_text()))
     assert written == documented, (f"meta.json keys contracts.md does not list: {sorted(written - documented)}; "
                                    f"listed but not written: {sorted(documented - written)}")
+
+
+def test_summary_and_deltas_columns_are_explained(tmp_path):
+    """Every column of summary.csv and deltas.csv (a fake study through aggregate and stats) is named in its
+    report caption (workflow/report/summary.rst, deltas.rst) or in docs/analysis.md's table section."""
+    import pandas as pd
+
+    from precswitch.analysis.aggregate import aggregate
+    from precswitch.analysis.fakes import write_fake_study
+    from precswitch.analysis.stats import load_settings, run_stats
+
+    paths = write_fake_study(tmp_path / "study", seeds=range(1, 4))
+    aggregate(paths, tmp_path / "out")
+    run_stats(tmp_path / "out" / "runs.csv", tmp_path / "out" / "schedules.csv",
+              load_settings(None, bootstrap_resamples=0), tmp_path / "out")
+    analysis = (ROOT / "docs" / "analysis.md").read_text(encoding="utf-8").split("## Tables")[1].split("\n## ")[0]
+    for table in ("summary", "deltas"):
+        caption = (ROOT / "workflow" / "report" / f"{table}.rst").read_text(encoding="utf-8")
+        named = set(re.findall(r"``([a-z_0-9]+)``", caption)) | _backticked_names(analysis)
+        named |= {n for span in re.findall(r"`([^`]*)`", analysis) for n in re.findall(r"[a-z_0-9]+", span)}
+        columns = set(pd.read_csv(tmp_path / "out" / f"{table}.csv").columns)
+        assert not columns - named, f"{table}.csv columns neither {table}.rst nor analysis.md names: {sorted(columns - named)}"
