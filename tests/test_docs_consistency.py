@@ -205,43 +205,6 @@ def test_errors_md_names_tests_that_exist_and_cases_that_match_the_row():
 
 
 # --------------------------------------------------------------------------- CLI options, config keys, precisions
-DOCS = [ROOT / "README.md", ROOT / "config" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-
-def _options(parser) -> set[str]:
-    """Every option string of ``parser`` and of its sub-commands' parsers."""
-    import argparse
-
-    opts = set()
-    for action in parser._actions:
-        opts |= set(action.option_strings)
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                opts |= _options(sub)
-    return opts
-
-
-def test_precswitch_commands_in_the_docs_use_options_that_exist():
-    """`precswitch <command> --option ...` as the docs write it (inline or in a block; continuation lines
-    indented): each option is one the command's parser has."""
-    import argparse
-
-    from precswitch.cli import build_parser
-
-    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
-    seen = 0
-    for doc in DOCS:
-        text = doc.read_text(encoding="utf-8")
-        for m in re.finditer(r"\bprecswitch (\w+)((?:[^`\n]*)(?:\n {8,}[^`\n]*)*)", text):
-            name, rest = m.groups()
-            if name not in commands:
-                continue
-            seen += 1
-            for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest):
-                assert opt in _options(commands[name]), (
-                    f"{doc.relative_to(ROOT)}: `precswitch {name}` has no option {opt} "
-                    f"(it has {sorted(_options(commands[name]))})")
-    assert seen >= 10
 
 
 def test_plots_help_names_every_plot():
