@@ -30,6 +30,11 @@ import _bench
 MIB = 1024 * 1024
 
 
+def _num(v, spec: str) -> str:
+    """v formatted with spec ('8.1f'), or '-' at the same width for a run that measured nothing (skipped)."""
+    return format(v, spec) if v is not None and v == v else format("-", ">" + spec.split(".")[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
@@ -74,10 +79,10 @@ def main() -> None:
                     "device": m.get("device"),
                 })
                 r = rows[-1]
-                print(f"  bs={bs:<3} {prec:<10} peak {r['peak_memory_mib']:8.1f} MiB  "
-                      f"growth {r['loop_growth_mib'] if r['loop_growth_mib'] is not None else float('nan'):7.1f} MiB  "
-                      f"{r['samples_per_second'] or float('nan'):8.1f} samples/s  ({time.perf_counter() - t:.0f}s)",
-                      flush=True)
+                print(f"  bs={bs:<3} {prec:<10} peak {_num(r['peak_memory_mib'], '8.1f')} MiB  "
+                      f"growth {_num(r['loop_growth_mib'], '7.1f')} MiB  "
+                      f"{_num(r['samples_per_second'], '8.1f')} samples/s  ({time.perf_counter() - t:.0f}s)"
+                      + ("" if r["status"] == "ok" else f"  {r['status']}"), flush=True)
 
     df = pd.DataFrame(rows)
     df.to_csv(out / "sweep.csv", index=False)
@@ -98,8 +103,11 @@ def main() -> None:
             for bs in args.batch_sizes:
                 a = df[(df.precision == prec) & (df.batch_size == bs)].iloc[0]
                 b = df[(df.precision == "fp32") & (df.batch_size == bs)].iloc[0]
-                g = (a.loop_growth_mib / b.loop_growth_mib) if a.loop_growth_mib and b.loop_growth_mib else float("nan")
-                rel.append(f"bs{bs}: {a.peak_memory_mib / b.peak_memory_mib:.2f}; {g:.2f}")
+                g = (a.loop_growth_mib / b.loop_growth_mib
+                     if pd.notna(a.loop_growth_mib) and pd.notna(b.loop_growth_mib) and b.loop_growth_mib else None)
+                p = (a.peak_memory_mib / b.peak_memory_mib
+                     if pd.notna(a.peak_memory_mib) and pd.notna(b.peak_memory_mib) else None)
+                rel.append(f"bs{bs}: {_num(p, '.2f')}; {_num(g, '.2f')}")
             print(f"  {prec:<10} " + " | ".join(rel))
     _plot(df, out / "sweep.png", kind, args)
     print(f"\nwrote {out / 'sweep.csv'} and {out / 'sweep.png'}")

@@ -273,6 +273,32 @@ def test_batch_size_sweep_memory_growth_and_ratios(monkeypatch, tmp_path, capsys
     assert line.split()[2:9] == ["peak", "570.0", "MiB", "growth", "90.0", "MiB", "160.0"]
 
 
+def test_batch_size_sweep_goes_on_past_a_run_that_measured_nothing(monkeypatch, tmp_path, capsys):
+    """A skipped point (e.g. pure_bf16 where the device lacks bf16: status skipped, no memory or speed) is a
+    row of dashes and its status, not a crash of the whole sweep (it used to stop on format(None, '8.1f'));
+    its ratio to fp32 is '-', and the other points are still measured and written."""
+    bss = _load("batch_size_sweep")
+    monkeypatch.setattr(bss._bench, "prepare", lambda root, **kw: _fake_prepare([])(root))
+    monkeypatch.setattr(bss._bench, "engine_run", lambda d, o, p, **hp: (
+        {"status": "skipped", "peak_memory_bytes": None, "memory_baseline_bytes": None, "memory_kind": None,
+         "samples_per_second": None} if p == "pure_bf16" and hp["batch_size"] == 8 else
+        {"status": "ok", "peak_memory_bytes": (300 if p == "fp32" else 150) * bss.MIB,
+         "memory_baseline_bytes": 100 * bss.MIB, "memory_kind": "cpu_peak_rss", "samples_per_second": 5.0}))
+    monkeypatch.setattr(bss, "_plot", lambda *a: None)
+    monkeypatch.setattr(sys, "argv", ["batch_size_sweep.py", "--batch-sizes", "4", "8", "--precisions", "fp32",
+                                      "pure_bf16", "--out", str(tmp_path)])
+    bss.main()
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("  bs=8   pure_bf16"))
+    assert line.split()[2:9] == ["peak", "-", "MiB", "growth", "-", "MiB", "-"] and line.endswith("skipped")
+    assert "  pure_bf16  bs4: 0.50; 0.25 | bs8: -; -" in text
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "sweep.csv")
+    assert sorted(zip(df.batch_size, df.precision, df.status)) == [
+        (4, "fp32", "ok"), (4, "pure_bf16", "ok"), (8, "fp32", "ok"), (8, "pure_bf16", "skipped")]
+
+
 def test_batch_size_sweep_trains_on_enough_rows_for_the_largest_batch(monkeypatch, tmp_path):
     bss = _load("batch_size_sweep")
     prep, eps = [], []
