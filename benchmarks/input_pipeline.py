@@ -8,7 +8,8 @@
 2. A simulated GPU: each step "launches" --device-ms of device work (a deadline; the host is free
    meanwhile, as after queuing CUDA kernels) and then synchronizes (sleeps until the deadline, GIL
    released, as in torch.cuda.synchronize). The engine builds step t+1's batch between launch and sync (overlap);
-   the old loop built it after the sync (serial). Printed: mean step time of each, --batches steps.
+   the old loop built it after the sync (serial). Printed: mean step time of each over --batches steps,
+   the first 5 (warm-up) left out.
    Reference: the same loop building no batch (so sleep overshoot cancels out). Target: overlap
    <= 1.05 x reference (the batch hides behind the device work); serial shows what it cost before.
    A DataLoader worker process was tried too: on this machine receiving a batch from it cost
@@ -47,15 +48,16 @@ from gpu_check import BASE as BERT_BASE, PEAKS_TFLOPS, TARGET_MFU  # noqa: E402 
 
 H200_BF16 = PEAKS_TFLOPS["H200"]["bf16"] * 1e12
 TARGET_OVERLAP = 1.05
+WARMUP = 5  #: first calls / steps left out of each figure (allocator and cache warm-up)
 
 
 def collation_ms(data: Path, objective: str, n: int) -> float:
     torch.set_num_threads(1)
     b = _batches(data, objective)
-    for s in range(5):
+    for s in range(WARMUP):
         b.get(s)
     times = []
-    for s in range(5, 5 + n):
+    for s in range(WARMUP, WARMUP + n):
         t = time.perf_counter()
         b.get(s)
         times.append(time.perf_counter() - t)
@@ -86,7 +88,7 @@ def simulated_step_ms(data: Path, steps: int, device_ms: float, overlap: bool | 
         if overlap is False:
             pending = b.get(step + 1)
         times.append(time.perf_counter() - t)
-    return 1e3 * statistics.fmean(times[5:])
+    return 1e3 * statistics.fmean(times[WARMUP:])
 
 
 def main() -> None:
@@ -94,6 +96,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--device-ms", type=float, default=8.0, help="simulated GPU step (default: the H200 estimate)")
     a = ap.parse_args()
+    if a.batches <= WARMUP:
+        ap.error(f"--batches {a.batches}: needs more than the {WARMUP} warm-up steps, or no step is timed")
     with tempfile.TemporaryDirectory() as root:
         data = prepare(Path(root), max_length=128)
         print("# 1. collation per batch of 32 x 128 tokens, one thread (Batches.get: rows, padding, masks)")
@@ -105,7 +109,8 @@ def main() -> None:
             print(f"# H200 estimate, BERT-base {obj} step at {TARGET_MFU:.0%} MFU of {H200_BF16 / 1e12:.0f} TFLOP/s: "
                   f"{f / 1e12:.2f} TFLOP -> {1e3 * f / (TARGET_MFU * H200_BF16):.1f} ms (not measured)")
 
-        print(f"# 2. simulated GPU step: {a.device_ms:g} ms of device work, mlm batches, mean of {a.batches} steps")
+        print(f"# 2. simulated GPU step: {a.device_ms:g} ms of device work, mlm batches, mean of steps "
+              f"{WARMUP + 1}-{a.batches} (the first {WARMUP} are warm-up)")
         ref = simulated_step_ms(data["mlm"], a.batches, a.device_ms, overlap=None)
         serial = simulated_step_ms(data["mlm"], a.batches, a.device_ms, overlap=False)
         overlap = simulated_step_ms(data["mlm"], a.batches, a.device_ms, overlap=True)

@@ -578,9 +578,15 @@ def test_input_pipeline_main_ratios_estimate_and_verdict(ip, monkeypatch, capsys
     f = flops.train_step_flops(ip.BERT_BASE, 32, 128, "mlm", head_rows=flops.engine_head_rows(32, 128))
     assert f"{f / 1e12:.2f} TFLOP -> {1e3 * f / (0.35 * 790e12):.1f} ms (not measured)" in out
     assert "at 35% MFU of 790 TFLOP/s" in out
+    assert "mlm batches, mean of steps 6-20 (the first 5 are warm-up)" in out
     sim[True] = 8.41
     ip.main()
     assert "(target <= 1.05): FAIL" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["input_pipeline.py", "--batches", "5"])  # nothing left to time
+    monkeypatch.setattr(ip, "prepare", lambda root, **kw: pytest.fail("prepared data despite a bad --batches"))
+    with pytest.raises(SystemExit) as e:
+        ip.main()
+    assert e.value.code == 2 and "--batches 5: needs more than the 5 warm-up steps" in capsys.readouterr().err
 
 
 # ================================================================== job_overhead.py
