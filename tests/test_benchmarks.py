@@ -225,6 +225,21 @@ def test_precision_throughput_failed_run_and_metrics_out(monkeypatch, tmp_path, 
     assert [r["status"] for r in every] == ["ok", "ok", "failed", "failed", "ok", "ok"]
 
 
+def test_precision_throughput_status_counts_a_rows_mixed_runs(monkeypatch, tmp_path, capsys):
+    """A row whose first repeat failed and the others ran shows '2/3 ok' (its figures are the ok runs'),
+    not the first repeat's 'failed'; one whose first repeat ran and a later one failed is not 'ok' either."""
+    err = subprocess.CalledProcessError(1, ["x"], "", "RuntimeError: out of memory\n")
+    table = {("mlm", "fp32"): [err, _pt_metrics(10, 1000, 100, None), _pt_metrics(12, 1200, 100, None)],
+             ("mlm", "amp_bf16"): [_pt_metrics(20, 2000, 50, None), err, _pt_metrics(24, 2400, 50, None)],
+             ("mlm", "pure_bf16"): [_pt_metrics(30, 3000, 50, None)] * 3}
+    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "3", "--objectives", "mlm", "--precisions",
+                                           "fp32,amp_bf16,pure_bf16"])
+    out = capsys.readouterr().out
+    assert _row(out, "mlm", "fp32")[3:] == ["11.00", "1100", "1.00x", "100", "-", "2/3", "ok", "cpu_peak_rss"]
+    assert _row(out, "mlm", "amp_bf16")[3:] == ["22.00", "2200", "2.00x", "50", "-", "2/3", "ok", "cpu_peak_rss"]
+    assert _row(out, "mlm", "pure_bf16")[8] == "ok"
+
+
 # ================================================================== batch_size_sweep.py
 def test_batch_size_sweep_memory_growth_and_ratios(monkeypatch, tmp_path, capsys):
     """Per (batch, precision): peak and baseline in MiB, growth = peak - baseline; 'memory relative to fp32'
