@@ -824,3 +824,107 @@ def test_schema_stage_defaults():
     assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 1.0e-3, 0.06, True)
     assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (300, 3.0e-4, 0.1, False)
     assert pre["batch_size"] == fin["batch_size"] == 32 and pre["compile"] == fin["compile"] == "off"
+
+
+# ------------------------------------------------------------------------------ mutation audit 2: jobs and report
+def test_each_jobs_command_writes_stdout_and_stderr_to_its_log(tmp_path):
+    """Every job's command sends its output, stdout and stderr, to the job's own log: a command without
+    `> log 2>&1` printed its errors to the terminal (or a SLURM log) and left results/logs/... empty."""
+    for cfg in (None, HUB_STUDY):
+        out = dry_run(tmp_path, cfg, "-p").stdout
+        jobs = _jobs(out)
+        assert {r for r, _ in jobs} >= {"synth" if cfg is None else "fetch", "tokenizer", "prepare", "pretrain",
+                                        "finetune", "aggregate", "stats", "plots", "verdict"}
+        for rule, block in jobs:
+            if rule == "all":
+                continue
+            log = re.search(r"^    log: (.*)$", block, re.M).group(1)
+            command = re.search(r"^Shell command: (.*)$", block, re.M).group(1)
+            commands = [c for c in re.split(r" && | \|\| ", command) if "precswitch " in c]
+            assert commands, (rule, command)
+            for c in commands:
+                assert c.rstrip(")").endswith(f" > {log} 2>&1"), (rule, c)
+
+
+def test_training_jobs_claim_the_configs_resources_and_run_in_priority_order(tmp_path):
+    """Each training job claims the study config's mem_mb and runtime (minutes: the SLURM profile's time limit) and,
+    off the CPU (cuda and auto: a GPU may be there), one gpu; prepare goes before stage 1, stage 1 before stage 2."""
+    for device, gpu in (("cuda", 1), ("auto", 1), ("cpu", 0)):
+        cfg = {"device": device, "threads": 1, "resources": {"mem_mb": 5100, "runtime": 77}}
+        out = dry_run(tmp_path, {**HUB_STUDY, **cfg}).stdout
+        jobs = re.findall(r"^(?:local)?rule (\w+):\n(.*?)(?=^\[|\Z)", out, re.M | re.S)
+        assert {n for n, _ in jobs} >= {"prepare", "pretrain", "finetune"}, out[-2000:]
+        for name, block in jobs:
+            priority = re.search(r"^    priority: (\d+)$", block, re.M)
+            assert int(priority.group(1) if priority else 0) == {"prepare": 2, "pretrain": 1}.get(name, 0), name
+            if name in ("pretrain", "finetune"):
+                resources = dict(kv.split("=", 1) for kv in re.search(
+                    r"^    resources: (.*)$", block, re.M).group(1).split(", "))
+                assert (resources["mem_mb"], resources["runtime"], resources["gpu"]) == ("5100", "77", str(gpu)), \
+                    (device, name, resources)
+
+
+@pytest.mark.parametrize("target", [
+    "results/runs/finetune/fp32-fp32/seed1/x/metrics.json",
+    "results/runs/finetune/fp32-fp32/x/seed1/metrics.json",
+    "results/runs/pretrain/fp32/x/seed1/metrics.json",
+    "results/runs/pretrain/fp32/seed1x/metrics.json",
+    "results/runs/finetune/nosuch/seed1/metrics.json",
+])
+def test_no_wildcard_matches_across_a_slash_or_outside_the_study(tmp_path, target):
+    """A path that is not a run of the study has no rule (seed is digits, schedule and precision the study's names):
+    a wildcard matching across '/' or any text made a job of it (or an input function's KeyError)."""
+    path = write_config(tmp_path / "study.yaml", {})
+    proc = snakemake(tmp_path, "-n", target, "--configfile", path)
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "MissingRuleException" in err, err[-2000:]
+
+
+_REPORT_SCRIPT = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
+with SnakemakeApi() as api:
+    wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
+                      config_settings=ConfigSettings(configfiles=[Path(sys.argv[1])]),
+                      snakefile=Path(sys.argv[2]), workdir=Path(sys.argv[3]))
+    items = {}
+    local = sorted(r.name for r in wf._workflow.rules if r.name in wf._workflow._localrules or r.norun)
+    for rule in wf._workflow.rules:
+        for f in rule.output:
+            rep = f.flags.get("report")
+            if rep:
+                items[str(f)] = {"rule": rule.name, "caption": rep.caption and str(rep.caption),
+                                 "category": rep.category, "labels": rep.labels}
+    print("REPORT " + json.dumps({"report": items, "local": local}))
+"""
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "frontier.yaml"])
+def test_report_items_have_their_caption_and_category_and_the_local_rules(tmp_path, config):
+    """Every table, plot and the verdict go into the HTML report under their category with their own caption
+    (workflow/report/<name>.rst); a caption that is not there was dropped without a word. The download and the
+    cheap rules are local rules (on a cluster: the login node, which has internet); the rest are submitted."""
+    cfg = yaml.safe_load((ROOT / "config" / config).read_text())
+    res = cfg.get("results_dir", "results")
+    proc = subprocess.run([sys.executable, "-c", _REPORT_SCRIPT, str(ROOT / "config" / config), str(ROOT / "Snakefile"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")), None)
+    assert line, (proc.stdout + proc.stderr)[-3000:]
+    found = json.loads(line.removeprefix("REPORT "))
+    assert found["local"] == ["aggregate", "all", "fetch", "plots", "stats", "synth", "verdict"]
+    items = found["report"]
+    plots = {"accuracy": "Accuracy", "forest": "Accuracy", "stage1": "Accuracy", "time_memory": "Cost",
+             "loss_curves": "Numerics", "loss_scale": "Numerics"}
+    if config == "frontier.yaml":  # a sweep and activation telemetry: two more plots
+        plots.update(switch_point="Switch point", overflow="Numerics")
+    expected = {f"{res}/{t}.csv": "Tables" for t in ("runs", "schedules", "summary", "deltas")}
+    expected.update({f"{res}/plots/{p}.svg": c for p, c in plots.items()}, **{f"{res}/verdict.md": "Verdict"})
+    assert {f: i["category"] for f, i in items.items()} == expected
+    for f, item in items.items():
+        caption = Path(item["caption"] or "")
+        assert caption.name == Path(f).stem + ".rst" and caption.is_file(), (f, item)
+        assert caption.resolve().parent == ROOT / "workflow" / "report", (f, item)
+        assert item["labels"], f
+
