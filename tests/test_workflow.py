@@ -928,3 +928,24 @@ def test_report_items_have_their_caption_and_category_and_the_local_rules(tmp_pa
         assert caption.resolve().parent == ROOT / "workflow" / "report", (f, item)
         assert item["labels"], f
 
+
+def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
+    """switch_at 1 runs every step of the stage in its first precision (no switch), as a sweep's point 1 does: a
+    schedule written so starts from the plain precision's stage-1 runs instead of training a copy of them (same
+    steps, same precision) under another name, and its stage 2 runs without a switch."""
+    cfg = {"schedules": {"a": {"pretrain": "amp_fp16", "finetune": "fp32"},
+                         "b": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 1},
+                               "finetune": {"precision": "fp32", "switch_to": "amp_bf16", "switch_at": 1.0}},
+                         "c": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5},
+                               "finetune": "fp32"}},
+           "seeds": [4], "analysis": {"baseline": "a", "contrasts": []}}
+    proc = dry_run(tmp_path, cfg, "-p")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout)
+    assert (counts["pretrain"], counts["finetune"]) == (2, 3), counts
+    hps = {hp["run_id"]: hp for hp in map(json.loads, re.findall(r"--hparams '([^']*)'", proc.stdout))}
+    assert set(hps) == {"pretrain-amp_fp16-seed4", "pretrain-amp_fp16-to-fp32-at50-seed4", "finetune-a-seed4",
+                        "finetune-b-seed4", "finetune-c-seed4"}
+    assert hps["finetune-b-seed4"]["init"] == hps["finetune-a-seed4"]["init"] == \
+        "results/runs/pretrain/amp_fp16/seed4/checkpoint"
+    assert hps["finetune-b-seed4"]["precision"] == "fp32" and "switch_to" not in hps["finetune-b-seed4"]

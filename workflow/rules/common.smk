@@ -564,8 +564,17 @@ _THREADS_NOTE = threads_note(config["threads"], _local_cores(), workflow.local_e
 if _THREADS_NOTE:
     print(_THREADS_NOTE, file=sys.stderr)
 
+
+def run_spec(value):
+    """The stage a schedule runs: switch_at 1 runs every step in its first precision, which is the run of that
+    precision without a switch (as a sweep's point 1 is written), so that schedules share it instead of training
+    a copy of it under another name."""
+    spec = stage_spec(value)
+    return stage_spec(spec["precision"]) if spec["switch_at"] == 1 else spec
+
+
 SCHEDULES = {
-    name: {stage: stage_spec(v) for stage, v in stages.items()}
+    name: {stage: run_spec(v) for stage, v in stages.items()}
     for name, stages in config["schedules"].items()
 }
 SEEDS = [int(s) for s in config["seeds"]]
