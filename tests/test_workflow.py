@@ -266,6 +266,11 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"results_dir": "res$x"}, "results_dir", "no shell characters"),
         ({"results_dir": "~/res"}, "results_dir", "no leading - or ~"),
         ({"results_dir": "res;rm"}, "results_dir", "no shell characters"),
+        # a run directory per schedule (runs/finetune/<name>/seed1): no '/' (a nested directory, or another's)
+        ({"schedules": {"a/b": {"finetune": "fp32"}}, "analysis": {"baseline": "a/b"}}, "schedules",
+         "'a/b' does not match"),
+        ({"sweeps": {"s/t": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}}},
+         "sweeps", "'s/t' does not match"),
     ],
 )
 def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
