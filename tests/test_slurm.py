@@ -199,6 +199,10 @@ def test_documented_command_replaces_workflow_profile(tmp_path):
     block = block[: block.index("\n\n")]
     for expected in ("gpu=1", "cpus_per_gpu=8", "slurm_partition=gpu", "slurm_account=CHANGE_ME"):
         assert expected in block, f"{expected} not in pretrain's resources:\n{block}"
+    # time (minutes) and memory of a training job are the study config's (resources:), not the profile's defaults
+    study = {"mem_mb": 4000, "runtime": 60, **yaml.safe_load(cfg.read_text()).get("resources", {})}
+    resources = dict(kv.split("=", 1) for kv in re.search(r"^    resources: (.*)$", block, re.M).group(1).split(", "))
+    assert (resources["runtime"], resources["mem_mb"]) == (str(study["runtime"]), str(study["mem_mb"])), resources
     # the pitfall docs/slurm.md warns about: with --profile, profiles/default is applied on top
     cmd[cmd.index("--workflow-profile")] = "--profile"
     proc = subprocess.run(cmd, cwd=tmp_path, env=run_env(), capture_output=True, text=True)
