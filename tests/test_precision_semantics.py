@@ -1,0 +1,342 @@
+"""What each precision name does to the process, checked the way a precision researcher would (mutation audit 2):
+the TF32 switches each precision sets and that the caller gets its own back, the GradScaler's place in the step,
+the LR schedule on skipped steps, 16-bit optimizer state, the CUDA-only clocks and memory counters (faked), and
+the numbers metrics.json and steps.csv record."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_fixtures import TINY, prepared_both, steps_rows  # noqa: E402
+
+from precswitch import measure  # noqa: E402
+from precswitch import precision as P  # noqa: E402
+from precswitch.errors import PrecisionUnsupported  # noqa: E402
+from precswitch.train import engine  # noqa: E402
+from precswitch.train.engine import run_stage  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return prepared_both(tmp_path_factory)
+
+
+def _legacy_switches() -> tuple:
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_num_threads())
+
+
+@contextlib.contextmanager
+def _switches_put_back():
+    """Whatever the test sets, the process's own switches afterwards (independent of the code under test)."""
+    before = _legacy_switches()
+    try:
+        yield before
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[0], before[1]
+        torch.set_float32_matmul_precision(before[2])
+        torch.use_deterministic_algorithms(before[3], warn_only=before[4])
+        torch.set_num_threads(before[5])
+
+
+@contextlib.contextmanager
+def _caller_switches(tf32_matmul: bool, tf32_cudnn: bool, matmul_precision: str, deterministic: bool, threads: int):
+    """Set the process-wide switches as a caller might have them; put the process's own back afterwards."""
+    with _switches_put_back():
+        torch.set_float32_matmul_precision(matmul_precision)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32_matmul, tf32_cudnn
+        torch.use_deterministic_algorithms(deterministic, warn_only=deterministic)
+        torch.set_num_threads(threads)
+        yield _legacy_switches()
+
+
+# ====================================================================== TF32 and the caller's switches
+def test_tf32_turns_every_tf32_switch_on_and_fp32_turns_them_off():
+    """Each precision sets all three switches itself: tf32 on (cuBLAS, cuDNN, matmul precision 'high'); every
+    other precision off ('highest'), and the returned (recorded) flags are the ones now in force."""
+    with _switches_put_back():
+        for start in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = start
+            torch.set_float32_matmul_precision("high" if start else "highest")
+            on = P.get("tf32").apply_backend_flags()
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                    torch.get_float32_matmul_precision()) == (True, True, "high")
+            assert (on["tf32_matmul"], on["tf32_cudnn"], on["float32_matmul_precision"]) == (True, True, "high")
+            for name in ("fp32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16", "pure_bf16_kahan", "fp8"):
+                P.get("tf32").apply_backend_flags()
+                off = P.get(name).apply_backend_flags()
+                assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                        torch.get_float32_matmul_precision()) == (False, False, "highest"), name
+                assert (off["tf32_matmul"], off["tf32_cudnn"], off["float32_matmul_precision"]) == \
+                    (False, False, "highest"), name
+
+
+def test_backend_flags_reads_each_switch_on_its_own():
+    """The recorded flags are read from the switches, each from its own (cuBLAS vs cuDNN, the matmul precision)."""
+    with _switches_put_back():
+        for matmul, cudnn in ((False, True), (True, False)):
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+            f = P.backend_flags()
+            assert (f["tf32_matmul"], f["tf32_cudnn"]) == (matmul, cudnn)
+        torch.set_float32_matmul_precision("medium")
+        assert P.backend_flags()["float32_matmul_precision"] == "medium"
+
+
+def test_tf32_is_refused_on_a_pre_ampere_gpu(monkeypatch):
+    """TF32 tensor cores exist from Ampere (8.0) on: on a V100 (7.0) a tf32 stage would silently be fp32."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tesla V100")
+    with pytest.raises(PrecisionUnsupported, match=r"'tf32' needs an Ampere \(8\.0\).*V100.*7\.0"):
+        P.check_supported(P.get("tf32"), torch.device("cuda:0"))
+    P.check_supported(P.get("fp32"), torch.device("cuda:0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    P.check_supported(P.get("tf32"), torch.device("cuda:0"))
+
+
+def test_compute_dtype_is_the_dtype_the_matmuls_run_in():
+    want = {"fp32": torch.float32, "tf32": torch.float32, "amp_fp16": torch.float16, "amp_bf16": torch.bfloat16,
+            "pure_fp16": torch.float16, "pure_bf16": torch.bfloat16, "pure_bf16_kahan": torch.bfloat16,
+            "pure_bf16_sr": torch.bfloat16, "fp8": torch.bfloat16}
+    assert {n: P.get(n).compute_dtype for n in P.NAMES} == want
+
+
+# ====================================================================== scaler, clipping, LR on skipped steps
+def test_skipped_steps_advance_the_lr_schedule_as_in_every_other_precision(data, tmp_path, monkeypatch):
+    """engine.py documents it: a step the GradScaler skips still advances the LR scheduler (PyTorch's AMP recipe),
+    so step t has the same LR in every precision. An amp_fp16 run whose first steps overflow logs exactly the LRs
+    of an fp32 run, skipped rows included."""
+    stock = P.Precision.make_scaler
+    monkeypatch.setattr(P.Precision, "make_scaler", lambda self, d: None if stock(self, d) is None
+                        else torch.amp.GradScaler(d, init_scale=2.0**40))
+    hp = {"data": str(data["mlm"]), "steps": 8, "lr": 1e-3, "warmup_ratio": 0.25, "model": TINY, "log_every": 1,
+          "max_nonfinite": 100, "max_nonfinite_fraction": 1.0, "save_checkpoint": False}
+    amp = run_stage({**hp, "precision": "amp_fp16"}, tmp_path / "amp")
+    fp32 = run_stage({**hp, "precision": "fp32"}, tmp_path / "fp32")
+    assert amp["skipped_steps"] >= 3 and fp32["skipped_steps"] == 0
+    lr = {d: [float(r["lr"]) for r in steps_rows(tmp_path / d)] for d in ("amp", "fp32")}
+    assert lr["amp"] == lr["fp32"] and len(lr["amp"]) == 8
+    assert lr["amp"] == pytest.approx([1e-3 * t / 2 if t < 2 else 1e-3 * (8 - t) / 6 for t in range(8)])
+
+
+def test_loss_scale_columns_record_the_scale_each_step_used(data, tmp_path, monkeypatch):
+    """metrics.json's loss_scale_start/end/min are the scales the steps ran with (the one the backward used, as in
+    steps.csv), not the scaler's value after its update: a scaler that grows every step starts at 1 and the last
+    of 4 steps ran with 8."""
+    monkeypatch.setattr(P.Precision, "make_scaler", lambda self, d: torch.amp.GradScaler(
+        d, init_scale=1.0, growth_interval=1) if self.loss_scaling else None)
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 4, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    assert [float(r["loss_scale"]) for r in steps_rows(tmp_path / "r")] == [1.0, 2.0, 4.0, 8.0]
+    assert (m["loss_scale_start"], m["loss_scale_end"], m["loss_scale_min"]) == (1.0, 8.0, 1.0)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0, None])
+def test_max_grad_norm_off_means_no_clipping_but_the_norm_is_recorded(data, tmp_path, max_grad_norm):
+    """max_grad_norm 0 or null: the optimizer steps on the whole gradient (its norm is what steps.csv records), not
+    on one clipped to some default."""
+    seen = []
+
+    def at_step(opt, args, kwargs):
+        grads = [p.grad.float() for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    handle = register_optimizer_step_pre_hook(at_step)
+    try:
+        run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "seed": 2, "model": TINY, "lr": 1e-3,
+                   "max_grad_norm": max_grad_norm, "save_checkpoint": False}, tmp_path / "r")
+    finally:
+        handle.remove()
+    recorded = [float(r["grad_norm"]) for r in steps_rows(tmp_path / "r")]
+    assert max(recorded) > 1.0  # larger than the default clip (max_grad_norm 1): the comparison can fail
+    assert seen == pytest.approx(recorded, rel=1e-4)
+
+
+# ====================================================================== pure 16-bit: weights, grads, optimizer state
+@pytest.mark.parametrize("prec, dtype, impl", [("pure_bf16", torch.bfloat16, "fused"),
+                                               ("pure_fp16", torch.float16, "foreach"),
+                                               ("pure_bf16_kahan", torch.bfloat16, "fused")])
+def test_pure_precisions_keep_weights_grads_and_adam_state_in_16_bits(data, tmp_path, prec, dtype, impl):
+    """pure_*: after every optimizer step the weights, their gradients and AdamW's exp_avg / exp_avg_sq are in the
+    16-bit dtype (no fp32 master copy or state hiding anywhere); AdamW's step counter stays fp32 (a bf16 counter
+    stops at 256); eps is the hparam's."""
+    seen = []
+
+    def after_step(opt, args, kwargs):
+        if prec.endswith("kahan") and not hasattr(opt, "optimizer"):
+            return  # the inner AdamW, called inside the wrapper's step on transient fp32 copies
+        inner = getattr(opt, "optimizer", opt)
+        for g in inner.param_groups:
+            for p in g["params"]:
+                st = inner.state[p]
+                seen.append((p.dtype, p.grad.dtype, st["exp_avg"].dtype, st["exp_avg_sq"].dtype, st["step"].dtype,
+                             g["eps"]))
+
+    handle = register_optimizer_step_post_hook(after_step)
+    try:
+        m = run_stage({"data": str(data["mlm"]), "precision": prec, "steps": 2, "model": TINY, "adam_eps": 1e-4,
+                       "optimizer_impl": impl, "save_checkpoint": False}, tmp_path / "r")
+    finally:
+        handle.remove()
+    assert m["status"] == "ok" and m["param_dtype"] == P.dtype_name(dtype)
+    assert seen and set(seen) == {(dtype, dtype, dtype, dtype, torch.float32, 1e-4)}
+
+
+def test_compensated_optimizer_keeps_adams_step_counter_in_fp32():
+    """The Kahan/SR wrappers round the optimizer state back to bf16 after each step, except AdamW's step counter:
+    a bf16 counter cannot count past 256 (256 + 1 rounds to 256), which would freeze Adam's bias correction."""
+    from precswitch.optim import wrap_optimizer
+
+    for kind in ("kahan", "stochastic_rounding"):
+        w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        opt = wrap_optimizer(kind, torch.optim.AdamW([w], lr=1e-3, foreach=True), seed=0)
+        opt.optimizer.state[w]["step"] = torch.tensor(256.0)  # as if 256 steps were done
+        opt.optimizer.state[w]["exp_avg"] = torch.zeros(4, dtype=torch.bfloat16)
+        opt.optimizer.state[w]["exp_avg_sq"] = torch.zeros(4, dtype=torch.bfloat16)
+        w.grad = torch.ones(4, dtype=torch.bfloat16)
+        opt.step()
+        st = opt.optimizer.state[w]
+        assert st["step"].dtype == torch.float32 and float(st["step"]) == 257.0, kind
+        assert st["exp_avg"].dtype == torch.bfloat16 and st["exp_avg_sq"].dtype == torch.bfloat16
+
+
+def test_compensated_optimizer_leaves_parameters_without_a_gradient_alone():
+    """A bf16 parameter that got no gradient this step (an unused head) is neither touched nor crashes the step."""
+    from precswitch.optim import wrap_optimizer
+
+    for kind in ("kahan", "stochastic_rounding"):
+        used = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        unused = torch.nn.Parameter(torch.full((4,), 3.0, dtype=torch.bfloat16))
+        opt = wrap_optimizer(kind, torch.optim.AdamW([used, unused], lr=1e-2, foreach=True), seed=0)
+        used.grad = torch.ones(4, dtype=torch.bfloat16)
+        opt.step()
+        assert unused.grad is None and torch.equal(unused, torch.full((4,), 3.0, dtype=torch.bfloat16)), kind
+        assert unused not in opt.optimizer.state and not torch.equal(used, torch.ones(4, dtype=torch.bfloat16))
+
+
+def test_stochastic_rounding_noise_follows_the_runs_seed(data, tmp_path, monkeypatch):
+    """pure_bf16_sr's rounding generator is seeded by the run's seed (wrap_optimizer(seed=hp seed)): the engine hands
+    it the seed, not a constant."""
+    seeds = []
+    real = P.Precision.wrap_optimizer
+
+    def spy(self, optimizer, seed):
+        seeds.append(seed)
+        return real(self, optimizer, seed)
+
+    monkeypatch.setattr(P.Precision, "wrap_optimizer", spy)
+    run_stage({"data": str(data["mlm"]), "precision": "pure_bf16_sr", "steps": 1, "seed": 7, "model": TINY,
+               "save_checkpoint": False}, tmp_path / "r")
+    assert seeds == [7]
+
+
+# ====================================================================== switch, resume, eval
+def test_amp_fp16_to_fp32_resumed_after_the_switch_has_no_loss_scaler(data, tmp_path, monkeypatch):
+    """Resumed past its switch point, an amp_fp16 -> fp32 stage continues in fp32 without a loss scaler (not with
+    the scaler of the precision it started in): its steps.csv equals the uninterrupted run's."""
+    hp = {"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
+          "model": TINY, "save_checkpoint": False}
+    run_stage(hp, tmp_path / "whole")
+    real_sync, calls = engine.measure.sync, []
+
+    def sync_then_sigterm(device):  # SIGTERM during step 3, past the switch (step 2)
+        real_sync(device)
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
+    with pytest.raises(engine.Preempted):
+        run_stage(hp, tmp_path / "resumed")
+    monkeypatch.setattr(engine.measure, "sync", real_sync)
+    resumed = run_stage(hp, tmp_path / "resumed")
+    assert resumed["resumed"] is True
+    cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
+    rows = {d: [[r[c] for c in cols] for r in steps_rows(tmp_path / d)] for d in ("whole", "resumed")}
+    assert [r[cols.index("loss_scale")] for r in rows["resumed"]] == ["65536.0", "65536.0", "", ""]
+    assert rows["resumed"] == rows["whole"]
+
+
+def test_metrics_record_the_training_flags_not_the_eval_precisions(data, tmp_path, monkeypatch):
+    """eval_precision other than the stage's applies its own flags for the evaluation; metrics.json's flags are
+    those the training ran with (on a CPU every precision's flags are equal: mark them by precision)."""
+    real = P.Precision.apply_backend_flags
+    monkeypatch.setattr(P.Precision, "apply_backend_flags", lambda self: {**real(self), "flags_of": self.name})
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "eval_precision": "fp32", "steps": 2,
+                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+    assert m["eval_precision"] == "fp32" and m["flags_of"] == "amp_bf16"
+
+
+def test_peak_memory_is_the_training_loops_not_the_evaluations(data, tmp_path, monkeypatch):
+    """peak_memory_bytes is read when the training loop ends: 300 MB touched and freed during the evaluation (which
+    may run a converted copy of the model) are not in it."""
+    mb = 1 << 20
+    real = engine.evaluate
+
+    def alloc_eval(*a, **k):
+        import numpy as np
+
+        x = np.ones(300 * mb // 8)
+        del x
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine, "evaluate", alloc_eval)
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    assert m["peak_memory_bytes"] < m["memory_baseline_bytes"] + 250 * mb
+
+
+def test_final_train_loss_is_the_last_logged_loss(data, tmp_path):
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 4, "model": TINY, "lr": 1e-3,
+                   "save_checkpoint": False}, tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
+    assert m["final_train_loss"] == float(rows[-1]["loss"]) and rows[-1]["loss"] != rows[0]["loss"]
+
+
+def test_a_stage_no_longer_than_its_timing_warm_up_times_every_step(data, tmp_path):
+    """timing_warmup_steps applies only when more steps were timed than it: a finished run of exactly that many
+    steps reports rates over all of them (warm-up 0), never null ones."""
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY, "timing_warmup_steps": 2,
+                   "save_checkpoint": False}, tmp_path / "r")
+    assert m["timing_warmup_steps"] == 0 and m["steps_per_second"] > 0 and m["step_seconds_median"] > 0
+
+
+# ====================================================================== CUDA-only clocks and memory (faked)
+def _fake_cuda(monkeypatch) -> list:
+    calls = []
+    fake = SimpleNamespace(
+        synchronize=lambda d=None: calls.append(("synchronize", d)),
+        reset_peak_memory_stats=lambda d=None: calls.append(("reset_peak_memory_stats", d)),
+        max_memory_allocated=lambda d=None: 7 << 30,
+        memory_allocated=lambda d=None: 1 << 30,
+        max_memory_reserved=lambda d=None: 8 << 30,
+    )
+    for name, fn in vars(fake).items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    monkeypatch.setattr(measure, "nvml_memory_used", lambda d: None)
+    return calls
+
+
+def test_cuda_clock_reads_wait_for_the_device_and_peaks_reset_per_stage(monkeypatch):
+    calls = _fake_cuda(monkeypatch)
+    dev = torch.device("cuda:1")
+    measure.sync(dev)
+    measure.reset_peak_memory(dev)
+    mem = measure.peak_memory(dev)
+    assert calls == [("synchronize", dev), ("reset_peak_memory_stats", dev)]
+    assert mem["peak_memory_bytes"] == 7 << 30 and mem["memory_kind"] == "cuda_max_allocated"
+    assert mem["cuda_max_reserved_bytes"] == 8 << 30
+    calls.clear()
+    measure.sync(torch.device("cpu"))
+    measure.reset_peak_memory(torch.device("cpu"))
+    assert calls == []
