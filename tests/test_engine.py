@@ -125,13 +125,28 @@ def test_pure_fp16_default_eps_diverges_and_is_recorded(data, tmp_path):
     assert m["eval_loss"] is None and m["eval_note"]
 
 
-def test_fp32_turns_tf32_off_even_if_it_was_on(data, tmp_path):
+def test_fp32_turns_tf32_off_even_if_it_was_on(data, tmp_path, monkeypatch):
+    """TF32 off while the fp32 stage trains, whatever the caller had; the caller's own switches back afterwards."""
+    real, during = engine.forward_loss, []
+
+    def spy(*a):
+        during.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                       torch.get_float32_matmul_precision()))
+        return real(*a)
+
+    monkeypatch.setattr(engine, "forward_loss", spy)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.set_float32_matmul_precision("high")
-    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "r")
-    assert m["tf32_matmul"] is False and m["tf32_cudnn"] is False
-    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.get_float32_matmul_precision() == "highest"
+    try:
+        m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "r")
+        assert m["tf32_matmul"] is False and m["tf32_cudnn"] is False
+        assert during == [(False, False, "highest")]
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True  # torch's default
 
 
 def test_deterministic_is_set_every_run_not_left_on_by_an_earlier_one(data, tmp_path):
@@ -139,7 +154,7 @@ def test_deterministic_is_set_every_run_not_left_on_by_an_earlier_one(data, tmp_
     try:
         m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "r")
         assert m["deterministic"] is False and m["hparams"]["deterministic"] is False
-        assert torch.are_deterministic_algorithms_enabled() is False
+        assert torch.are_deterministic_algorithms_enabled() is True  # the caller's own, given back
     finally:
         torch.use_deterministic_algorithms(False)
 

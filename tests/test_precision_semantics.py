@@ -111,6 +111,42 @@ def test_compute_dtype_is_the_dtype_the_matmuls_run_in():
     assert {n: P.get(n).compute_dtype for n in P.NAMES} == want
 
 
+def test_an_fp32_stage_runs_tf32_off_throughout_and_gives_the_caller_its_switches_back(data, tmp_path, monkeypatch):
+    """A caller with TF32 on, matmul precision 'high', deterministic algorithms (warn only) and 2 threads runs an fp32
+    stage: every training forward and the evaluation run with TF32 off, 'highest', deterministic off and the stage's
+    1 thread; when run_stage returns, the caller has its own switches back (nothing flipped behind its back)."""
+    seen = []
+    real_fwd, real_eval = engine.forward_loss, engine.evaluate
+
+    def fwd(*a):
+        seen.append(("train",) + _legacy_switches())
+        return real_fwd(*a)
+
+    def ev(*a, **k):
+        seen.append(("eval",) + _legacy_switches())
+        return real_eval(*a, **k)
+
+    monkeypatch.setattr(engine, "forward_loss", fwd)
+    monkeypatch.setattr(engine, "evaluate", ev)
+    with _caller_switches(True, True, "high", True, 2) as caller:
+        m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "model": TINY, "threads": 1,
+                       "save_checkpoint": False}, tmp_path / "r")
+        after = _legacy_switches()
+    assert [s[0] for s in seen] == ["train"] * 3 + ["eval"]
+    assert all(s[1:] == (False, False, "highest", False, False, 1) for s in seen), seen
+    assert (m["tf32_matmul"], m["tf32_cudnn"], m["float32_matmul_precision"], m["deterministic"]) == \
+        (False, False, "highest", False)
+    assert after == caller
+
+
+def test_a_refused_stage_gives_the_caller_its_switches_back_too(data, tmp_path):
+    """The switches are set before the precision check refuses tf32 on a CPU: the caller still gets its own back."""
+    with _caller_switches(True, False, "high", False, 2) as caller:
+        with pytest.raises(PrecisionUnsupported):
+            run_stage({"data": str(data["mlm"]), "precision": "tf32", "steps": 1, "model": TINY}, tmp_path / "r")
+        assert _legacy_switches() == caller
+
+
 # ====================================================================== scaler, clipping, LR on skipped steps
 def test_skipped_steps_advance_the_lr_schedule_as_in_every_other_precision(data, tmp_path, monkeypatch):
     """engine.py documents it: a step the GradScaler skips still advances the LR scheduler (PyTorch's AMP recipe),

@@ -82,7 +82,8 @@ class Precision:
     def apply_backend_flags(self) -> dict[str, Any]:
         """Set the global TF32 switches for this precision (explicitly, every stage) and return them.
 
-        ``fp32`` really means fp32: TF32 is switched OFF for every precision except ``tf32``.
+        ``fp32`` really means fp32: TF32 is switched OFF for every precision except ``tf32``. (The engine gives
+        the caller its own switches back when the stage ends: :func:`restoring_global_numerics`.)
         """
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
         torch.backends.cudnn.allow_tf32 = self.tf32
@@ -286,6 +287,51 @@ def backend_flags() -> dict[str, Any]:
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
     }
+
+
+#: torch >= 2.9's per-backend fp32 precision switches (the generic one first): a caller who set them there is
+#: restored there (its legacy getters raise until then)
+_FP32_PRECISION_BACKENDS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul",
+                            "mkldnn.conv", "mkldnn.rnn")
+
+
+def _fp32_precision_backend(name: str):
+    obj = torch.backends
+    for part in filter(None, name.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+@contextlib.contextmanager
+def restoring_global_numerics():
+    """Give the caller back the process-wide numeric switches a stage sets: the TF32 switches and float32 matmul
+    precision (:meth:`Precision.apply_backend_flags`), deterministic algorithms and the intra-op thread count.
+
+    A stage sets them explicitly for itself (never trusting what it inherited); a caller running a stage in its own
+    process (a notebook, a test, a script running several stages) must not find, say, TF32 left on by a ``tf32``
+    stage under its own "fp32" matmuls. Restored through the API the caller set them with: legacy switches
+    (``allow_tf32``, ``set_float32_matmul_precision``) when they can be read, else the per-backend
+    ``fp32_precision`` values."""
+    legacy = None
+    with contextlib.suppress(RuntimeError):  # torch >= 2.9 refuses to read them once the new API was used
+        legacy = (bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32),
+                  torch.get_float32_matmul_precision())
+    per_backend = None
+    if legacy is None and hasattr(torch.backends, "fp32_precision"):
+        per_backend = {n: _fp32_precision_backend(n).fp32_precision for n in _FP32_PRECISION_BACKENDS}
+    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if legacy is not None:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy[0], legacy[1]
+            torch.set_float32_matmul_precision(legacy[2])
+        elif per_backend is not None:
+            for n, v in per_backend.items():
+                _fp32_precision_backend(n).fp32_precision = v
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.set_num_threads(threads)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -537,10 +537,13 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     """Run one stage. Returns the metrics dict (also written to ``out_dir/metrics.json``).
 
     Raises PrecswitchError for bad input (before training, and when another process trains into
-    ``out_dir``), Preempted after SIGTERM or SIGINT (state saved).
+    ``out_dir``), Preempted after SIGTERM or SIGINT (state saved). The process-wide numeric switches the stage
+    sets (TF32, float32 matmul precision, deterministic algorithms, threads) are the caller's again when it returns
+    or raises (:func:`precswitch.precision.restoring_global_numerics`).
     """
     C.resolve(hparams)  # bad hparams are named before anything is created
-    with _run_dir_lock(Path(out_dir)):
+    # the stage sets TF32, matmul precision, deterministic algorithms and threads for itself: the caller gets its own back
+    with _run_dir_lock(Path(out_dir)), P.restoring_global_numerics():
         return _run_stage(hparams, out_dir)
 
 
