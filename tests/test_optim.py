@@ -219,3 +219,48 @@ def test_engine_style_loop_on_tiny_bert(kind):
     assert all(v.dtype == torch.bfloat16 for st in inner.state.values() for k, v in st.items() if k != "step")
     sd = opt.state_dict()
     assert "precswitch_compensation" in sd and sd["precswitch_compensation"]["kind"] == kind
+
+
+def test_kahan_keeps_what_the_first_step_rounded_away():
+    """Step 1 already has a compensation: an update of 2**-10 on w = 1 (below half the bf16 spacing there, 2**-8)
+    leaves w at 1 and is carried in full in the buffer, not dropped because there was no buffer yet."""
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = KahanWrapper(torch.optim.SGD([p], lr=1.0))
+    p.grad = torch.full((4,), -(2.0**-10), dtype=torch.bfloat16)
+    opt.step()
+    assert torch.equal(p, torch.ones(4, dtype=torch.bfloat16))
+    assert torch.equal(opt.compensation[p], torch.full((4,), 2.0**-10, dtype=torch.bfloat16))
+    opt.step()  # the second half-step plus the carried one: 2**-9 in all, still below half the spacing
+    opt.step()
+    opt.step()  # 4 steps: weight + buffer hold the whole 4 * 2**-10, wherever the rounding put it
+    assert float(p.detach().float().mean() + opt.compensation[p].float().mean()) == pytest.approx(1 + 4 * 2.0**-10)
+
+
+@pytest.mark.parametrize("kind", ["kahan", "stochastic_rounding"])
+def test_a_failed_inner_step_writes_nothing_into_the_bf16_weights(kind):
+    """An inner optimizer that raises half-way through its step (after touching the fp32 copies) leaves the bf16
+    weights, their gradients and dtypes as they were: nothing half-updated is written back."""
+
+    class Boom(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step(closure)
+            raise RuntimeError("boom")
+
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = wrap_optimizer(kind, Boom([p], lr=0.5), seed=0)
+    p.grad = torch.ones(4, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="boom"):
+        opt.step()
+    assert p.dtype == torch.bfloat16 and torch.equal(p, torch.ones(4, dtype=torch.bfloat16))
+    assert p.grad.dtype == torch.bfloat16 and torch.equal(p.grad, torch.ones(4, dtype=torch.bfloat16))
+
+
+def test_stochastic_rounding_keeps_every_nan_a_nan():
+    """A NaN whose payload fills the mantissa (0x7FFFFFFF, or 0xFFFFFFFF negative) would carry out of the int32 in
+    the bit trick and come back as a finite number (-0.0): a NaN weight silently 'repaired'. It stays NaN."""
+    bits = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000, 0x7F800001], dtype=torch.int32)
+    x = bits.view(torch.float32)
+    assert torch.isnan(x).all()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        assert torch.isnan(stochastic_round_to_bf16(x, g).float()).all()

@@ -147,6 +147,41 @@ def test_a_refused_stage_gives_the_caller_its_switches_back_too(data, tmp_path):
         assert _legacy_switches() == caller
 
 
+_NEW_API_CALLER = r"""
+import json, sys, torch
+from precswitch.train import engine
+mk = torch.backends.mkldnn.matmul
+mk.fp32_precision = "bf16"  # the caller: oneDNN may run fp32 matmuls in bf16 (AMX), set with torch's new API
+seen = []
+real = engine.forward_loss
+def spy(*a):
+    seen.append(mk.fp32_precision)
+    return real(*a)
+engine.forward_loss = spy
+m = engine.run_stage({"data": sys.argv[1], "precision": "fp32", "steps": 2, "model": json.loads(sys.argv[3]),
+                      "save_checkpoint": False}, sys.argv[2])
+print(json.dumps({"during": seen, "after": mk.fp32_precision, "recorded": m["float32_matmul_precision"]}))
+"""
+
+
+def test_fp32_on_cpu_runs_ieee_matmuls_even_if_the_caller_asked_onednn_for_bf16(data, tmp_path):
+    """torch >= 2.9: a caller may set oneDNN's fp32 matmul precision to bf16 with the new per-backend API (on an
+    AMX CPU those matmuls would really run in bf16). An fp32 stage must run them in IEEE fp32 and hand the caller's
+    bf16 setting back (through the same API: the legacy getters refuse to read a mixed state). In a subprocess:
+    the new API leaves torch's legacy getters unusable for the rest of the process."""
+    import json
+    import subprocess
+
+    if not hasattr(torch.backends.mkldnn, "matmul") or not hasattr(torch.backends.mkldnn.matmul, "fp32_precision"):
+        pytest.skip("torch without per-backend fp32_precision")
+    r = subprocess.run([sys.executable, "-c", _NEW_API_CALLER, str(data["mlm"]), str(tmp_path / "r"), json.dumps(TINY)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"during": ["ieee", "ieee"], "after": "bf16", "recorded": "highest"}
+
+
 # ====================================================================== scaler, clipping, LR on skipped steps
 def test_skipped_steps_advance_the_lr_schedule_as_in_every_other_precision(data, tmp_path, monkeypatch):
     """engine.py documents it: a step the GradScaler skips still advances the LR scheduler (PyTorch's AMP recipe),
@@ -376,3 +411,17 @@ def test_cuda_clock_reads_wait_for_the_device_and_peaks_reset_per_stage(monkeypa
     measure.sync(torch.device("cpu"))
     measure.reset_peak_memory(torch.device("cpu"))
     assert calls == []
+
+
+def test_evaluating_in_another_precision_leaves_the_trained_weights_and_checkpoint_alone(data, tmp_path):
+    """eval_precision fp32 after a pure_bf16 stage evaluates an fp32 *copy*: the checkpoint on disk is still the
+    bf16 weights the stage trained (not the weights cast for the evaluation), as checkpoint_dtype_written says."""
+    import json
+
+    m = run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "eval_precision": "fp32", "steps": 2,
+                   "model": TINY}, tmp_path / "r")
+    f = next((tmp_path / "r" / "checkpoint").glob("*.safetensors"))
+    with open(f, "rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+    assert m["checkpoint_dtype_written"] == "bfloat16" and m["eval_precision"] == "fp32"
