@@ -425,3 +425,35 @@ def test_evaluating_in_another_precision_leaves_the_trained_weights_and_checkpoi
         header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
     assert m["checkpoint_dtype_written"] == "bfloat16" and m["eval_precision"] == "fp32"
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, 0])
+def test_pure_fp16_gradient_norm_above_65504_is_finite_and_clips(data, tmp_path, monkeypatch, max_grad_norm):
+    """pure_fp16 with finite fp16 gradients whose total norm exceeds fp16's 65504 (the loss is multiplied by 6e4 in
+    fp32; a loss scale of 1 keeps every gradient element finite): the recorded norm is finite and the optimizer
+    steps on the clipped gradient (norm max_grad_norm), or with clipping off on the whole finite gradient. torch's
+    fp16 norm was inf: the update was zeroed (clip factor 1/inf) or, clipping off, NaN (inf/inf) in every weight."""
+    monkeypatch.setattr(P.Precision, "make_scaler", lambda self, d: P.PureFP16GradScaler(d, init_scale=1.0)
+                        if self.loss_scaling else None)
+    real = engine.forward_loss
+    monkeypatch.setattr(engine, "forward_loss", lambda *a: real(*a).float() * 6e4)
+    seen = []
+
+    def at_step(opt, args, kwargs):
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x, dtype=torch.float32)
+                                                                for x in grads]))))
+
+    handle = register_optimizer_step_pre_hook(at_step)
+    try:
+        m = run_stage({"data": str(data["mlm"]), "precision": "pure_fp16", "steps": 3, "model": TINY,
+                       "adam_eps": 1e-4, "max_grad_norm": max_grad_norm, "save_checkpoint": False}, tmp_path / "r")
+    finally:
+        handle.remove()
+    rows = steps_rows(tmp_path / "r")
+    assert m["skipped_steps"] == 0 and [r["skipped"] for r in rows] == ["0"] * 3
+    norms = [float(r["grad_norm"]) for r in rows]
+    assert all(65504 < n < float("inf") for n in norms), norms
+    # the gradient the optimizer applies: clipped to max_grad_norm, or (clipping off) the whole finite one
+    assert seen == (pytest.approx([1.0] * 3, rel=1e-2) if max_grad_norm else pytest.approx(norms, rel=1e-2))
+    assert m["status"] == "ok" and m["nonfinite_losses"] == 0 and m["eval_loss"] is not None

@@ -404,6 +404,27 @@ def forward_loss(model, batch: dict, objective: str) -> torch.Tensor:
     return model(**batch).loss
 
 
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (total 2-norm over every gradient; clip to ``max_norm``; the norm before
+    clipping is returned), with the norm of 16-bit gradients (pure_*) reduced in fp32.
+
+    torch reduces fp16 gradients to an fp16 norm: finite gradients whose total norm exceeds 65504 (many moderate
+    elements) give ``inf``, and the clip factor ``max_norm / inf`` then zeroes the whole update (the step runs on
+    nothing, unrecorded as a skip) or, with clipping off (``max_norm`` inf), is ``inf / inf`` = NaN and writes NaN
+    into every weight, on a step whose gradients were all finite (the loss scaler found no inf in them). bf16 norms
+    carry 8 bits. fp32 gradients take torch's own path unchanged (bit for bit)."""
+    params = [p for p in parameters if p.grad is not None]
+    if all(p.grad.dtype == torch.float32 for p in params):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params]
+    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total
+
+
 # ====================================================================== evaluation
 @torch.no_grad()
 def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, device, meta: dict) -> dict:
@@ -815,7 +836,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 loss.backward()
             if step + 1 < total_steps:  # host work while the GPU runs the queued kernels (no sync above)
                 pending = host_batch(step + 1)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), hp["max_grad_norm"] or math.inf)
+            grad_norm = clip_grad_norm(model.parameters(), hp["max_grad_norm"] or math.inf)
             if scaler is not None:
                 scale_before = scaler.get_scale()
                 scaler.step(optimizer)
