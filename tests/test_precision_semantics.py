@@ -457,3 +457,41 @@ def test_pure_fp16_gradient_norm_above_65504_is_finite_and_clips(data, tmp_path,
     # the gradient the optimizer applies: clipped to max_grad_norm, or (clipping off) the whole finite one
     assert seen == (pytest.approx([1.0] * 3, rel=1e-2) if max_grad_norm else pytest.approx(norms, rel=1e-2))
     assert m["status"] == "ok" and m["nonfinite_losses"] == 0 and m["eval_loss"] is not None
+
+
+@pytest.mark.parametrize("prec", ["fp32", "amp_fp16", "pure_bf16_kahan"])
+def test_each_step_starts_without_the_last_steps_gradients(data, tmp_path, monkeypatch, prec):
+    """Every training forward starts with no gradient left from the step before (set to None after the optimizer
+    step): a step applies its own batch's gradient, not a sum over the steps so far."""
+    left = []
+    real = engine.forward_loss
+
+    def fwd(model, *a):
+        left.append(sum(p.grad is not None for p in model.parameters()))
+        return real(model, *a)
+
+    monkeypatch.setattr(engine, "forward_loss", fwd)
+    run_stage({"data": str(data["mlm"]), "precision": prec, "steps": 3, "model": TINY, "save_checkpoint": False},
+              tmp_path / "r")
+    assert left == [0, 0, 0]
+
+
+def test_classification_eval_runs_in_the_eval_precisions_autocast():
+    """A classifier evaluated in amp_bf16 runs its forward under bf16 autocast (as the mlm eval does): its eval loss
+    is the one computed under autocast, and differs from fp32's (the comparison can fail)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=32, num_labels=2)).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 97, (8, 16), generator=g)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+             "labels": torch.randint(0, 2, (8,), generator=g)}
+    cpu, meta = torch.device("cpu"), {"num_labels": 2, "majority_accuracy": 0.5}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = float(model(**batch).loss)
+    bf16 = engine.evaluate(model, [batch], "classify", P.get("amp_bf16"), cpu, meta)["eval_loss"]
+    fp32 = engine.evaluate(model, [batch], "classify", P.get("fp32"), cpu, meta)["eval_loss"]
+    assert bf16 == pytest.approx(want, rel=1e-6) and bf16 != fp32
