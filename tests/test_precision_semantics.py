@@ -495,3 +495,36 @@ def test_classification_eval_runs_in_the_eval_precisions_autocast():
     bf16 = engine.evaluate(model, [batch], "classify", P.get("amp_bf16"), cpu, meta)["eval_loss"]
     fp32 = engine.evaluate(model, [batch], "classify", P.get("fp32"), cpu, meta)["eval_loss"]
     assert bf16 == pytest.approx(want, rel=1e-6) and bf16 != fp32
+
+
+def test_a_classifier_with_non_finite_logits_gets_no_accuracy_and_a_note():
+    """NaN logits (a blown-up model): argmax would still "predict" class 0 and give an accuracy; the eval reports
+    none (null accuracy, f1, mcc) and says why, which the engine records as a diverged stage."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64,
+                                                     max_position_embeddings=32, num_labels=2)).eval()
+    with torch.no_grad():
+        model.classifier.weight[0, 0] = float("nan")
+    ids = torch.randint(5, 97, (6, 8), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 0, 1, 0, 0])}
+    ev = engine.evaluate(model, [batch], "classify", P.get("fp32"), torch.device("cpu"), {"num_labels": 2})
+    assert (ev["accuracy"], ev["f1"], ev["mcc"], ev["eval_loss"]) == (None, None, None, None)
+    assert "non-finite logits for 6 of 6" in ev["eval_note"]
+
+
+def test_a_stage_whose_final_model_is_not_finite_is_recorded_as_diverged(data, tmp_path, monkeypatch):
+    """Every training loss finite, but the evaluation finds non-finite outputs: recorded as data (status diverged,
+    the reason saying so, exit normally), not as an ok run with null metrics."""
+    real = engine.evaluate
+
+    def nan_model(*a, **k):
+        return {**real(*a, **k), "eval_loss": None, "eval_note": "non-finite eval loss: model weights or activations are NaN/inf"}
+
+    monkeypatch.setattr(engine, "evaluate", nan_model)
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY, "save_checkpoint": False},
+                  tmp_path / "r")
+    assert m["status"] == "diverged" and m["status_reason"].startswith("final model is not finite: non-finite eval loss")
+    assert m["nonfinite_losses"] == 0 and m["steps_completed"] == 2
