@@ -528,3 +528,25 @@ def test_a_stage_whose_final_model_is_not_finite_is_recorded_as_diverged(data, t
                   tmp_path / "r")
     assert m["status"] == "diverged" and m["status_reason"].startswith("final model is not finite: non-finite eval loss")
     assert m["nonfinite_losses"] == 0 and m["steps_completed"] == 2
+
+
+def test_resumable_state_saves_stay_out_of_the_step_times(data, tmp_path, monkeypatch):
+    """checkpoint_every_steps 2 of 5 steps: each save takes 100 s on a fake clock; it is counted in
+    state_save_seconds and in no step's time (the clock restarts after the save), so train_seconds stays small."""
+    import time as real_time
+
+    offset = [0.0]
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
+    real_save = engine._save_state
+
+    def slow_save(path, state):
+        real_save(path, state)
+        offset[0] += 100.0
+        return 100.0
+
+    monkeypatch.setattr(engine, "_save_state", slow_save)
+    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 5, "model": TINY,
+                   "checkpoint_every_steps": 2, "save_checkpoint": False}, tmp_path / "r")
+    dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
+    assert m["state_saves"] == 2 and m["state_save_seconds"] == 200.0
+    assert len(dts) == 5 and max(dts) < 100 and m["train_seconds"] < 100
