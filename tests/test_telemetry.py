@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from precswitch.telemetry import FP16_MIN_NORMAL, ROW_FIELDS, ActivationTelemetry
+from precswitch.telemetry import FP16_MAX, FP16_MIN_NORMAL, ROW_FIELDS, ActivationTelemetry
 
 
 class Tiny(nn.Module):
@@ -184,3 +184,20 @@ def test_state_dict_round_trip_for_resume():
         with resumed.step(step):
             m(torch.ones(2, 8))
     assert resumed.rows() == full.rows() and resumed.summary() == full.summary()
+
+
+def test_fp16_max_itself_is_not_an_overflow():
+    """65504 is fp16's largest finite value: an activation of exactly 65504 fits (not counted, nor its layer
+    listed); one just above it (65505, which fp16 rounds to 65504 but anything from 65520 on becomes inf) is an
+    overflow by the documented rule |x| > 65504."""
+    lin = nn.Linear(3, 3, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(3))
+    assert torch.isfinite(torch.tensor(FP16_MAX).half())
+    tel = ActivationTelemetry(lin, every=1)
+    with tel.step(0):
+        lin(torch.tensor([[FP16_MAX, -FP16_MAX, 1.0]]))
+    assert tel.rows()[0]["frac_overflow_fp16"] == 0 and tel.summary()["layers_with_overflow"] == []
+    with tel.step(1):
+        lin(torch.tensor([[65505.0, 1.0, 1.0]]))
+    assert tel.rows()[1]["frac_overflow_fp16"] == pytest.approx(1 / 3)
