@@ -201,3 +201,20 @@ def test_fp16_max_itself_is_not_an_overflow():
     with tel.step(1):
         lin(torch.tensor([[65505.0, 1.0, 1.0]]))
     assert tel.rows()[1]["frac_overflow_fp16"] == pytest.approx(1 / 3)
+
+
+def test_an_overflow_the_sample_misses_still_lists_its_layer():
+    """Outputs above sample_limit are classified on a strided sample, but max_abs is exact: an overflowing value the
+    sample skips (stride 5 over 12 values: positions 0, 5, 10) still puts its layer in layers_with_overflow."""
+    lin = nn.Linear(12, 12, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(12))
+    model = nn.Sequential(lin)
+    tel = ActivationTelemetry(model, every=1, sample_limit=4)
+    x = torch.ones(1, 12)
+    x[0, 1] = 70000.0
+    with tel.step(0):
+        model(x)
+    s = tel.summary()
+    assert s["frac_overflow_fp16"] == 0  # not in the sample
+    assert s["max_abs"] == 70000.0 and s["layers_with_overflow"] == ["0"]
