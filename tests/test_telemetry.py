@@ -218,3 +218,27 @@ def test_an_overflow_the_sample_misses_still_lists_its_layer():
     s = tel.summary()
     assert s["frac_overflow_fp16"] == 0  # not in the sample
     assert s["max_abs"] == 70000.0 and s["layers_with_overflow"] == ["0"]
+
+
+def test_negative_activations_and_a_module_called_twice_count_in_full():
+    """max_abs is the largest |x| (a -70000 output counts: fp16 overflows at either sign); a module called twice in
+    one forward (shared weights) reports the max over both calls and fractions over all their values."""
+    lin = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(2))
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, a, b):
+            return self.lin(a), self.lin(b)
+
+    model = Twice()
+    tel = ActivationTelemetry(model, every=1)
+    with tel.step(0):
+        model(torch.tensor([[-70000.0, 1.0]]), torch.tensor([[1e-6, 2.0]]))
+    (row,) = tel.rows()
+    assert row["layer"] == "lin" and row["max_abs"] == 70000.0
+    assert row["frac_overflow_fp16"] == 0.25 and row["frac_underflow_fp16"] == 0.25  # 1 of 4 values each
