@@ -284,3 +284,28 @@ def test_evaluate_leaves_out_batches_without_a_masked_token_and_refuses_none_at_
     # pure 16-bit: the fp32 re-reduction of the loss must not turn an empty batch into NaN either
     m16 = P.get("pure_bf16").prepare_model(tiny_bert_mlm())
     assert math.isfinite(engine.evaluate(m16, [empty, normal], "mlm", P.get("pure_bf16"), cpu, {})["eval_loss"])
+
+
+def test_the_non_finite_fraction_counts_only_steps_that_scored_a_loss(data, tmp_path, monkeypatch):
+    """max_nonfinite_fraction is over the steps that had a loss: batches without a masked token (no loss, neither
+    finite nor not) are left out of the denominator. 4 NaN losses (amp_fp16: the scaler skips them) among the scored
+    steps: above 25% of those, though not of all 16 steps, so the stage is diverged."""
+    from precswitch.train import engine
+
+    empty = _empty_steps(data["mlm"], 1, SPARSE["seed"], SPARSE["mlm_probability"], SPARSE["steps"])
+    scored = SPARSE["steps"] - len(empty)
+    assert 4 / SPARSE["steps"] <= 0.25 < 4 / scored  # the case under test
+    real, nans = engine.forward_loss, []
+
+    def some_nan(model, batch, objective):
+        loss = real(model, batch, objective)
+        if bool((batch["labels"] != -100).any()) and len(nans) < 4:
+            nans.append(1)
+            return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(engine, "forward_loss", some_nan)
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", **SPARSE, "max_nonfinite": 100,
+                   "save_checkpoint": False}, tmp_path / "r")
+    assert m["nonfinite_losses"] == 4 and m["mlm_empty_batches"] == len(empty)
+    assert m["status"] == "diverged" and f"4 of {scored} training losses were non-finite" in m["status_reason"]
