@@ -550,3 +550,13 @@ def test_resumable_state_saves_stay_out_of_the_step_times(data, tmp_path, monkey
     dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
     assert m["state_saves"] == 2 and m["state_save_seconds"] == 200.0
     assert len(dts) == 5 and max(dts) < 100 and m["train_seconds"] < 100
+
+
+def test_the_logged_loss_is_the_unscaled_loss(data, tmp_path):
+    """steps.csv's loss is the model's loss, not the loss times the loss scale: amp_fp16's first step (same initial
+    weights and batch as fp32's) logs about fp32's loss, not 65536 times it."""
+    hp = {"data": str(data["mlm"]), "steps": 1, "seed": 4, "model": TINY, "save_checkpoint": False}
+    amp = run_stage({**hp, "precision": "amp_fp16"}, tmp_path / "amp")
+    fp32 = run_stage({**hp, "precision": "fp32"}, tmp_path / "fp32")
+    assert amp["loss_scale_start"] == 65536.0
+    assert amp["final_train_loss"] == pytest.approx(fp32["final_train_loss"], rel=1e-2)
