@@ -55,6 +55,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
 from precswitch.train.engine import (  # noqa: E402
     HEAD_KEYS,
+    clip_grad_norm,
     cls_only_last_layer,
     drop_full_attention_mask,
     forward_loss,
@@ -322,7 +323,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
                 scaler.unscale_(opt)
             else:
                 loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            clip_grad_norm(model.parameters(), 1.0)  # the engine's (16-bit gradients' norm in fp32)
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()

@@ -196,6 +196,9 @@ def test_timed_window_excludes_warmup_and_profiled_steps(gc, monkeypatch):
     row, _ = _row(gc, "fp32", extra=["--steps", "3", "--profile-steps", "1"])
     assert calls == [True, False, False, False, True]  # 1 warm-up, 3 timed, 1 profiled
     assert clips == [1.0] * 5
+    from precswitch.train import engine
+
+    assert gc.clip_grad_norm is engine.clip_grad_norm  # the engine's clipping (fp32 norm of 16-bit grads)
     assert row["warmup_steps"] == 1 and row["warmup_seconds"] >= 100
     assert row["steps_measured"] == 3 and row["seconds"] < 100, row["seconds"]
     step_s = row["seconds"] / 3

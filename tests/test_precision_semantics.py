@@ -6,6 +6,7 @@ the numbers metrics.json and steps.csv record."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -560,3 +561,34 @@ def test_the_logged_loss_is_the_unscaled_loss(data, tmp_path):
     fp32 = run_stage({**hp, "precision": "fp32"}, tmp_path / "fp32")
     assert amp["loss_scale_start"] == 65536.0
     assert amp["final_train_loss"] == pytest.approx(fp32["final_train_loss"], rel=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_clip_grad_norm_norm_in_fp32_then_torchs_clip(dtype):
+    """engine.clip_grad_norm: the total 2-norm of every gradient (16-bit ones reduced in fp32, so 300 elements
+    of 1e3 give 17320.5, and 5000 give 70710.7 where fp16's own norm is inf), each gradient scaled by
+    max_norm / norm when that is below 1, untouched with max_norm inf; fp32 gradients exactly as
+    torch.nn.utils.clip_grad_norm_."""
+    def params(n):
+        ps = [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for _ in range(2)]
+        for p in ps:
+            p.grad = torch.full((n,), 1e3, dtype=dtype)
+        return ps
+
+    for n in (150, 2500):
+        want = (2 * n) ** 0.5 * 1e3
+        ps = params(n)
+        total = engine.clip_grad_norm(ps, math.inf)
+        assert total.dtype == torch.float32 and float(total) == pytest.approx(want, rel=1e-3)
+        assert all(torch.equal(p.grad, torch.full((n,), 1e3, dtype=dtype)) for p in ps)  # clipping off
+        ps = params(n)
+        engine.clip_grad_norm(ps, 2.0)
+        assert all(p.grad.dtype == dtype for p in ps)
+        got = float(torch.linalg.vector_norm(torch.cat([p.grad.float() for p in ps])))
+        assert got == pytest.approx(2.0, rel=1e-2)
+    if dtype == torch.float32:
+        a, b = params(100), params(100)
+        a[0].grad[3] = 7.0
+        b[0].grad[3] = 7.0
+        assert torch.equal(engine.clip_grad_norm(a, 1.0), torch.nn.utils.clip_grad_norm_(b, 1.0))
+        assert all(torch.equal(x.grad, y.grad) for x, y in zip(a, b))

@@ -416,12 +416,10 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     params = [p for p in parameters if p.grad is not None]
     if all(p.grad.dtype == torch.float32 for p in params):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    grads = [p.grad for p in params]
-    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
-    total = torch.linalg.vector_norm(torch.stack(norms))
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.dtype))
+    # torch's two halves of clip_grad_norm_, with each gradient's norm taken in fp32 (one tensor at a time:
+    # no fp32 copy of all gradients, which would inflate pure_*'s peak memory)
+    total = torch.nn.utils.get_total_norm([torch.linalg.vector_norm(p.grad, dtype=torch.float32) for p in params])
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
 
 
