@@ -103,3 +103,18 @@ def test_tokenizer_and_prepare_options_reach_the_functions(tmp_path, monkeypatch
     assert main(["prepare", "--source", src, "--tokenizer", "T", "--objective", "classify", "--max-length", "24",
                  "--out", "O"]) == 0
     assert calls[-1] == (src, "T", "classify", 24, "O")
+
+
+@pytest.mark.parametrize("option, message", [("--vocab-size", "--vocab-size must be > 5, got 0"),
+                                             ("--model-max-length", "--model-max-length must be >= 8, got 0")])
+def test_tokenizer_zero_sizes_are_refused_not_replaced_by_the_defaults(tmp_path, capsys, option, message):
+    """`--vocab-size 0` trained an 8000-token tokenizer and `--model-max-length 0` saved 512 (`x or default`)."""
+    syn = tmp_path / "synth"
+    assert main(["synth", "--out", str(syn), "--seed", "1", "--n-corpus", "40", "--n-train", "10", "--n-dev", "4"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "--source", json.dumps({"kind": "synthetic", "dir": str(syn)}), "--out", str(out),
+                 option, "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()

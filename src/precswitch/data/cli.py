@@ -87,8 +87,10 @@ def _tokenizer(args) -> int:
 
     spec = parse_source(args.source)
     texts = source_texts(spec)
-    out = build_tokenizer(texts, args.out, args.vocab_size or DEFAULT_VOCAB_SIZE,
-                          model_max_length=args.model_max_length or DEFAULT_MODEL_MAX_LENGTH,
+    # `is None`, not `or`: an explicit 0 is refused by build_tokenizer, not replaced by the default
+    out = build_tokenizer(texts, args.out, DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
+                          model_max_length=(DEFAULT_MODEL_MAX_LENGTH if args.model_max_length is None
+                                            else args.model_max_length),
                           lowercase=not args.cased, source=spec)
     print(json.dumps({"out": str(out), "texts": len(texts)}))
     return 0
