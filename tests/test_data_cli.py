@@ -118,3 +118,27 @@ def test_tokenizer_zero_sizes_are_refused_not_replaced_by_the_defaults(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("language, message", [
+    ('{"n_adj_concepts": 1}', "n_adj_concepts must be >= 3, got 1"),
+    ('{"p_synonym": "x"}', "p_synonym must be a number, got 'x'"),
+    ('{"p_passive": 1.5}', "p_passive is a probability (0..1), got 1.5"),
+    ('{"synonyms": 2.5}', "synonyms must be an integer, got 2.5"),
+    ('{"heldout_synonyms": 3}', "heldout_synonyms (3) must be < synonyms (3)"),
+    ('{"neg_swap_roles": 0, "neg_replace": 0}', "no kind of negative pair to draw"),
+    ('{"n_verb_concepts": 1}', "n_verb_concepts must be >= 2, got 1"),
+])
+def test_synth_bad_language_values_exit_2_with_one_line(tmp_path, capsys, language, message):
+    """Values --language accepted by key used to end in a traceback (exit 1) or be changed silently."""
+    out = tmp_path / "s"
+    assert main(["synth", "--out", str(out), "--seed", "1", "--n-corpus", "20", "--n-train", "10", "--n-dev", "4",
+                 "--language", language]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("precswitch: error: --language: ") and message in err[0], err
+    assert not out.exists()
+    # the smallest allowed language still draws
+    small = '{"n_animate": 2, "n_things": 2, "n_adj_concepts": 3, "n_verb_concepts": 2, "synonyms": 1, ' \
+            '"heldout_synonyms": 0, "n_places": 1, "n_foods": 1, "n_materials": 1, "adj_prefs": 3, "neg_replace": 1}'
+    assert main(["synth", "--out", str(out), "--seed", "1", "--n-corpus", "50", "--n-train", "40", "--n-dev", "20",
+                 "--language", small]) == 0

@@ -81,6 +81,46 @@ class LanguageConfig:
         return self.n_animate + self.n_things
 
 
+#: the smallest value of each size field: a replacement negative draws another concept of the class (2 nouns of
+#: each kind, 2 verbs, and an adjective other than both of the event's: 3), an event takes 2 different adjectives
+_MIN_SIZES = {"n_animate": 2, "n_things": 2, "n_adj_concepts": 3, "n_verb_concepts": 2, "synonyms": 1,
+              "heldout_synonyms": 0, "n_places": 1, "n_foods": 1, "n_materials": 1, "adj_prefs": 1}
+
+
+def check_language(cfg: LanguageConfig) -> None:
+    """Raise ``PrecswitchError`` (one line, naming the field) for a language the generator cannot draw from.
+
+    Without it a bad ``--language`` value ended in a Python traceback (``random.sample`` on too few
+    adjectives, a string compared with a float), or was silently changed (``heldout_synonyms`` >= ``synonyms``
+    held out one synonym fewer than asked)."""
+    import math
+
+    from ..errors import PrecswitchError
+
+    for name, f in LanguageConfig.__dataclass_fields__.items():
+        v = getattr(cfg, name)
+        if f.type in ("int", int):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise PrecswitchError(f"--language: {name} must be an integer, got {v!r}")
+            if name in _MIN_SIZES and v < _MIN_SIZES[name]:
+                raise PrecswitchError(f"--language: {name} must be >= {_MIN_SIZES[name]}, got {v}")
+        else:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise PrecswitchError(f"--language: {name} must be a number, got {v!r}")
+            if name.startswith("p_") and not 0.0 <= v <= 1.0:
+                raise PrecswitchError(f"--language: {name} is a probability (0..1), got {v}")
+            if name.startswith("neg_") and v < 0:
+                raise PrecswitchError(f"--language: {name} is a weight (>= 0), got {v}")
+    if cfg.heldout_synonyms >= cfg.synonyms:
+        raise PrecswitchError(f"--language: heldout_synonyms ({cfg.heldout_synonyms}) must be < synonyms "
+                              f"({cfg.synonyms}): train pairs need a synonym of every noun")
+    if cfg.adj_prefs > cfg.n_adj_concepts:
+        raise PrecswitchError(f"--language: adj_prefs ({cfg.adj_prefs}) must be <= n_adj_concepts ({cfg.n_adj_concepts})")
+    if cfg.neg_swap_roles + cfg.neg_swap_adjectives + cfg.neg_replace <= 0:
+        raise PrecswitchError("--language: neg_swap_roles, neg_swap_adjectives and neg_replace are all 0: "
+                              "no kind of negative pair to draw")
+
+
 @dataclass
 class Lexicon:
     nouns: list[list[str]]  # concepts 0..n_animate-1 are animate, the rest things
@@ -342,6 +382,7 @@ def write_synthetic(out: str | Path, seed: int, n_corpus: int = DEFAULT_SIZES["n
     for name, v in (("n_corpus", n_corpus), ("n_train", n_train), ("n_dev", n_dev)):
         if int(v) < 1:
             raise PrecswitchError(f"synth: {name} must be >= 1, got {v}")
+    check_language(cfg)
     lex = build_lexicon(cfg)
     corpus = make_corpus(n_corpus, seed, cfg, lex)
     train = make_pairs(n_train, seed, cfg, split="train", lex=lex)
