@@ -48,16 +48,19 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
     lines = ["step,loss,lr,grad_norm,loss_scale,step_seconds,skipped"]
     scale = 65536.0
     skipped_steps = 0
+    scales: list[float] = []  # the scale each step ran with (the engine's loss_scale column)
     done = steps if status == "ok" else max(2, steps // 3)
     for i in range(1, done + 1):
         loss = loss_end + (loss_start - loss_end) * math.exp(-4 * i / steps) + rng.normal(0, 0.05)
         skipped = 0
+        ls = scale if fp16 else ""  # a skipped step's row carries the scale that overflowed (contracts: steps.csv)
+        if fp16:
+            scales.append(scale)
         if fp16 and i in (1, 2):
             skipped, scale = 1, scale / 2
             skipped_steps += 1
         if status == "diverged" and i > done - 2:
             loss = float("nan")
-        ls = scale if fp16 else ""
         lines.append(f"{i},{loss},{1e-4},{1.0 + rng.normal(0, 0.1):.4f},{ls},"
                      f"{0.05 / _SPEED.get(precision, 1.0):.4f},{skipped}")
     (out / "steps.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -78,8 +81,8 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
         "step_seconds_p90": 0.06,
         "peak_memory_bytes": int(400 * 2**20 * _MEM.get(precision, 1.0) * (1 + rng.normal(0, 0.01))),
         "memory_kind": "cpu_peak_rss", "cuda_max_reserved_bytes": None,
-        "loss_scale_start": 65536.0 if fp16 else None, "loss_scale_end": scale if fp16 else None,
-        "loss_scale_min": scale if fp16 else None, "skipped_steps": skipped_steps,
+        "loss_scale_start": scales[0] if fp16 else None, "loss_scale_end": scales[-1] if fp16 else None,
+        "loss_scale_min": min(scales) if fp16 else None, "skipped_steps": skipped_steps,
         "nonfinite_losses": 2 if status == "diverged" else skipped_steps,
         "first_nonfinite_step": (done - 1) if status == "diverged" else None,
         "final_train_loss": None if status == "diverged" else loss_end,

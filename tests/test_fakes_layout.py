@@ -1,0 +1,81 @@
+"""analysis.fakes writes what the workflow and the engine write (docs/contracts.md): the same directories and
+run ids, steps.csv with the engine's columns, and metrics that agree with their own steps.csv."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+from precswitch.analysis.fakes import DEFAULT_SCHEDULES, write_fake_study
+
+COMMON = Path(__file__).resolve().parents[1] / "workflow" / "rules" / "common.smk"
+
+
+def _workflow_dir(name: str) -> str:
+    """PRETRAIN_DIR / FINETUNE_DIR of workflow/rules/common.smk, as a format string under the results dir."""
+    m = re.search(rf'^{name} = f"{{RESULTS}}/(.+)"$', COMMON.read_text(), re.M)
+    assert m, name
+    return m.group(1).replace("{{", "{").replace("}}", "}")
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_fake_study_has_the_workflow_layout_and_run_ids(tmp_path):
+    paths = write_fake_study(tmp_path, seeds=[1, 2])
+    pre, fin = _workflow_dir("PRETRAIN_DIR"), _workflow_dir("FINETUNE_DIR")
+    stage1 = sorted({p for p, _ in DEFAULT_SCHEDULES.values()})
+    expect = [tmp_path / pre.format(precision=p, seed=s) / "metrics.json" for p in stage1 for s in (1, 2)]
+    expect += [tmp_path / fin.format(schedule=n, seed=s) / "metrics.json" for n in DEFAULT_SCHEDULES for s in (1, 2)]
+    assert paths == expect
+    for p in paths:
+        m = json.loads(p.read_text())
+        assert (p.parent / "steps.csv").is_file()
+        if m["stage"] == "pretrain":
+            assert (m["run_id"], m["objective"], m["schedule"]) == (f"pretrain-{m['precision']}-seed{m['seed']}", "mlm", None)
+        else:  # the workflow's run id and init: the schedule's stage-1 checkpoint
+            p1, p2 = DEFAULT_SCHEDULES[m["schedule"]]
+            assert (m["run_id"], m["objective"], m["precision"]) == (f"finetune-{m['schedule']}-seed{m['seed']}", "classify", p2)
+            assert m["init"] == str(tmp_path / pre.format(precision=p1, seed=m["seed"]) / "checkpoint")
+            assert (m["init_run_id"], m["init_precision"]) == (f"pretrain-{p1}-seed{m['seed']}", p1)
+
+
+def _stages(tmp_path):
+    paths = write_fake_study(tmp_path, seeds=[1, 2], diverged={("amp_fp16", 2), ("bf16-fp32", 1)})
+    for p in paths:
+        m = json.loads(p.read_text())
+        with open(p.parent / "steps.csv", encoding="utf-8") as f:
+            header = f.readline().strip().split(",")
+        yield p, m, header, _rows(p.parent / "steps.csv")
+
+
+def test_fake_steps_csv_has_the_engine_columns_and_loss_scales(tmp_path):
+    """The engine's steps.csv columns; a skipped row's loss_scale is the scale that overflowed (contracts:
+    steps.csv), the next row's is half of it, and loss_scale_start/end/min are those of the rows."""
+    from precswitch.train.engine import STEP_FIELDS
+
+    seen_fp16 = 0
+    for p, m, header, rows in _stages(tmp_path):
+        assert header == STEP_FIELDS
+        if m["status"] == "skipped":
+            continue
+        assert int(rows[-1]["step"]) == m["steps_completed"] <= m["steps_planned"]
+        assert sum(int(r["skipped"]) for r in rows) == m["skipped_steps"]
+        scales = [float(r["loss_scale"]) for r in rows if r["loss_scale"] != ""]
+        if m["precision"] in ("amp_fp16", "pure_fp16"):
+            seen_fp16 += 1
+            assert len(scales) == len(rows) and scales[0] == 65536.0, p
+            assert (m["loss_scale_start"], m["loss_scale_end"], m["loss_scale_min"]) == (
+                scales[0], scales[-1], min(scales))
+            for r, nxt in zip(rows, rows[1:]):  # a skip halves the scale for the next step
+                want = float(r["loss_scale"]) / 2 if r["skipped"] == "1" else float(r["loss_scale"])
+                assert float(nxt["loss_scale"]) == want, (p, r, nxt)
+        else:
+            assert scales == [] and m["loss_scale_start"] is None and m["skipped_steps"] == 0
+    assert seen_fp16
+
