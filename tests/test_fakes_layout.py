@@ -79,3 +79,17 @@ def test_fake_steps_csv_has_the_engine_columns_and_loss_scales(tmp_path):
             assert scales == [] and m["loss_scale_start"] is None and m["skipped_steps"] == 0
     assert seen_fp16
 
+
+def test_fake_nonfinite_counts_are_the_nan_losses_of_steps_csv(tmp_path):
+    """nonfinite_losses / first_nonfinite_step count the non-finite loss cells of steps.csv, as the engine
+    does: an fp16 step the scaler skipped has a finite loss (the fakes counted the skips as non-finite, with no
+    first_nonfinite_step)."""
+    seen_diverged = 0
+    for p, m, header, rows in _stages(tmp_path):
+        if m["status"] == "skipped":
+            continue
+        bad = [int(r["step"]) for r in rows if not math.isfinite(float(r["loss"]))]
+        assert (m["nonfinite_losses"], m["first_nonfinite_step"]) == (len(bad), bad[0] if bad else None), p
+        assert (m["status"] == "diverged") == bool(bad) and (m["final_train_loss"] is None) == bool(bad)
+        seen_diverged += bool(bad)
+    assert seen_diverged == 2

@@ -49,6 +49,7 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
     scale = 65536.0
     skipped_steps = 0
     scales: list[float] = []  # the scale each step ran with (the engine's loss_scale column)
+    nonfinite: list[int] = []  # steps whose loss is NaN
     done = steps if status == "ok" else max(2, steps // 3)
     for i in range(1, done + 1):
         loss = loss_end + (loss_start - loss_end) * math.exp(-4 * i / steps) + rng.normal(0, 0.05)
@@ -61,6 +62,7 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
             skipped_steps += 1
         if status == "diverged" and i > done - 2:
             loss = float("nan")
+            nonfinite.append(i)
         lines.append(f"{i},{loss},{1e-4},{1.0 + rng.normal(0, 0.1):.4f},{ls},"
                      f"{0.05 / _SPEED.get(precision, 1.0):.4f},{skipped}")
     (out / "steps.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -83,8 +85,8 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
         "memory_kind": "cpu_peak_rss", "cuda_max_reserved_bytes": None,
         "loss_scale_start": scales[0] if fp16 else None, "loss_scale_end": scales[-1] if fp16 else None,
         "loss_scale_min": min(scales) if fp16 else None, "skipped_steps": skipped_steps,
-        "nonfinite_losses": 2 if status == "diverged" else skipped_steps,
-        "first_nonfinite_step": (done - 1) if status == "diverged" else None,
+        # a skipped (overflowed) step's loss is finite: the engine counts only NaN/inf losses
+        "nonfinite_losses": len(nonfinite), "first_nonfinite_step": nonfinite[0] if nonfinite else None,
         "final_train_loss": None if status == "diverged" else loss_end,
         "grad_norm": {"mean": 1.0, "median": 1.0, "p90": 1.2, "max": 2.0},
         "eval_precision": "fp32",
