@@ -46,6 +46,7 @@ def test_synth_tokenizer_prepare_roundtrip(tmp_path, capsys):
         (["tokenizer", "--out", "@OUT@"], "--source is required unless --pretrained"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--n-train", "0"], "n_train must be >= 1"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--language", '{"colours": 3}'], "--language: unknown key"),
+        (["synth", "--out", "@OUT@", "--seed", "1", "--language", "[1, 2]"], "--language: unknown key(s) ['<not an object>']"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_no_output(tmp_path, capsys, argv, message):
@@ -142,3 +143,15 @@ def test_synth_bad_language_values_exit_2_with_one_line(tmp_path, capsys, langua
             '"heldout_synonyms": 0, "n_places": 1, "n_foods": 1, "n_materials": 1, "adj_prefs": 3, "neg_replace": 1}'
     assert main(["synth", "--out", str(out), "--seed", "1", "--n-corpus", "50", "--n-train", "40", "--n-dev", "20",
                  "--language", small]) == 0
+
+
+def test_tokenizer_pretrained_options_reach_copy_pretrained(tmp_path, monkeypatch):
+    from precswitch.data import tokenizer
+
+    calls = []
+    monkeypatch.setattr(tokenizer, "copy_pretrained", lambda name, out, **kw: calls.append((name, kw)) or out)
+    assert main(["tokenizer", "--pretrained", "acme/bert", "--out", str(tmp_path / "t"), "--model-max-length", "48",
+                 "--revision", "v2"]) == 0
+    assert main(["tokenizer", "--pretrained", "acme/bert", "--out", str(tmp_path / "t2")]) == 0
+    assert calls == [("acme/bert", {"model_max_length": 48, "revision": "v2"}),
+                     ("acme/bert", {"model_max_length": None, "revision": None})]

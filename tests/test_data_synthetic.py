@@ -180,3 +180,166 @@ def test_which_sentence_is_the_original_is_random():
     assert 0.35 < first_is_original < 0.65
 
 
+
+
+# ---------------------------------------------------------------------------- mutation audit (data 2)
+
+
+def _concept_of(groups):
+    return {w: i for i, syn in enumerate(groups) for w in syn}
+
+
+def test_lexicon_words_are_unique_and_the_lexicon_seed_changes_the_language():
+    """Two concepts sharing a word would make a sentence ambiguous (and a paraphrase label arbitrary)."""
+    lex = S.build_lexicon()
+    words = [w for g in (lex.nouns, lex.adjectives, lex.verbs) for syn in g for w in syn]
+    words += lex.places + lex.foods + lex.materials
+    assert len(words) == len(set(words)) and not set(words) & S.FUNCTION_WORDS
+    cfg = S.LanguageConfig()
+    assert [len(g) for g in (lex.nouns, lex.adjectives, lex.verbs)] == [
+        cfg.n_noun_concepts, cfg.n_adj_concepts, cfg.n_verb_concepts]
+    assert all(len(syn) == cfg.synonyms for g in (lex.nouns, lex.adjectives, lex.verbs) for syn in g)
+    other = S.build_lexicon(S.LanguageConfig(lexicon_seed=1))
+    assert set(other.vocabulary()) != set(lex.vocabulary())
+    assert S.build_lexicon(S.LanguageConfig(lexicon_seed=1)) == other
+
+
+def test_every_noun_concept_has_its_own_habitat_food_and_adjectives():
+    """Contexts are spread over the concepts (each used at most ceil(n/k) times), and a concept's typical
+    adjectives are distinct: what lets masked LM tell the concepts apart."""
+    cfg = S.LanguageConfig()
+    lex = S.build_lexicon(cfg)
+    hab = Counter(lex.noun_habitat)
+    assert len(lex.noun_habitat) == cfg.n_noun_concepts and max(hab.values()) == -(-cfg.n_noun_concepts // cfg.n_places)
+    assert len(set(lex.noun_habitat)) == cfg.n_places
+    foods, materials = lex.noun_food[: cfg.n_animate], lex.noun_food[cfg.n_animate:]
+    assert sorted(foods) == list(range(cfg.n_foods))  # 24 animals, 24 foods: one each
+    assert max(Counter(materials).values()) == -(-cfg.n_things // cfg.n_materials)
+    assert all(len(set(a)) == cfg.adj_prefs for a in lex.noun_adjs)
+    assert len({tuple(sorted(a)) for a in lex.noun_adjs}) > cfg.n_noun_concepts // 2
+
+
+def test_knowledge_sentences_use_the_typical_contexts_of_the_noun_concept():
+    cfg = S.LanguageConfig(p_restate=0.0, p_knowledge=1.0, p_typical=1.0)
+    lex = S.build_lexicon(cfg)
+    noun_c, adj_c = _concept_of(lex.nouns), _concept_of(lex.adjectives)
+    seen_nouns = set()
+    for line in S.make_corpus(1500, seed=6, cfg=cfg, lex=lex):
+        ws = line.split()
+        (noun,) = [w for w in ws if w in noun_c]
+        c = noun_c[noun]
+        seen_nouns.add(noun)
+        for w in ws:
+            if w in adj_c:
+                assert adj_c[w] in lex.noun_adjs[c], line
+            if w in lex.places:
+                assert w == lex.places[lex.noun_habitat[c]], line
+            if w in lex.foods:
+                assert c < cfg.n_animate and w == lex.foods[lex.noun_food[c]], line
+            if w in lex.materials:
+                assert c >= cfg.n_animate and w == lex.materials[lex.noun_food[c]], line
+    assert seen_nouns == set(noun_c)  # every synonym, the held-out ones included, is introduced
+    # by default 90% typical: the place of a 'lives near' / 'lies in' sentence is mostly the habitat
+    cfg = S.LanguageConfig(p_restate=0.0, p_knowledge=1.0)
+    hits = total = 0
+    for line in S.make_corpus(3000, seed=6, cfg=cfg, lex=lex):
+        ws = line.split()
+        places = [w for w in ws if w in lex.places]
+        if places:
+            (noun,) = [w for w in ws if w in noun_c]
+            total += 1
+            hits += places[0] == lex.places[lex.noun_habitat[noun_c[noun]]]
+    assert 0.85 < hits / total < 0.97
+
+
+def test_passive_sentences_put_the_agent_after_by():
+    """'the PATIENT was VERB by the AGENT': the animate stays the doer in either voice."""
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=1.0, neg_replace=0.0)
+    lex = S.build_lexicon(cfg)
+    animate = {w for syn in lex.nouns[: cfg.n_animate] for w in syn}
+    things = {w for syn in lex.nouns[cfg.n_animate:] for w in syn}
+    for r in S.make_pairs(100, seed=3, cfg=cfg, lex=lex):
+        for s in (r["#1 String"], r["#2 String"]):
+            ws = s.split()
+            assert ws[3] == "was" and ws[5] == "by", s
+            if r["Quality"] == 1:
+                assert ws[2] in things and ws[-2] in animate, s
+        if r["Quality"] == 1:
+            continue
+        oks = [s.split()[2] in things for s in (r["#1 String"], r["#2 String"])]
+        assert sorted(oks) == [False, True], r  # a role swap: one sentence has a thing as the doer
+
+
+@pytest.mark.parametrize("front", [0.0, 1.0])
+def test_the_place_phrase_goes_to_the_front_with_p_front_place(front):
+    cfg = S.LanguageConfig(p_place=1.0, p_front_place=front)
+    lex = S.build_lexicon(cfg)
+    for r in S.make_pairs(40, seed=2, cfg=cfg, lex=lex):
+        for s in (r["#1 String"], r["#2 String"]):
+            ws = s.split()
+            if front:
+                assert ws[:2] == ["in", "the"] and ws[2] in lex.places and ws[3] == ",", s
+            else:
+                assert ws[-4:-2] == ["in", "the"] and ws[-2] in lex.places and ws[-1] == ".", s
+
+
+def test_p_synonym_1_replaces_every_content_word_and_a_single_synonym_stays():
+    cfg = S.LanguageConfig(p_synonym=1.0, p_passive=0.0)
+    content = lambda s: {w for w in s.split() if w not in S.FUNCTION_WORDS}  # noqa: E731
+    pos = [r for r in S.make_pairs(200, seed=1, cfg=cfg, split="dev") if r["Quality"] == 1]
+    assert pos and all(not content(r["#1 String"]) & content(r["#2 String"]) for r in pos)
+    # train with 2 synonyms, 1 held out: one noun synonym left, which a rewrite must keep (not crash)
+    cfg = S.LanguageConfig(synonyms=2, heldout_synonyms=1, p_synonym=1.0, p_passive=0.0)
+    lex = S.build_lexicon(cfg)
+    nouns = {syn[0] for syn in lex.nouns}
+    for r in S.make_pairs(60, seed=1, cfg=cfg, lex=lex, split="train"):
+        if r["Quality"] == 1:
+            n1 = [w for w in r["#1 String"].split() if w in nouns]
+            assert n1 and sorted(n1) == sorted(w for w in r["#2 String"].split() if w in nouns), r
+
+
+def test_negative_kinds_follow_the_documented_shares():
+    """docs/data.md: swap_roles 70% of negatives, replace_noun/verb/adj 30%, swap_adjectives 0%."""
+    rows = S.make_pairs(3000, seed=0)
+    neg = Counter(r["kind"] for r in rows if r["Quality"] == 0)
+    assert neg.get("swap_adjectives", 0) == 0 and "paraphrase" not in neg
+    assert 0.66 < neg["swap_roles"] / sum(neg.values()) < 0.74
+    assert {k for k in neg if k.startswith("replace_")} == {"replace_noun", "replace_verb", "replace_adj"}
+    assert {r["kind"] for r in rows if r["Quality"] == 1} == {"paraphrase"}
+
+
+def test_events_have_two_different_adjectives_and_a_replacement_keeps_the_restriction():
+    """A replaced concept is another concept of its class: a new agent is animate, a new adjective differs
+    from the other noun's (else a swap or a replacement could leave the meaning unchanged)."""
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=0.0, neg_swap_roles=0.0, neg_replace=1.0)
+    lex = S.build_lexicon(cfg)
+    noun_c, adj_c = _concept_of(lex.nouns), _concept_of(lex.adjectives)
+    for r in S.make_pairs(600, seed=4, cfg=cfg, lex=lex):
+        for s in (r["#1 String"], r["#2 String"]):
+            ws = s.split()  # the ADJ NOUN VERB the ADJ NOUN .
+            assert noun_c[ws[2]] < cfg.n_animate <= noun_c[ws[6]], s
+            assert adj_c[ws[1]] != adj_c[ws[5]], s
+
+
+def test_corpus_restatement_share_rewrites_and_exact_length():
+    lines = S.make_corpus(4001, seed=3)
+    assert len(lines) == 4001 and len(S.make_corpus(7, seed=3)) == 7
+    restated = [i for i, ln in enumerate(lines) if ln.startswith("in other words , ")]
+    assert 0.15 < len(restated) / (len(lines) // 2) < 0.25  # p_restate 0.2 of the discourse units
+    copies = sum(lines[i].removeprefix("in other words , ") == lines[i - 1] for i in restated)
+    assert copies < 0.2 * len(restated)  # rewritten (voice, synonyms), not copied
+    knowledge = sum(ln.split()[0] == "every" or " lives " in ln or " lies " in ln or " made of " in ln
+                    or ln.startswith("in the ") for ln in lines)
+    assert 0.3 < knowledge / len(lines) < 0.5  # half of the 80% unrelated lines
+
+
+def test_synth_json_counts_the_pair_kinds_of_each_split(tmp_path):
+    import json
+
+    out = S.write_synthetic(tmp_path / "s", seed=5, n_corpus=40, n_train=300, n_dev=120)
+    meta = json.loads((out / "synth.json").read_text())
+    assert meta["pair_kinds"]["train"] == dict(Counter(r["kind"] for r in S.make_pairs(300, 5, split="train")))
+    assert meta["pair_kinds"]["dev"] == dict(Counter(r["kind"] for r in S.make_pairs(120, 5, split="dev")))
+    assert sum(meta["pair_kinds"]["dev"].values()) == 120 and meta["pair_kinds"]["dev"]["paraphrase"] == 60
+    assert meta["vocabulary_size"] == len(S.build_lexicon().vocabulary())
+    assert meta["language"] == __import__("dataclasses").asdict(S.LanguageConfig())

@@ -367,3 +367,141 @@ def test_cased_tokenizer_keeps_case(tmp_path):
     assert cased.tokenize("The Cat saw the cat") == ["The", "Cat", "saw", "the", "cat"]
     uncased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "u", vocab_size=100))
     assert uncased.tokenize("The Cat saw the cat") == ["the", "cat", "saw", "the", "cat"]
+
+
+# ---------------------------------------------------------------------------- mutation audit (data 2)
+
+
+def test_tokenizer_meta_records_the_real_vocab_size_and_refuses_a_tiny_model_max_length(tmp_path):
+    """precswitch_tokenizer.json says how many tokens there are (fewer than requested when the texts offer
+    fewer), and a model_max_length under 8 is refused."""
+    out = build_tokenizer(["kappa lambda mu"] * 2, tmp_path / "t", vocab_size=500)
+    info = json.loads((out / "precswitch_tokenizer.json").read_text())
+    assert info["vocab_size_requested"] == 500 and info["vocab_size"] == len(load_tokenizer(out)) < 500
+    assert (info["lowercase"], info["model_max_length"]) == (True, 512)
+    with pytest.raises(PrecswitchError, match="--model-max-length must be >= 8, got 4"):
+        build_tokenizer(["a b"], tmp_path / "small", vocab_size=100, model_max_length=4)
+    assert not (tmp_path / "small").exists()
+
+
+def test_copy_pretrained_without_a_model_max_length_gets_the_default(tmp_path):
+    """A tokenizer saved without model_max_length (transformers' 1e30 sentinel) is copied with 512, so that
+    prepare's --max-length check has a bound."""
+    src = _saved_bert_tokenizer(tmp_path / "src", ["the", "cat"], lowercase=True)
+    assert load_tokenizer(src).model_max_length > 10**20
+    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "tok")).model_max_length == 512
+
+
+def test_pieces_come_from_the_words_that_are_not_whole_tokens(tmp_path):
+    """The piece budget goes to the words left out of the vocabulary; the pieces of words that are whole
+    tokens would be spent on nothing (they never split)."""
+    counts = {"qqqqqx": 50, "qqqqqy": 50, "qqqqqz": 50, "abcde": 2, "abcdf": 2, "abcdg": 2}
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
+    # budget 5: 4 whole words (the three frequent ones and abcde), 1 piece: the best of abcdf/abcdg ('ab',
+    # ties by string), not 'qq' (150 occurrences, but in words that never split)
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))
+    assert len(tok) == base + 5
+    assert tok.tokenize("abcdf") == ["ab", "##c", "##d", "##f"] and tok.tokenize("qqqqqx") == ["qqqqqx"]
+
+
+def test_prepare_pack_keeps_one_short_block_when_a_split_is_shorter_than_a_block(greek_tok, tmp_path):
+    import datasets
+
+    f, ev = tmp_path / "c.txt", tmp_path / "e.txt"
+    f.write_text(" ".join(GREEK) + "\n", encoding="utf-8")
+    ev.write_text("alpha beta\ngamma\n", encoding="utf-8")
+    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(ev)]}, greek_tok, "mlm", 8, tmp_path / "p")
+    assert meta["mlm_examples"] == "pack"  # the default for text
+    tok = load_tokenizer(greek_tok)
+    dd = datasets.load_from_disk(str(tmp_path / "p"))
+    assert [tok.convert_ids_to_tokens(x) for x in dd["eval"]["input_ids"]] == [
+        ["[CLS]", "alpha", "beta", "gamma", "[SEP]"]]
+    assert [tok.convert_ids_to_tokens(x) for x in dd["train"]["input_ids"]] == [
+        ["[CLS]", *GREEK[i:i + 6], "[SEP]"] for i in (0, 6)]
+
+
+def test_prepare_pack_drops_the_tail_of_each_group_of_lines(greek_tok, tmp_path, monkeypatch):
+    """docs/data.md: packing runs per group of PACK_GROUP lines and drops each group's short tail (blocks
+    never span two groups)."""
+    import datasets
+
+    from precswitch.data import prepare as P
+
+    monkeypatch.setattr(P, "PACK_GROUP", 2)
+    lines = ["alpha beta gamma delta", "epsilon zeta eta", "theta iota kappa lambda", "mu alpha beta"]
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "pack"}, greek_tok, "mlm", 8,
+            tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    got = [tok.convert_ids_to_tokens(x)[1:-1] for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
+    # 7 tokens per group: one block of 6 each, 'eta' and the last 'beta' dropped (not one block across groups)
+    assert got == [["alpha", "beta", "gamma", "delta", "epsilon", "zeta"],
+                   ["theta", "iota", "kappa", "lambda", "mu", "alpha"]]
+
+
+def test_prepare_max_length_bounds(greek_tok, tmp_path):
+    """--max-length may equal the tokenizer's model_max_length (64 here); under 8 it is refused."""
+    f = tmp_path / "c.txt"
+    f.write_text("alpha beta\ngamma delta\n" * 40, encoding="utf-8")
+    spec = {"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "lines"}
+    assert prepare(spec, greek_tok, "mlm", 64, tmp_path / "p")["max_length"] == 64
+    with pytest.raises(PrecswitchError, match="--max-length must be an integer >= 8, got 7"):
+        prepare(spec, greek_tok, "mlm", 7, tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
+def test_prepare_classify_meta_counts_each_split_and_hashes_its_own_files(synth, tmp_path):
+    """train/eval label counts come from their own split; num_labels and label_values from `labels` (in its
+    order; a class absent from eval still counts); classify's source_hash covers train/dev.tsv, not the corpus."""
+    import shutil
+
+    from precswitch.data.loading import source_hash
+
+    root, spec, tokdir = synth
+    d = tmp_path / "syn"
+    shutil.copytree(spec["dir"], d)
+    tr = (d / "train.tsv").read_text().splitlines()
+    (d / "train.tsv").write_text("\n".join(tr[:1] + [r for r in tr[1:] if r.startswith("1")][:7] +
+                                           [r for r in tr[1:] if r.startswith("0")][:3]) + "\n")
+    dev = (d / "dev.tsv").read_text().splitlines()
+    (d / "dev.tsv").write_text("\n".join(dev[:1] + [r for r in dev[1:] if r.startswith("1")][:5]) + "\n")
+    sp = {"kind": "synthetic", "dir": str(d), "labels": [1, 0]}
+    meta = prepare(sp, tokdir, "classify", 64, tmp_path / "p")
+    assert (meta["num_labels"], meta["label_values"]) == (2, [1, 0])  # the eval split has one class only
+    assert meta["train_label_counts"] == {"1": 7, "0": 3} and meta["eval_label_counts"] == {"1": 5}
+    assert (meta["n_train"], meta["n_eval"], meta["majority_accuracy"], meta["mlm_examples"]) == (10, 5, 1.0, None)
+    assert meta["source_hash"] == source_hash(sp, "classify") != source_hash(sp, "mlm")
+    with open(d / "corpus.txt", "a") as fh:
+        fh.write("the end .\n")
+    assert source_hash(sp, "classify") == meta["source_hash"] != source_hash(sp, "mlm")
+    with open(d / "dev.tsv", "a") as fh:
+        fh.write("1\t9\t10\tthe end .\tthe end .\n")
+    assert source_hash(sp, "classify") != meta["source_hash"]
+
+
+def test_prepare_single_sentence_classify(greek_tok, tmp_path):
+    import datasets
+
+    f = tmp_path / "t.csv"
+    f.write_text("s,y\nalpha beta,1\ngamma,0\ndelta epsilon zeta,1\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s", "text_b": None, "label": "y"}}
+    prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    rows = datasets.load_from_disk(str(tmp_path / "p"))["train"]
+    assert tok.convert_ids_to_tokens(rows[0]["input_ids"]) == ["[CLS]", "alpha", "beta", "[SEP]"]
+    assert rows["token_type_ids"][2] == [0] * 5 and rows["labels"] == [1, 0, 1]
+
+
+def test_prepare_lines_truncates_a_long_line_to_max_length(greek_tok, tmp_path):
+    import datasets
+
+    f = tmp_path / "c.txt"
+    f.write_text(" ".join(GREEK + GREEK) + "\nalpha beta\n", encoding="utf-8")  # 24 words, then 2
+    prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "lines"}, greek_tok, "mlm", 10,
+            tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    got = [tok.convert_ids_to_tokens(x) for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
+    assert got == [["[CLS]", *GREEK[:8], "[SEP]"], ["[CLS]", "alpha", "beta", "[SEP]"]]
+

@@ -93,3 +93,12 @@ def test_fake_nonfinite_counts_are_the_nan_losses_of_steps_csv(tmp_path):
         assert (m["status"] == "diverged") == bool(bad) and (m["final_train_loss"] is None) == bool(bad)
         seen_diverged += bool(bad)
     assert seen_diverged == 2
+
+
+def test_pure_fp16_fakes_scale_the_loss_too(tmp_path):
+    paths = write_fake_study(tmp_path, schedules={"p16": ("pure_fp16", "pure_fp16")}, seeds=[1])
+    for p in paths:
+        m = json.loads(p.read_text())
+        rows = _rows(p.parent / "steps.csv")
+        assert m["param_dtype"] == "float16" and m["skipped_steps"] == 2 and m["loss_scale_start"] == 65536.0
+        assert [float(r["loss_scale"]) for r in rows[:3]] == [65536.0, 32768.0, 16384.0]
