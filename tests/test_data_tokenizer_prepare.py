@@ -505,3 +505,13 @@ def test_prepare_lines_truncates_a_long_line_to_max_length(greek_tok, tmp_path):
     got = [tok.convert_ids_to_tokens(x) for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
     assert got == [["[CLS]", *GREEK[:8], "[SEP]"], ["[CLS]", "alpha", "beta", "[SEP]"]]
 
+
+def test_prepare_truncated_train_counts_only_pairs_that_lost_tokens(greek_tok, tmp_path):
+    """A pair exactly max_length tokens long (6 + 7 words + 3 special = 16) is not truncated."""
+    f = tmp_path / "t.csv"
+    rows = [(" ".join(GREEK[:6]), " ".join(GREEK[:7]), "0"), (" ".join(GREEK[:6]), " ".join(GREEK[:8]), "1"),
+            ("alpha", "beta", "1")]
+    f.write_text("s1,s2,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in rows), encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s1", "text_b": "s2", "label": "y"}}
+    meta = prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
+    assert (meta["truncated_train"], meta["train_tokens"]) == (1, 16 + 16 + 5)

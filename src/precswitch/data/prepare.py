@@ -104,6 +104,18 @@ def _encode_pairs(ds, tokenizer, max_length: int):
     return out.cast_column("labels", datasets.Value("int64"))
 
 
+def _untruncated_lengths(ds, tokenizer) -> list[int]:
+    """Each example's length in tokens without truncation (special tokens included)."""
+    pair = "text_b" in ds.column_names
+
+    def enc(batch):
+        a = [str(t) for t in batch["text_a"]]
+        b = [str(t) for t in batch["text_b"]] if pair else None
+        return {"n": [len(x) for x in tokenizer(a, b, truncation=False, verbose=False)["input_ids"]]}
+
+    return ds.map(enc, batched=True, remove_columns=ds.column_names, keep_in_memory=True)["n"]
+
+
 def _source_commit(spec: dict) -> str | None:
     """The commit a hub source's revision resolved to (from the local hub cache; None if unknown)."""
     if spec.get("kind") != "hub":
@@ -180,7 +192,9 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
         max_length=max_length,
         train_tokens=sum(lengths),
         mean_train_length=sum(lengths) / len(lengths),
-        truncated_train=sum(1 for n in lengths if n >= max_length) if objective == "classify" else None,
+        # examples that lost tokens (one exactly max_length tokens long lost none)
+        truncated_train=(sum(1 for n in _untruncated_lengths(src.train, tokenizer) if n > max_length)
+                         if objective == "classify" else None),
         tokenizer=str(tokenizer_dir),
         vocab_size=len(tokenizer),
         source=spec,
