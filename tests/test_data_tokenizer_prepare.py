@@ -515,3 +515,14 @@ def test_prepare_truncated_train_counts_only_pairs_that_lost_tokens(greek_tok, t
     spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s1", "text_b": "s2", "label": "y"}}
     meta = prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
     assert (meta["truncated_train"], meta["train_tokens"]) == (1, 16 + 16 + 5)
+
+
+def test_a_piece_equal_to_a_whole_word_does_not_use_up_the_budget(tmp_path):
+    """'ab' is a whole word and also the best prefix of the rarer words: skipping it used to leave the
+    vocabulary one token short of vocab_size, with 'abc' (the next piece) left out."""
+    counts = {"ab": 10, "abcd": 1, "abce": 1, "abcf": 1}
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * 6  # a b c d e f
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 2))
+    assert len(tok) == base + 2
+    assert tok.tokenize("ab abcd") == ["ab", "abc", "##d"]

@@ -51,7 +51,11 @@ def _learn_vocab(word_counts: dict[str, int], vocab_size: int) -> list[str]:
             for k in range(2, len(w)):
                 pieces[w[:k]] = pieces.get(w[:k], 0) + c
                 pieces["##" + w[-k:]] = pieces.get("##" + w[-k:], 0) + c
-        for piece, _ in sorted(pieces.items(), key=lambda kv: (-kv[1], kv[0]))[:budget]:
+        # skip a piece already in the vocabulary (a prefix equal to a whole word) before counting the budget,
+        # so that the vocabulary is filled to vocab_size while there are pieces
+        for piece, _ in sorted(pieces.items(), key=lambda kv: (-kv[1], kv[0])):
+            if len(vocab) >= vocab_size:
+                break
             if piece not in seen:
                 vocab.append(piece)
                 seen.add(piece)
