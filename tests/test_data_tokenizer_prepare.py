@@ -526,3 +526,19 @@ def test_a_piece_equal_to_a_whole_word_does_not_use_up_the_budget(tmp_path):
     tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 2))
     assert len(tok) == base + 2
     assert tok.tokenize("ab abcd") == ["ab", "abc", "##d"]
+
+
+def test_prepare_line_pairs_truncate_the_longer_line_first(greek_tok, tmp_path):
+    """pairs: a unit over max_length loses tokens from the longer line (longest first), both lines kept."""
+    import datasets
+
+    f = tmp_path / "c.txt"
+    f.write_text(" ".join(GREEK[:8]) + "\n" + " ".join(GREEK + GREEK) + "\n", encoding="utf-8")  # 8 and 24 words
+    prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "pairs"}, greek_tok, "mlm", 12,
+            tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    (x,) = datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]
+    t = tok.convert_ids_to_tokens(x)
+    assert len(t) == 12 and t[0] == "[CLS]" and t[-1] == "[SEP]" and t.count("[SEP]") == 2
+    a, b = t[1:t.index("[SEP]")], t[t.index("[SEP]") + 1:-1]
+    assert a == GREEK[:len(a)] and b == GREEK[:len(b)] and {len(a), len(b)} == {4, 5}  # 9 tokens shared
