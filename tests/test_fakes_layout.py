@@ -92,7 +92,21 @@ def test_fake_nonfinite_counts_are_the_nan_losses_of_steps_csv(tmp_path):
         assert (m["nonfinite_losses"], m["first_nonfinite_step"]) == (len(bad), bad[0] if bad else None), p
         assert (m["status"] == "diverged") == bool(bad) and (m["final_train_loss"] is None) == bool(bad)
         seen_diverged += bool(bad)
-    assert seen_diverged == 2
+    # amp_fp16 seed 2's stage 1, the two schedules fine-tuned from it (fp16-fp32, fp16-fp16), bf16-fp32 seed 1
+    assert seen_diverged == 4
+
+
+def test_a_fine_tuning_from_a_diverged_stage_1_is_diverged_not_skipped(tmp_path):
+    """As the engine: stage 2 starts from a diverged stage 1's checkpoint (init_status diverged) and, from
+    non-finite weights, diverges; only a skipped stage 1 makes stage 2 skipped."""
+    write_fake_study(tmp_path, seeds=[1, 2], diverged={("amp_fp16", 2)})
+    for name in ("fp16-fp32", "fp16-fp16"):
+        m = json.loads((tmp_path / "runs" / "finetune" / name / "seed2" / "metrics.json").read_text())
+        assert (m["status"], m["init_status"], m["accuracy"]) == ("diverged", "diverged", None)
+        m = json.loads((tmp_path / "runs" / "finetune" / name / "seed1" / "metrics.json").read_text())
+        assert (m["status"], m["init_status"]) == ("ok", "ok")
+    m = json.loads((tmp_path / "runs" / "finetune" / "fp32-fp32" / "seed2" / "metrics.json").read_text())
+    assert (m["status"], m["init_status"]) == ("ok", "ok")
 
 
 def test_pure_fp16_fakes_scale_the_loss_too(tmp_path):

@@ -37,7 +37,8 @@ def _provenance() -> dict:
 
 def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int, status: str = "ok",
                 schedule: str | None = None, init: str = "scratch", init_run_id: str | None = None,
-                init_precision: str | None = None, metrics: dict | None = None, steps: int = 20,
+                init_precision: str | None = None, init_status: str | None = None, metrics: dict | None = None,
+                steps: int = 20,
                 loss_start: float = 7.0, loss_end: float = 3.0, rng=None) -> Path:
     """Write one stage's metrics.json and steps.csv under ``out``; return the metrics.json path."""
     import numpy as np
@@ -71,6 +72,7 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
         "objective": "mlm" if stage == "pretrain" else "classify", "precision": precision, "seed": seed,
         "status": status, "status_reason": None if status == "ok" else f"{status} (fake)",
         "schedule": schedule, "init": init, "init_run_id": init_run_id, "init_precision": init_precision,
+        "init_status": init_status,
         "param_dtype": "float16" if precision.startswith("pure_fp16") else
         ("bfloat16" if precision == "pure_bf16" else "float32"),
         "checkpoint_dtype_written": "float32", "checkpoint_dtype_read": None,
@@ -145,7 +147,9 @@ def write_fake_study(root: str | Path, *, schedules: dict | None = None, seeds=r
             if (name, s) in diverged:
                 status = "diverged"
             elif p1 is not None and (p1, s) in diverged:
-                status = "skipped"
+                # the engine fine-tunes from a diverged stage 1's checkpoint (init_status diverged); from
+                # non-finite weights the fine-tuning diverges too. Only a skipped stage 1 skips stage 2.
+                status = "diverged"
             acc = (base_accuracy + seed_effect[s] + effects.get(name, 0.0) + rng.normal(0, sd)) / 100
             if (name, s) in degenerate:
                 acc = majority_accuracy
@@ -160,5 +164,6 @@ def write_fake_study(root: str | Path, *, schedules: dict | None = None, seeds=r
                 stage="finetune", precision=p2, seed=s, status=status, schedule=name,
                 init=str(root / "runs" / "pretrain" / p1 / f"seed{s}" / "checkpoint") if p1 else "scratch",
                 init_run_id=init_id, init_precision=p1, metrics=metrics, loss_start=0.7, loss_end=0.4,
+                init_status=("diverged" if (p1, s) in diverged else "ok") if p1 else None,
                 rng=rng))
     return paths
