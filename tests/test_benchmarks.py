@@ -840,3 +840,31 @@ def test_pipeline_overhead_reads_the_studys_results_dir(monkeypatch, tmp_path, c
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (res["runs"], res["train_seconds"], res["slots"]) == (3, 120.0, 2)  # config.yaml: threads 1, cpu
     assert res["overhead_seconds"] == 35.0
+
+
+# ================================================================== pure_fp16_eps.py
+def test_pure_fp16_eps_runs_each_kernel_and_eps_and_says_how_each_ended(monkeypatch, capsys):
+    """One pure_fp16 masked-LM run per (kernel, eps), the options reaching it; a cell says ok with the losses,
+    or diverged with the first non-finite loss's step, or (no non-finite loss) the engine's reason."""
+    pe = _load("pure_fp16_eps")
+    calls = []
+
+    def engine_run(data, obj, prec, **hp):
+        calls.append((data.name, obj, prec, hp["optimizer_impl"], hp["adam_eps"], hp["steps"], hp["threads"]))
+        if hp["adam_eps"] == 1e-8:
+            return {"status": "diverged", "first_nonfinite_step": 16 if hp["optimizer_impl"] == "fused" else 2,
+                    "status_reason": "3 non-finite losses in a row"}
+        if hp["optimizer_impl"] == "foreach":
+            return {"status": "diverged", "first_nonfinite_step": None, "status_reason": "eval loss 12.2 nats ..."}
+        return {"status": "ok", "final_train_loss": 4.804, "eval_loss": 4.656, "first_nonfinite_step": None}
+
+    monkeypatch.setattr(pe, "engine_run", engine_run)
+    monkeypatch.setattr(pe, "prepare", _fake_prepare([]))
+    pe.main(["--steps", "12", "--eps", "1e-8", "1e-4", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert calls == [("prepared-mlm", "mlm", "pure_fp16", impl, eps, 12, 1)
+                     for impl in ("fused", "foreach") for eps in (1e-8, 1e-4)]
+    assert "fused    eps 1e-08   diverged (first non-finite loss at step 16)\n" in out
+    assert "fused    eps 0.0001  ok: final training loss 4.80, eval loss 4.66\n" in out
+    assert "foreach  eps 1e-08   diverged (first non-finite loss at step 2)\n" in out
+    assert "foreach  eps 0.0001  diverged: eval loss 12.2 nats ...\n" in out
