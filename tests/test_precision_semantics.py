@@ -183,6 +183,49 @@ def test_fp32_on_cpu_runs_ieee_matmuls_even_if_the_caller_asked_onednn_for_bf16(
     assert out == {"during": ["ieee", "ieee"], "after": "bf16", "recorded": "highest"}
 
 
+_GENERIC_TF32_CALLER = r"""
+import json, sys, torch
+from precswitch.train import engine
+torch.backends.fp32_precision = "tf32"  # the caller: TF32 everywhere, with torch's new generic switch
+names = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+def backend(n):
+    o = torch.backends
+    for part in filter(None, n.split(".")):
+        o = getattr(o, part)
+    return o
+seen = []
+real = engine.forward_loss
+def spy(*a):
+    seen.append({n: backend(n).fp32_precision for n in names})
+    return real(*a)
+engine.forward_loss = spy
+m = engine.run_stage({"data": sys.argv[1], "precision": "fp32", "steps": 1, "model": json.loads(sys.argv[3]),
+                      "save_checkpoint": False}, sys.argv[2])
+print(json.dumps({"during": seen[0], "after": {n: backend(n).fp32_precision for n in names},
+                  "recorded": [m["tf32_matmul"], m["tf32_cudnn"], m["float32_matmul_precision"]]}))
+"""
+
+
+def test_fp32_after_a_caller_set_tf32_with_torchs_generic_switch(data, tmp_path):
+    """torch >= 2.9: a caller's torch.backends.fp32_precision = "tf32" made an fp32 stage stop with torch's
+    RuntimeError about mixing the legacy and new TF32 APIs (and cuDNN/oneDNN would have inherited TF32). The stage
+    runs with no TF32 anywhere (cuda and oneDNN matmuls IEEE, every other switch torch's default), records that,
+    and gives the caller its TF32 back."""
+    import json
+    import subprocess
+
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip("torch without per-backend fp32_precision")
+    r = subprocess.run([sys.executable, "-c", _GENERIC_TF32_CALLER, str(data["mlm"]), str(tmp_path / "r"),
+                        json.dumps(TINY)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {n: v for n, v in out["during"].items() if v != "none"} == {"cuda.matmul": "ieee", "mkldnn.matmul": "ieee"}
+    assert out["recorded"] == [False, False, "highest"]
+    assert set(out["after"].values()) == {"tf32"}
+
+
 # ====================================================================== scaler, clipping, LR on skipped steps
 def test_skipped_steps_advance_the_lr_schedule_as_in_every_other_precision(data, tmp_path, monkeypatch):
     """engine.py documents it: a step the GradScaler skips still advances the LR scheduler (PyTorch's AMP recipe),

@@ -85,6 +85,12 @@ class Precision:
         ``fp32`` really means fp32: TF32 is switched OFF for every precision except ``tf32``. (The engine gives
         the caller its own switches back when the stage ends: :func:`restoring_global_numerics`.)
         """
+        if hasattr(torch.backends, "fp32_precision"):
+            # torch >= 2.9: per-backend switches a caller set with the new API (say torch.backends.fp32_precision =
+            # "tf32") outlive the legacy setters below (cuDNN and oneDNN would inherit TF32 / bf16 in an fp32 stage)
+            # and make their getters raise: clear them all to "none" (torch's default) first
+            for name in _FP32_PRECISION_BACKENDS:
+                _fp32_precision_backend(name).fp32_precision = "none"
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
         torch.backends.cudnn.allow_tf32 = self.tf32
         torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
