@@ -5,7 +5,8 @@ A model pre-trained in bf16 (or fp32) can grow activations that overflow when th
 in fp16 (known for T5). This module measures, every ``every`` steps, for each watched module output:
 
 * ``max_abs``: the largest |activation| (``inf``/``nan`` if the output already is non-finite);
-* ``frac_overflow_fp16``: the fraction of values with ``|x| > 65504`` (they would be ``inf`` in fp16);
+* ``frac_overflow_fp16``: the fraction of values with ``|x| > 65504``, fp16's largest finite value (from 65520
+  up they become ``inf`` in fp16; the few between round down to 65504);
 * ``frac_underflow_fp16``: the fraction with ``0 < |x| < 2**-14`` (fp16 subnormal or flushed to 0).
 
 ``max_abs`` is exact (one read-only ``torch.aminmax`` pass over the whole output). The two
