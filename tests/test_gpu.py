@@ -807,13 +807,17 @@ def test_gpu_hours_schedule_without_stage_1(tmp_path):
 
 def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
     """The jobs the workflow runs, counted by hand: schedules a and b share one stage-1 run per seed (fp32,
-    written once as a name and once as a mapping: the workflow normalises both to the run "fp32"), s has
+    written once as a name and once as a mapping: the workflow normalises both to the run "fp32"; b1's switch
+    at 1 is that run too), s has
     its own (a switch), c has none; stage 2 runs once per schedule and seed.
     finetune: 3 epochs x (100 // 16 = 6 batches, the partial one dropped) = 18 steps."""
     gh = _gpu_hours()
     cfg = {"seeds": [1, 2, 3], "model": {"init": "scratch", "num_hidden_layers": 4, "hidden_size": 512},
            "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"},
                          "b": {"pretrain": {"precision": "fp32"}, "finetune": "amp_bf16"},
+                         # every step before the switch: the workflow runs it as the plain fp32 run (run_spec)
+                         "b1": {"pretrain": {"precision": "fp32", "switch_to": "amp_bf16", "switch_at": 1},
+                                "finetune": "amp_bf16"},
                          "s": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.75},
                                "finetune": "fp32"},
                          "c": {"finetune": "amp_bf16"}},
@@ -827,9 +831,10 @@ def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
     # stage 1: fp32 100 x 0.502 + 25 = 75.2 s; the switch 75 x 0.202 + 25 x 0.502 + 25 = 52.7 s
     # stage 2: fp32 18 x 0.102 + 18 = 19.836 s (a, s); amp_bf16 18 x 0.052 + 18 = 18.936 s (b, c)
     jobs = sorted((j["stage"], j["steps"], j["seeds"], round(j["run_s"][0], 6)) for j in res["jobs"])
-    assert jobs == [("finetune", 18, 3, 18.936), ("finetune", 18, 3, 18.936), ("finetune", 18, 3, 19.836),
-                    ("finetune", 18, 3, 19.836), ("pretrain", 100, 3, 52.7), ("pretrain", 100, 3, 75.2)]
-    total_h = 3 * (75.2 + 52.7 + 2 * 19.836 + 2 * 18.936) / 3600
+    assert jobs == [("finetune", 18, 3, 18.936), ("finetune", 18, 3, 18.936), ("finetune", 18, 3, 18.936),
+                    ("finetune", 18, 3, 19.836), ("finetune", 18, 3, 19.836), ("pretrain", 100, 3, 52.7),
+                    ("pretrain", 100, 3, 75.2)]
+    total_h = 3 * (75.2 + 52.7 + 2 * 19.836 + 3 * 18.936) / 3600
     assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(total_h)
 
 
