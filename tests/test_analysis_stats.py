@@ -345,7 +345,7 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
 def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():
     from statsmodels.stats.power import TTestPower
 
-    from precswitch.analysis.stats import power_analysis
+    from precswitch.analysis.stats import paired_t_power, power_analysis
 
     # 2 seeds, paired SD 0.1 point, mean 0.5: the CI (±0.9) crosses the margin, so the row is inconclusive and
     # the verdict needs seeds_needed. solve_power gave NaN at SD 0.125 and 2 at SD 0.1 (power there: 0.73).
@@ -357,6 +357,7 @@ def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():
         assert math.isfinite(n) and n >= 2, sd
         if n > 2:  # n − 1 pairs have too little power
             assert not TTestPower().power(1 / sd, n - 1, 0.05) >= 0.8, sd  # (NaN at es 8, n 2: power ≈ 0.6)
+            assert paired_t_power(1 / sd, n - 1, 0.05) < 0.8 <= paired_t_power(1 / sd, n, 0.05), sd
     assert power_analysis(1.0, 2, 0.05, 0.8, 1.0)["seeds_needed"] == 10  # the ordinary range is unchanged
 
 
