@@ -170,9 +170,11 @@ def _acc_phrase(r: dict | None, margin: float, conf: int, with_p: bool = False) 
     the classification rests on)"""
     if not r or not _f(r.get("mean")):
         return "no paired seeds"
-    s = f"{_pt(r['mean'])} points"
-    if _f(r.get("ci_low")):
-        s += f" [unadjusted {conf}% CI {_pt(r['ci_low'])}, {_pt(r['ci_high'])}]"
+    # at least 2 significant digits, the CI in the mean's style: a difference of 0.004 points is not "+0.00"
+    m, lo, hi = fmt_triple(r["mean"], r.get("ci_low"), r.get("ci_high"))
+    s = f"{m} points"
+    if _f(r.get("ci_low")) and _f(r.get("ci_high")):
+        s += f" [unadjusted {conf}% CI {lo}, {hi}]"
     if with_p and _f(r.get("p_holm")):
         s += f", Holm p {_p(r['p_holm'])}"
         if r.get("classification") == "equivalent" and _f(r.get("tost_p")):
@@ -441,8 +443,9 @@ def render(stats: dict) -> str:
                 label += ", BUT NOT INFORMATIVE: both only predict the majority class"
             txt = f"{head}: **{label}** — {_class_phrase(r, baseline, margin)}. {acc_s[:1].upper()}{acc_s[1:]}; "
             txt += f"paired difference {_acc_phrase(r, margin, conf)}"
-            if r and _f(r.get("boot_low")):
-                txt += f" (bootstrap CI {_pt(r['boot_low'])}, {_pt(r['boot_high'])})"
+            if r and _f(r.get("boot_low")) and _f(r.get("boot_high")):
+                _, blo, bhi = fmt_triple(r["mean"], r["boot_low"], r["boot_high"])
+                txt += f" (bootstrap CI {blo}, {bhi})"
             if r:
                 txt += (f"; paired t Holm p {_p(r.get('p_holm'))}, Wilcoxon p {_p(r.get('p_wilcoxon'))}, "
                         f"TOST p {_p(r.get('tost_p'))}")
