@@ -35,3 +35,389 @@ def test_seeds_needed_never_falls_as_the_paired_sd_grows():
     for alpha in (0.05, 0.025, 0.0125):
         ns = [power_analysis(float(sd), 5, alpha, 0.8, 1.0)["seeds_needed"] for sd in np.geomspace(0.02, 1.5, 40)]
         assert all(a <= b for a, b in zip(ns, ns[1:])), (alpha, ns)
+
+
+# ---------------------------------------------------------------------------- paired_contrast edge cases
+from precswitch.analysis.stats import (  # noqa: E402
+    _sign_seeds, classify, compute, load_settings, loss_negligible, mark_outcomes, paired_contrast,
+    within_margin,
+)
+
+
+def test_identical_values_have_p_1_in_both_tests_not_the_sign_tests_p():
+    """No difference at all in any seed: the t-test and the Wilcoxon test have nothing against the null (p 1),
+    not the sign test's 2 · 0.5^n (0.03 at 6 seeds, which reads as significant) nor a missing p."""
+    x = [80.0, 75.0, 70.0, 82.0, 79.0, 77.0]
+    r = paired_contrast(x, x, margin=1.0)
+    assert r["p_t"] == 1.0 and r["p_wilcoxon"] == 1.0 and r["mean"] == 0.0
+    r = paired_contrast(x, x, kind="ratio")
+    assert r["p_t"] == 1.0 and r["p_wilcoxon"] == 1.0 and r["mean"] == 1.0
+
+
+def test_a_small_but_real_spread_goes_through_the_t_test():
+    """Only a spread at rounding level (1e-9 of the largest difference) counts as 'all differences equal': a paired
+    SD of 0.01 point on a 10-point difference is a measurement, tested by the t-test (p from scipy), not the sign
+    test."""
+    b = np.array([70.0, 75.0, 80.0])
+    a = b + np.array([10.0, 10.01, 9.99])
+    r = paired_contrast(a, b, margin=1.0)
+    assert r["sd"] == pytest.approx(0.01)
+    assert r["p_t"] == pytest.approx(st.ttest_rel(a, b).pvalue)
+    assert r["p_t"] < 1e-4 and math.isfinite(r["ci_low"])
+
+
+def test_wilcoxon_drops_zero_differences_as_scipy_does_by_default():
+    """scipy.stats.wilcoxon's default (zero_method 'wilcox'): zero differences are left out, the rest ranked."""
+    b = np.array([80.0, 75.0, 70.0, 82.0, 79.0, 77.0, 74.0, 71.0, 78.0])
+    d = np.array([0.0, 1.0, 2.0, -0.5, 3.0, 1.5, 2.5, -0.25, 4.0])  # one zero (Pratt or zsplit: p 0.047)
+    r = paired_contrast(b + d, b, margin=1.0)
+    assert r["p_wilcoxon"] == pytest.approx(st.wilcoxon(d).pvalue)
+    assert r["p_wilcoxon"] == pytest.approx(st.wilcoxon(d[d != 0]).pvalue) == pytest.approx(5 / 128)
+
+
+def test_equal_differences_exactly_at_the_margin_are_not_inside_it():
+    """The margin is an open band: every pair 1.0 point apart with margin 1.0 is not 'inside ±1 point'."""
+    b = np.array([80.0, 75.0, 70.0, 82.0, 79.0, 77.0])
+    r = paired_contrast(b + 1.0, b, margin=1.0)
+    assert r["tost_p"] == 1.0
+    r["p_holm"] = 1.0
+    assert classify(r, 0.05) == "inconclusive"
+
+
+def test_one_pair_of_a_ratio_is_reported_as_a_ratio():
+    """n = 1: no test, but the point estimate is A/B (not its logarithm), like every other ratio row."""
+    r = paired_contrast([30.0], [60.0], kind="ratio")
+    assert r["n_pairs"] == 1 and r["mean"] == pytest.approx(0.5) and math.isnan(r["p_t"])
+    r["p_holm"] = math.nan
+    assert classify(r, 0.05, higher_is_better=False) == "insufficient data"
+
+
+def test_bootstrap_of_fractions_is_in_points_like_the_t_interval():
+    rng = np.random.default_rng(5)
+    b = rng.uniform(0.7, 0.9, 9)
+    a = b + rng.normal(0.005, 0.004, 9)
+    r = paired_contrast(a, b, scale=100.0, margin=1.0, n_boot=500, seed=1)
+    want = st.bootstrap(((a - b) * 100,), np.mean, n_resamples=500, confidence_level=0.95, method="BCa",
+                        rng=np.random.default_rng(1)).confidence_interval
+    assert (r["boot_low"], r["boot_high"]) == pytest.approx((want.low, want.high), rel=1e-9)
+    assert r["ci_low"] < r["boot_high"] and r["boot_low"] < r["ci_high"]  # the same units
+
+
+def test_bootstrap_of_equal_differences_is_the_point():
+    """From 8 pairs on a bootstrap interval is given; every resample of 8 equal differences has that mean, so the
+    interval is the point (BCa itself fails on a constant sample), not missing."""
+    b = np.arange(70.0, 78.0)
+    r = paired_contrast(b + 0.5, b, margin=1.0, n_boot=200)
+    assert r["boot_low"] == r["boot_high"] == 0.5
+
+
+def test_sign_test_minimum_is_strictly_below_alpha():
+    # two-sided sign test, all n one way: p = 2 · 0.5^n; 4 pairs give exactly 0.125, not below alpha 0.125
+    assert _sign_seeds(0.125, "two-sided") == 5
+    assert _sign_seeds(0.0625, "two-sided") == 6
+    assert _sign_seeds(0.05, "two-sided") == 6
+
+
+# ---------------------------------------------------------------------------- classification boundaries
+def _row(**kw):
+    r = {"kind": "difference", "n_pairs": 6, "mean": 0.2, "ci_low": -0.5, "ci_high": 0.9, "p_t": 0.5,
+         "p_holm": 0.5, "margin": 1.0, "tost_p": 0.01}
+    r.update(kw)
+    return r
+
+
+def test_significance_is_p_strictly_below_alpha():
+    row = _row(mean=1.5, ci_low=0.4, ci_high=2.6, p_holm=0.05, tost_p=0.6)
+    assert classify(row, 0.05) == "inconclusive"
+    assert classify({**row, "p_holm": 0.0499}, 0.05) == "better"
+
+
+def test_equivalence_needs_the_ci_strictly_inside_the_margin():
+    assert classify(_row(), 0.05) == "equivalent" and within_margin(_row())
+    for lo, hi in ((-1.0, 0.9), (-0.5, 1.0)):
+        r = _row(ci_low=lo, ci_high=hi)
+        assert classify(r, 0.05) == "inconclusive" and not within_margin(r), (lo, hi)
+    # a CI that excludes 0 but lies inside the margin is still inside it
+    assert within_margin(_row(mean=0.5, ci_low=0.2, ci_high=0.8))
+
+
+def test_one_pair_is_insufficient_data_not_inconclusive():
+    r = paired_contrast([81.0], [80.0], margin=1.0)
+    r["p_holm"] = math.nan
+    assert r["n_pairs"] == 1 and classify(r, 0.05) == "insufficient data"
+
+
+# ---------------------------------------------------------------------------- loss negligible
+def test_loss_negligible_needs_the_whole_ci_not_the_mean():
+    # base loss 2 nats: ±0.002 nats. The mean (0.0005) is inside, the CI's upper end (0.003) is not
+    assert not loss_negligible(-0.002 + 0.0001, 0.003, 2.0)
+    assert loss_negligible(-0.0019, 0.0019, 2.0)
+    assert not loss_negligible(-0.0019, 0.0019, 0.0)
+
+
+# ---------------------------------------------------------------------------- outcomes
+def _sched_rows(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=["status", "accuracy", "majority_accuracy"])
+
+
+def test_outcomes_degenerate_at_the_majority_and_missing_status_is_ok():
+    df = mark_outcomes(_sched_rows([
+        ("ok", 0.55, 0.55),          # exactly the majority class: learnt nothing
+        ("ok", 0.56, 0.55),          # above it
+        (None, 0.80, 0.55),          # no status recorded: a finished run
+        ("ok", float("nan"), 0.55),  # no accuracy
+        ("diverged", 0.80, 0.55),
+        ("oom", 0.80, 0.55),         # an unknown status is failed under its own name
+    ]))
+    assert list(df["outcome"]) == ["degenerate", "ok", "ok", "no_eval", "diverged", "oom"]
+    assert list(df["used"]) == [True, True, True, False, False, False]
+
+
+# ---------------------------------------------------------------------------- whole-study semantics
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    from precswitch.analysis.aggregate import aggregate
+    from precswitch.analysis.fakes import write_fake_study
+
+    root = tmp_path_factory.mktemp("sem")
+    paths = write_fake_study(root / "s", seeds=range(1, 7), effects={"fp16-fp16": -1.0}, sd=0.7, rng_seed=2)
+    return aggregate(paths, root / "t")
+
+
+S0 = {"bootstrap_resamples": 0}
+
+
+def _get(deltas, a, b="fp32-fp32", family="vs_baseline", metric="accuracy"):
+    r = deltas[(deltas["family"] == family) & (deltas["a"] == a) & (deltas["b"] == b) & (deltas["metric"] == metric)]
+    assert len(r) == 1, (family, a, b, metric)
+    return r.iloc[0]
+
+
+def _holm_by_hand(ps):
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, run = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = run
+    return out
+
+
+def test_schedule_tables_sum_times_and_take_the_larger_memory(study):
+    _, sched = study
+    assert np.allclose(sched["total_train_seconds"], sched["stage1_train_seconds"] + sched["stage2_train_seconds"])
+    assert np.allclose(sched["peak_memory_bytes"],
+                       np.maximum(sched["stage1_peak_memory_bytes"], sched["stage2_peak_memory_bytes"]))
+
+
+def test_a_named_contrast_given_the_other_way_round_is_one_holm_slot(study):
+    """'fp32-fp32 vs fp16-fp32' is the comparison 'fp16-fp32 vs fp32-fp32' (vs baseline): one p in a family of
+    the 3 distinct comparisons, and the two rows mirror each other."""
+    runs, sched = study
+    _, deltas, _ = compute(runs, sched, load_settings(contrasts=[["fp32-fp32", "fp16-fp32"]], **S0))
+    vb = deltas[(deltas["family"] == "vs_baseline") & (deltas["metric"] == "accuracy")]
+    named = _get(deltas, "fp32-fp32", "fp16-fp32", family="named")
+    fwd = _get(deltas, "fp16-fp32")
+    assert len(vb) == 3
+    assert list(vb["p_holm"]) == pytest.approx(_holm_by_hand(list(vb["p_t"])))
+    assert named["p_holm"] == pytest.approx(fwd["p_holm"]) and named["mean"] == pytest.approx(-fwd["mean"])
+    assert (named["ci_low"], named["ci_high"]) == pytest.approx((-fwd["ci_high"], -fwd["ci_low"]))
+
+
+def test_a_comparison_without_a_p_is_not_in_the_holm_family_nor_the_power(study):
+    """fp16-fp16 with one used seed: its two comparisons have no p; the family (and alpha / m for the power) is
+    the 2 comparisons that have one."""
+    from precswitch.analysis.stats import power_analysis
+
+    runs, sched = study
+    sched = sched.copy()
+    sched.loc[(sched["schedule"] == "fp16-fp16") & (sched["seed"] > 1), "status"] = "diverged"
+    _, deltas, st_ = compute(runs, sched, load_settings(**S0))
+    assert st_["schedules"]["fp16-fp16"]["n_failed"] == 5
+    r = _get(deltas, "fp16-fp32")
+    other = _get(deltas, "bf16-fp32")
+    assert math.isnan(_get(deltas, "fp16-fp16")["p_t"])
+    assert [r["p_holm"], other["p_holm"]] == pytest.approx(_holm_by_hand([r["p_t"], other["p_t"]]))
+    want = power_analysis(r["sd"], r["n_pairs"], 0.05 / 2, 0.8, 1.0)
+    assert r["seeds_needed"] == want["seeds_needed"] and r["mde"] == pytest.approx(want["mde"])
+
+
+def test_a_ratio_with_a_zero_leaves_that_seed_out_and_lists_the_rest(study):
+    runs, sched = study
+    sched = sched.copy()
+    sched.loc[(sched["schedule"] == "bf16-fp32") & (sched["seed"] == 4), "stage2_train_seconds"] = 0.0
+    _, deltas, _ = compute(runs, sched, load_settings(**S0))
+    r = _get(deltas, "bf16-fp32", metric="stage2_train_seconds")
+    assert r["n_pairs"] == 5 and r["seeds"] == "1 2 3 5 6"
+
+
+def test_failed_rows_are_counted_and_their_counters_summed_but_not_their_accuracy(study):
+    """No finite accuracy counts as failed (no_eval); a failed row's accuracy is not in the schedule's mean; its
+    skipped steps (the cause) are in the counter's sum."""
+    runs, sched = study
+    sched = sched.copy()
+    s = sched["schedule"] == "fp16-fp32"
+    sched.loc[s & (sched["seed"] == 2), "accuracy"] = np.nan
+    sched.loc[s & (sched["seed"] == 3), ["status", "accuracy", "skipped_steps"]] = ["diverged", 0.99, 40.0]
+    summary, _, st_ = compute(runs, sched, load_settings(**S0))
+    i = st_["schedules"]["fp16-fp32"]
+    assert (i["n_failed"], i["n_diverged"], i["n_used"]) == (2, 1, 4)
+    assert {f["outcome"] for f in i["failed"]} == {"no_eval", "diverged"}
+    used = sched[s & ~sched["seed"].isin([2, 3])]["accuracy"] * 100
+    assert i["accuracy_points"]["n"] == 4 and i["accuracy_points"]["mean"] == pytest.approx(used.mean())
+    row = summary[(summary["level"] == "schedule") & (summary["group"] == "fp16-fp32")
+                  & (summary["metric"] == "skipped_steps")].iloc[0]
+    assert row["sum"] == pytest.approx(sched[s]["skipped_steps"].sum()) and row["sum"] >= 40
+
+
+def test_a_skipped_stage1_run_is_left_out_of_the_stage1_comparisons(study):
+    runs, sched = study
+    runs = runs.copy()
+    sel = (runs["stage"] == "pretrain") & (runs["precision"] == "amp_bf16") & (runs["seed"] == 5)
+    runs.loc[sel, "status"] = "skipped"
+    _, deltas, st_ = compute(runs, sched, load_settings(**S0))
+    r = _get(deltas, "amp_bf16", "fp32", family="stage1", metric="train_seconds")
+    assert r["n_pairs"] == 5 and "5" not in r["seeds"].split()
+    assert st_["stage1_precisions"]["amp_bf16"]["n_skipped"] == 1
+
+
+def test_schedule_stage1_rows_take_the_stage1_rows_power_with_its_p(study):
+    """A schedule row of a stage-1 metric takes the stage-1 row's Holm p; its power figures are then those of the
+    same (stage-1) family, not the schedule family's."""
+    runs, sched = study
+    _, deltas, _ = compute(runs, sched, load_settings(**S0))
+    r = _get(deltas, "bf16-fp32", metric="stage1_eval_loss")
+    s1 = _get(deltas, "amp_bf16", "fp32", family="stage1", metric="eval_loss")
+    assert r["p_holm"] == pytest.approx(s1["p_holm"])
+    assert math.isfinite(s1["mde"]) and r["mde"] == pytest.approx(s1["mde"])  # (no margin for a loss: no seeds_needed)
+
+
+def test_a_schedule_whose_stage2_failed_keeps_its_own_family_for_stage1_metrics(study):
+    """bf16-fp32 seed 2's fine-tuning diverged: its stage-1 time pairs 5 seeds, the stage-1 row 6, so they are
+    not the same comparison and the schedule row keeps the schedule family's Holm p."""
+    runs, sched = study
+    sched = sched.copy()
+    sched.loc[(sched["schedule"] == "bf16-fp32") & (sched["seed"] == 2), "status"] = "diverged"
+    _, deltas, _ = compute(runs, sched, load_settings(**S0))
+    r = _get(deltas, "bf16-fp32", metric="stage1_train_seconds")
+    s1 = _get(deltas, "amp_bf16", "fp32", family="stage1", metric="train_seconds")
+    assert r["n_pairs"] == 5 and s1["n_pairs"] == 6
+    fam = deltas[deltas["family"].isin(["vs_baseline", "named"]) & (deltas["metric"] == "stage1_train_seconds")]
+    fam = fam.assign(k=[frozenset((a, b)) for a, b in zip(fam["a"], fam["b"])]).drop_duplicates("k")
+    # the rows that share the stage-1 row's p are the other schedules'; this one is adjusted in its own family
+    want = dict(zip(fam["a"] + "|" + fam["b"], _holm_by_hand(list(fam["p_t"]))))
+    assert r["p_holm"] == pytest.approx(want["bf16-fp32|fp32-fp32"])
+    assert r["p_holm"] != pytest.approx(s1["p_holm"])
+
+
+# ---------------------------------------------------------------------------- verdict wording and numbers
+def _stats(deltas, named=(), **extra):
+    info = {"stage1_precision": "amp_fp16", "stage2_precision": "fp32", "n_runs": 6, "n_used": 6, "n_failed": 0,
+            "n_degenerate": 0, "seeds": [1, 2, 3, 4, 5, 6],
+            "accuracy_points": {"n": 6, "mean": 80.0, "std": 1.234, "ci_low": 78.7, "ci_high": 81.3}}
+    s = {"question": "Q?", "settings": {"margin": 1.0, "alpha": 0.05, "power": 0.8, "bootstrap_resamples": 0},
+         "baseline": "fp32-fp32", "provenance": {"device": ["cpu"]},
+         "schedules": {"fp32-fp32": dict(info, stage1_precision="fp32"), "fp16-fp32": info},
+         "named_contrasts": [list(p) for p in named], "missing_contrasts": [], "deltas": deltas,
+         "stage1_relation": {"fp16-fp32 vs fp32-fp32": "different"}}
+    s.update(extra)
+    return s
+
+
+def _acc(cls, mean, lo, hi, p_holm, family="vs_baseline", **kw):
+    return {"family": family, "a": "fp16-fp32", "b": "fp32-fp32", "metric": "accuracy", "kind": "difference",
+            "n_pairs": 6, "mean": mean, "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls,
+            "margin": 1.0, **kw}
+
+
+def _answer(text):
+    """The Answer's sentences (not the rules paragraph after them)."""
+    return text.split("## Answer")[1].strip().split("\n\n")[0]
+
+
+def _paragraph(text, name="fp16-fp32"):
+    return next(p for p in text.split("\n\n") if p.startswith(f"**{name}**"))
+
+
+def test_the_answer_never_reads_a_non_significant_difference_as_no_difference():
+    from precswitch.analysis.verdict import render
+
+    inc = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6, family="named", tost_p=0.3)
+    ans = _answer(render(_stats([inc], named=[("fp16-fp32", "fp32-fp32")])))
+    assert "has an inconclusive effect on accuracy" in ans
+    for wrong in ("unchanged", "no difference", "does not change", "same accuracy"):
+        assert wrong not in ans, wrong
+    assert "Holm p 0.600" in ans and "TOST p" not in ans  # TOST p only where equivalence is claimed
+    eq = _acc("equivalent", 0.1, -0.4, 0.6, 0.7, family="named", tost_p=0.004)
+    ans = _answer(render(_stats([eq], named=[("fp16-fp32", "fp32-fp32")])))
+    assert "leaves accuracy unchanged within ±1 point" in ans and "Holm p 0.700, TOST p 0.004" in ans
+
+
+def test_the_schedule_paragraph_prints_each_p_from_its_own_column():
+    from precswitch.analysis.verdict import render
+
+    r = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6, p_t=0.15, p_wilcoxon=0.312, tost_p=0.4)
+    para = _paragraph(render(_stats([r])))
+    assert "paired t Holm p 0.600, Wilcoxon p 0.312, TOST p 0.400" in para
+    assert "accuracy 80.00% [95% CI 78.70, 81.30], seed SD 1.23 points" in para.replace("Accuracy", "accuracy")
+
+
+def test_a_ratio_label_follows_the_holm_classification_not_the_raw_p():
+    from precswitch.analysis.verdict import render
+
+    row = {"family": "vs_baseline", "a": "fp16-fp32", "b": "fp32-fp32", "metric": "stage2_train_seconds",
+           "kind": "ratio", "n_pairs": 6, "mean": 0.5, "ci_low": 0.45, "ci_high": 0.56, "p_t": 0.01, "p_holm": 0.2,
+           "classification": "inconclusive"}
+    para = _paragraph(render(_stats([row])))
+    assert "stage 2 ×0.50 [0.45, 0.56] (not significant after Holm, p 0.200; only the unadjusted CI excludes ×1)" in para
+    para = _paragraph(render(_stats([dict(row, p_holm=0.02, classification="better")])))
+    assert "stage 2 ×0.50 [0.45, 0.56] (50% time saved, Holm p 0.020)" in para
+
+
+def test_to_resolve_says_equivalence_is_out_of_reach_for_a_mean_beyond_either_bound():
+    from precswitch.analysis.verdict import render
+
+    for mean, lo, hi in ((-1.3, -2.9, 0.3), (1.3, -0.3, 2.9)):
+        r = _acc("inconclusive", mean, lo, hi, 0.3, sd=1.5, seeds_needed=20)
+        para = _paragraph(render(_stats([r])))
+        assert "the observed mean is outside the margin, so equivalence is not in reach" in para, mean
+
+
+def test_the_wilcoxon_caveat_names_only_contrasts_below_its_minimum():
+    from precswitch.analysis.verdict import render
+
+    six = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6)
+    text = render(_stats([six]))
+    assert "Wilcoxon signed-rank test cannot reach" not in text
+    text = render(_stats([dict(six, n_pairs=5)]))
+    assert "With fewer than 6 paired seeds the Wilcoxon signed-rank test cannot reach p < 0.05 (fp16-fp32 vs fp32-fp32)" in text
+
+
+def test_a_tiny_accuracy_difference_never_prints_as_zero_points():
+    """analysis.md, number formatting: differences keep 2 significant digits, so 'raises accuracy (+0.00 points
+    [+0.00, +0.01])' cannot happen: a significant difference of 0.004 points printed as zero."""
+    from precswitch.analysis.verdict import render
+
+    r = _acc("better", 0.004, 0.0021, 0.0059, 0.01, family="named", within_margin=True, boot_low=0.0025,
+             boot_high=0.0056)
+    text = render(_stats([r, dict(r, family="vs_baseline")], named=[("fp16-fp32", "fp32-fp32")]))
+    want = "+0.0040 points [unadjusted 95% CI +0.0021, +0.0059]"
+    assert want in _answer(text)
+    para = _paragraph(text)
+    assert want in para and "(bootstrap CI +0.0025, +0.0056)" in para
+    assert "+0.00 points" not in text
+    # ordinary sizes keep their two decimals
+    r = _acc("inconclusive", 0.17, -0.74, 1.09, 0.6)
+    assert "+0.17 points [unadjusted 95% CI −0.74, +1.09]" in _paragraph(render(_stats([r])))
+
+
+def test_seeds_for_equivalence_are_the_t_intervals_fewest_pairs():
+    """Smallest n with t(1 − alpha/2, n − 1) · SD / √n < margin − |mean|: at mean 0, SD 2, margin 1, 18 pairs
+    (17 give a half-width of 1.03 points, 18 give 0.99)."""
+    b = np.array([80.0, 75.0, 70.0, 82.0])
+    d = np.array([-2.0, 2.0, 2.0, -2.0]) * math.sqrt(3) / 2  # mean 0, sample SD 2
+    r = paired_contrast(b + d, b, margin=1.0)
+    assert r["mean"] == pytest.approx(0.0, abs=1e-12) and r["sd"] == pytest.approx(2.0)
+    want = next(n for n in range(2, 1000) if st.t.ppf(0.975, n - 1) * 2.0 / math.sqrt(n) < 1.0)
+    assert r["seeds_needed_equivalence"] == want == 18
