@@ -490,7 +490,7 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
                 if not math.isfinite(out["seeds_needed"]) or out["seeds_needed"] <= 10:
                     # few pairs: solve_power gives up (NaN from es ≈ 6) or stops at its bound (2.0 at
                     # es = 10, where 2 pairs have power 0.73); scan the power curve instead
-                    out["seeds_needed"] = _seeds_by_scan(tp, margin / sd, alpha, power)
+                    out["seeds_needed"] = _seeds_by_scan(margin / sd, alpha, power)
     return out
 
 
@@ -539,14 +539,12 @@ def _mde_dz(tp, n: int, alpha: float, power: float) -> float:
     return float(brentq(lambda d: paired_t_power(d, n, alpha) - power, 0.0, hi, xtol=1e-6))
 
 
-def _seeds_by_scan(tp, es: float, alpha: float, power: float) -> float:
+def _seeds_by_scan(es: float, alpha: float, power: float) -> float:
     """Fewest pairs with power ≥ ``power`` at effect size ``es``, on the exact power of the paired t-test
     (:func:`paired_t_power`), for the small-n answers solve_power gets wrong: with a paired SD far below the
     margin (es ≳ 6) statsmodels' noncentral t is NaN at 2-7 pairs and its root finder gives up or stops at its
     bound. (Replacing a NaN by the power at es/2, es/4, ... was a loose lower bound: 7 seeds asked for where
-    4 have 90% power at alpha 0.0125, and more seeds asked for at a smaller SD.) ``tp`` is unused (kept for
-    the signature)."""
-    del tp
+    4 have 90% power at alpha 0.0125, and more seeds asked for at a smaller SD.)"""
     if not math.isfinite(es) or es <= 0:
         return math.inf
     # the power grows with n: double up to a sufficient n, then bisect (a handful of exact evaluations)
