@@ -117,3 +117,29 @@ def steps_rows(out: Path) -> list[dict]:
 
     with open(out / "steps.csv", newline="") as f:
         return list(csv.DictReader(f))
+
+
+def preempted_then_resumed(monkeypatch, hp: dict, out: Path, during_step: int) -> dict:
+    """Run a stage into ``out`` that gets SIGTERM during step ``during_step`` (at that step's clock sync; the
+    engine saves its resumable state and raises Preempted), then run it again there; return the resumed
+    stage's metrics."""
+    import os
+    import signal
+
+    import pytest
+
+    from precswitch.train import engine
+
+    real_sync, calls = engine.measure.sync, []
+
+    def sync_then_sigterm(device):
+        real_sync(device)
+        calls.append(1)
+        if len(calls) == during_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
+    with pytest.raises(engine.Preempted):
+        engine.run_stage(hp, out)
+    monkeypatch.setattr(engine.measure, "sync", real_sync)
+    return engine.run_stage(hp, out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -17,7 +16,9 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, make_prepared, mlm_batch, prepared_both, steps_rows, tiny_bert_mlm  # noqa: E402
+from engine_fixtures import (  # noqa: E402
+    TINY, make_prepared, mlm_batch, preempted_then_resumed, prepared_both, steps_rows, tiny_bert_mlm,
+)
 
 from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
@@ -338,30 +339,13 @@ def test_switch_changes_autocast_and_loss_scaling_at_the_switch_step(data, tmp_p
 def test_resumed_after_the_switch_records_the_switched_precisions_flags(data, tmp_path, monkeypatch):
     """The backend flags in metrics.json are those the stage ended with, whether or not it was resumed
     after its switch point (on CPU every precision's flags are equal: mark them by precision)."""
-    import signal
-
-    from precswitch.train import engine
-    from precswitch.train.engine import Preempted
-
     real = P.Precision.apply_backend_flags
     monkeypatch.setattr(P.Precision, "apply_backend_flags", lambda self: {**real(self), "flags_of": self.name})
     hp = {"data": str(data["mlm"]), "precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
           "model": TINY, "save_checkpoint": False}
     whole = run_stage(hp, tmp_path / "whole")
     assert whole["flags_of"] == "fp32" and whole["resumed"] is False
-    real_sync, calls = engine.measure.sync, []
-
-    def sync_then_sigterm(device):  # SIGTERM during step 3, past the switch (step 2)
-        real_sync(device)
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
-    with pytest.raises(Preempted):
-        run_stage(hp, tmp_path / "resumed")
-    monkeypatch.setattr(engine.measure, "sync", real_sync)
-    resumed = run_stage(hp, tmp_path / "resumed")
+    resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 3)  # step 3: past the switch (step 2)
     assert resumed["resumed"] is True and resumed["precision_final"] == "fp32"
     assert resumed["flags_of"] == "fp32"
 

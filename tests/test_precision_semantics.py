@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, prepared_both, steps_rows  # noqa: E402
+from engine_fixtures import TINY, preempted_then_resumed, prepared_both, steps_rows  # noqa: E402
 
 from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
@@ -362,19 +361,7 @@ def test_amp_fp16_to_fp32_resumed_after_the_switch_has_no_loss_scaler(data, tmp_
     hp = {"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
           "model": TINY, "save_checkpoint": False}
     run_stage(hp, tmp_path / "whole")
-    real_sync, calls = engine.measure.sync, []
-
-    def sync_then_sigterm(device):  # SIGTERM during step 3, past the switch (step 2)
-        real_sync(device)
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
-    with pytest.raises(engine.Preempted):
-        run_stage(hp, tmp_path / "resumed")
-    monkeypatch.setattr(engine.measure, "sync", real_sync)
-    resumed = run_stage(hp, tmp_path / "resumed")
+    resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 3)  # step 3: past the switch (step 2)
     assert resumed["resumed"] is True
     cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
     rows = {d: [[r[c] for c in cols] for r in steps_rows(tmp_path / d)] for d in ("whole", "resumed")}

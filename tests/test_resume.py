@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import make_prepared  # noqa: E402
+from engine_fixtures import make_prepared, preempted_then_resumed  # noqa: E402
 
 from precswitch.errors import EXIT_PREEMPTED  # noqa: E402
 
@@ -226,19 +226,7 @@ def test_a_resumed_amp_fp16_stage_keeps_its_loss_scale(tmp_path, monkeypatch, ou
           "model": TINY, "max_nonfinite": 100, "max_nonfinite_fraction": 1.0}
     whole = run_stage(hp, tmp_path / "whole")
     assert whole["skipped_steps"] >= 6  # still backing off when it is preempted
-    real_sync, calls = engine.measure.sync, []
-
-    def sync_then_sigterm(device):  # SIGTERM during step 4
-        real_sync(device)
-        calls.append(1)
-        if len(calls) == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
-    with pytest.raises(engine.Preempted):
-        run_stage(hp, tmp_path / "resumed")
-    monkeypatch.setattr(engine.measure, "sync", real_sync)
-    resumed = run_stage(hp, tmp_path / "resumed")
+    resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 4)
     assert resumed["resumed"] is True
     cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
     assert [[r[c] for c in cols] for r in _steps(tmp_path / "resumed")] == \

@@ -195,13 +195,11 @@ def _get(deltas, a, b="fp32-fp32", family="vs_baseline", metric="accuracy"):
     return r.iloc[0]
 
 
-def _holm_by_hand(ps):
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, run = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = run
-    return out
+def _holm(ps):
+    """Holm's adjustment by statsmodels (test_analysis_stats.py checks stats.holm against it written out)."""
+    from statsmodels.stats.multitest import multipletests
+
+    return list(multipletests(ps, method="holm")[1])
 
 
 def test_schedule_tables_sum_times_and_take_the_larger_memory(study):
@@ -220,7 +218,7 @@ def test_a_named_contrast_given_the_other_way_round_is_one_holm_slot(study):
     named = _get(deltas, "fp32-fp32", "fp16-fp32", family="named")
     fwd = _get(deltas, "fp16-fp32")
     assert len(vb) == 3
-    assert list(vb["p_holm"]) == pytest.approx(_holm_by_hand(list(vb["p_t"])))
+    assert list(vb["p_holm"]) == pytest.approx(_holm(list(vb["p_t"])))
     assert named["p_holm"] == pytest.approx(fwd["p_holm"]) and named["mean"] == pytest.approx(-fwd["mean"])
     assert (named["ci_low"], named["ci_high"]) == pytest.approx((-fwd["ci_high"], -fwd["ci_low"]))
 
@@ -238,7 +236,7 @@ def test_a_comparison_without_a_p_is_not_in_the_holm_family_nor_the_power(study)
     r = _get(deltas, "fp16-fp32")
     other = _get(deltas, "bf16-fp32")
     assert math.isnan(_get(deltas, "fp16-fp16")["p_t"])
-    assert [r["p_holm"], other["p_holm"]] == pytest.approx(_holm_by_hand([r["p_t"], other["p_t"]]))
+    assert [r["p_holm"], other["p_holm"]] == pytest.approx(_holm([r["p_t"], other["p_t"]]))
     want = power_analysis(r["sd"], r["n_pairs"], 0.05 / 2, 0.8, 1.0)
     assert r["seeds_needed"] == want["seeds_needed"] and r["mde"] == pytest.approx(want["mde"])
 
@@ -306,7 +304,7 @@ def test_a_schedule_whose_stage2_failed_keeps_its_own_family_for_stage1_metrics(
     fam = deltas[deltas["family"].isin(["vs_baseline", "named"]) & (deltas["metric"] == "stage1_train_seconds")]
     fam = fam.assign(k=[frozenset((a, b)) for a, b in zip(fam["a"], fam["b"])]).drop_duplicates("k")
     # the rows that share the stage-1 row's p are the other schedules'; this one is adjusted in its own family
-    want = dict(zip(fam["a"] + "|" + fam["b"], _holm_by_hand(list(fam["p_t"]))))
+    want = dict(zip(fam["a"] + "|" + fam["b"], _holm(list(fam["p_t"]))))
     assert r["p_holm"] == pytest.approx(want["bf16-fp32|fp32-fp32"])
     assert r["p_holm"] != pytest.approx(s1["p_holm"])
 
