@@ -875,6 +875,7 @@ def test_training_jobs_claim_the_configs_resources_and_run_in_priority_order(tmp
     "results/runs/pretrain/fp32/x/seed1/metrics.json",
     "results/runs/pretrain/fp32/seed1x/metrics.json",
     "results/runs/finetune/nosuch/seed1/metrics.json",
+    "results/runs/pretrain/pure_fp16/seed1/metrics.json",  # a catalog precision no schedule pre-trains in
 ])
 def test_no_wildcard_matches_across_a_slash_or_outside_the_study(tmp_path, target):
     """A path that is not a run of the study has no rule (seed is digits, schedule and precision the study's names):
