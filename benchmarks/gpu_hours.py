@@ -59,10 +59,10 @@ def stage_parts(spec) -> list[tuple[str, float]]:
 def run_key(spec) -> str:
     """One stage-1 run per key, as the workflow names them (common.smk run_spec / spec_name): "fp32",
     {precision: fp32} (no switch_to) and a switch at 1 (every step before the switch) are the same run."""
-    if not isinstance(spec, str) and "switch_to" in spec and spec["switch_at"] == 1:
+    if isinstance(spec, str):
+        return spec
+    if "switch_to" not in spec or spec["switch_at"] == 1:
         return spec["precision"]
-    if isinstance(spec, str) or "switch_to" not in spec:
-        return spec if isinstance(spec, str) else spec["precision"]
     return json.dumps(spec, sort_keys=True)
 
 

@@ -56,20 +56,13 @@ def _benchmarks(results: Path) -> dict[str, float]:
     return totals
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def study_config(configfile: str) -> dict:
-    """The study's config as the Snakefile sees it: the file merged onto config/config.yaml, validated
-    (schema defaults filled in)."""
-    from snakemake.utils import validate
+    """The study's config as the Snakefile sees it: the file merged onto config/config.yaml (Snakemake's own
+    recursive merge), validated (schema defaults filled in)."""
+    from snakemake.utils import update_config, validate
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    cfg = _merge(cfg, yaml.safe_load(Path(configfile).read_text()) or {})
+    update_config(cfg, yaml.safe_load(Path(configfile).read_text()) or {})
     validate(cfg, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
     return cfg
 

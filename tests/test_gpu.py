@@ -16,6 +16,9 @@ import pytest
 from precswitch import gpu
 from precswitch.errors import PrecswitchError
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_helpers import load_benchmark  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CTX = mp.get_context("fork")
 
@@ -369,12 +372,7 @@ def test_gpu_check_profile_counts_host_waits():
 
 
 def _load_gpu_check():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_check")
 
 
 def test_gpu_check_peaks_and_verdicts():
@@ -675,12 +673,7 @@ def test_gpu_check_small_preset_is_the_bert_small_config():
 
 # ------------------------------------------------------------------ benchmarks/gpu_hours.py
 def _gpu_hours():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_hours", ROOT / "benchmarks" / "gpu_hours.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_hours")
 
 
 def _fake_check(path, objective, batch, steps_s: dict, variant="eager"):

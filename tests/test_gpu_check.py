@@ -4,8 +4,8 @@ the figures of a timed row (FLOPs, MFU against the right peak, tokens/s), the ti
 profiled steps outside it), the profiler's per-step arithmetic on CUDA-like events, the synthetic batches,
 the time budget, the JSON written after every row and the exit code. Nothing here needs a GPU."""
 
-import importlib.util
 import json
+import sys
 import time
 import types
 from pathlib import Path
@@ -13,16 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_helpers import load_benchmark  # noqa: E402
+
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 @pytest.fixture(scope="module")
 def gc():
-    spec = importlib.util.spec_from_file_location("gpu_check_audit", ROOT / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_check")
 
 
 def _ok(precision, variant, sps, mfu=None):
