@@ -232,13 +232,37 @@ def test_a_bad_request_is_dropped_and_lets_go_of_the_clients_output(server, tmp_
     assert r.returncode == 0 and "precswitch" in r.stdout and "cold" not in r.stderr
 
 
-def test_the_server_removes_its_socket_dir(tmp_path):
-    d = tmp_path / (warm.SOCKET_DIR_PREFIX + "x")
-    d.mkdir()
+def test_the_server_removes_its_socket_dir():
+    d = Path(warm.make_socket_dir())  # as the Snakefile makes it
+    assert d.name.startswith(warm.SOCKET_DIR_PREFIX)
     p = _start_server(d / "socket")
     p.terminate()
     assert p.wait(timeout=60) == 0
     assert not d.exists()
+
+
+def test_a_temp_dir_too_long_for_a_unix_socket_falls_back_to_tmp(tmp_path, monkeypatch):
+    """A cluster job's TMPDIR can be long; a Unix socket path may have 107 bytes. The socket dir then goes
+    under /tmp, and the server refuses a path it could not bind with a message, not an OSError traceback."""
+    import tempfile
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    d = warm.make_socket_dir()
+    try:
+        assert d is not None and Path(d).parent == Path("/tmp") and Path(d).name.startswith(warm.SOCKET_DIR_PREFIX)
+        assert warm.socket_path_fits(os.path.join(d, "socket"))
+    finally:
+        os.rmdir(d)
+    assert list(deep.iterdir()) == []  # the too-long dir it tried is not left behind
+    assert not warm.socket_path_fits(str(deep / "socket"))
+    with pytest.raises(SystemExit, match="too long for a Unix socket"):
+        warm.serve(str(deep / "socket"), None, 0, preload=())
+    assert not (deep / "socket").exists()
+    # the limit is Linux's: a path of exactly 107 bytes with the server's temporary name binds
+    assert warm.socket_path_fits("/" + "x" * (warm.MAX_SOCKET_PATH - 1 - len(".4194304.tmp")))
+    assert not warm.socket_path_fits("/" + "x" * (warm.MAX_SOCKET_PATH - len(".4194304.tmp")))
 
 
 def test_server_stops_when_its_parent_is_gone(tmp_path):

@@ -42,6 +42,10 @@ import traceback
 SOCKET_ENV = "PRECSWITCH_WARM_SOCKET"
 #: The Snakefile puts the socket in a fresh directory named so; the server removes it when it stops.
 SOCKET_DIR_PREFIX = "precswitch-warm-"
+#: The longest Unix socket path Linux binds (sun_path is 108 bytes with its NUL). The server binds
+#: ``<socket>.<pid>.tmp`` first (pid up to 7 digits), so the socket path itself must be 12 bytes shorter.
+MAX_SOCKET_PATH = 107
+_TMP_SUFFIX = ".4194304.tmp"
 
 #: Modules a training stage (and data preparation) imports: what the server loads once.
 PRELOAD = (
@@ -254,9 +258,36 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def socket_path_fits(path: str) -> bool:
+    """Whether the server can bind ``path`` (and its ``.<pid>.tmp`` name) as a Unix socket."""
+    return len(os.fsencode(os.path.abspath(path) + _TMP_SUFFIX)) <= MAX_SOCKET_PATH
+
+
+def make_socket_dir() -> str | None:
+    """A fresh directory for the server's socket: under the temp dir ($TMPDIR), or under /tmp when the
+    temp dir's path is too long for a Unix socket (a cluster's per-job TMPDIR can be); None if neither fits.
+    """
+    import tempfile
+
+    for where in (None, "/tmp"):
+        try:
+            d = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=where)
+        except OSError:
+            continue
+        if socket_path_fits(os.path.join(d, "socket")):
+            return d
+        os.rmdir(d)
+    return None
+
+
 def serve(path: str, parent_pid: int | None, idle_timeout: float, preload: tuple[str, ...] = PRELOAD) -> int:
     import importlib
 
+    if not socket_path_fits(path):
+        raise SystemExit(
+            f"precswitch warm: socket path {path} is too long for a Unix socket (with the server's "
+            f"'{_TMP_SUFFIX}' name, at most {MAX_SOCKET_PATH} bytes): use a shorter directory"
+        )
     before = dict(os.environ)
     t0 = time.perf_counter()
     for name in preload:

@@ -1060,7 +1060,13 @@ def start_warm_server():
     if why:
         logger.info(f"precswitch warm start: off ({why})")
         return
-    sock_dir = tempfile.mkdtemp(prefix=precswitch_warm.SOCKET_DIR_PREFIX)
+    sock_dir = precswitch_warm.make_socket_dir()
+    if sock_dir is None:
+        logger.info(
+            f"precswitch warm start: off (the temp dir {tempfile.gettempdir()} and /tmp give socket "
+            "paths too long for a Unix socket)"
+        )
+        return
     sock = os.path.join(sock_dir, "socket")
     env = dict(os.environ)
     env.update(OFFLINE_VARS)  # what every job's shell line sets
