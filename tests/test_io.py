@@ -139,3 +139,133 @@ def test_atomic_path_failing_in_the_body_leaves_the_old_one_and_no_temporary(tmp
             raise RuntimeError("killed halfway")
     assert (target / "w" if kind == "dir" else target).read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_ctrl_c_during_a_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt, not an Exception) while metrics.json is rewritten: the old file stays whole and
+    no hidden temporary is left beside it."""
+    path = tmp_path / "metrics.json"
+    atomic_write_json(path, {"status": "ok"})
+    old = path.read_text()
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_json(path, {"status": "rerun"})
+    assert path.read_text() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+def test_non_finite_numpy_scalars_are_written_as_null(tmp_path):
+    """A diverged loss is often a numpy (or torch) scalar, not a Python float: NaN and inf must still be null (the
+    JSON encoder would write the non-standard NaN / Infinity)."""
+    import json
+
+    import numpy as np
+
+    path = tmp_path / "m.json"
+    atomic_write_json(path, {"loss": np.float32("nan"), "scale": [np.float16("inf"), np.array(-np.inf)],
+                             "ok": np.float32(0.5), "n": np.int32(2)})
+
+    def refuse(name):
+        raise ValueError(f"non-strict JSON: {name}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {"loss": None, "scale": [None, None], "ok": 0.5, "n": 2}
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_a_temporary_left_by_an_earlier_process_of_the_same_pid_is_cleared(tmp_path, kind):
+    """A killed save leaves `.checkpoint.tmp-<pid>`; in a container every run has the same pid, so the next save
+    finds that name taken. It is cleared, the save goes through, and nothing of the dead one is left."""
+    from precswitch import io
+
+    stale = tmp_path / f".checkpoint.tmp-{os.getpid()}"
+    if kind == "dir":
+        stale.mkdir()
+        (stale / "half").write_text("x")
+    else:
+        stale.write_text("half")
+    target = tmp_path / "checkpoint"
+    with io.atomic_path(target) as tmp:
+        if kind == "dir":
+            tmp.mkdir()
+            (tmp / "w").write_text("new")
+        else:
+            tmp.write_text("new")
+    assert (target / "w" if kind == "dir" else target).read_text() == "new"
+    assert kind == "file" or sorted(p.name for p in target.iterdir()) == ["w"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+@pytest.mark.parametrize("err", ["EINVAL", "ENOSYS", "ENOTSUP", "EOPNOTSUPP"])
+def test_a_file_system_without_rename_exchange_gets_the_two_step_replace(tmp_path, monkeypatch, err):
+    """renameat2(RENAME_EXCHANGE) fails with EINVAL (or ENOSYS, ENOTSUP) on kernels and file systems without it
+    (NFS, some FUSE and overlay mounts): a checkpoint save must then replace the directory in two steps, not fail."""
+    import ctypes
+    import errno
+
+    from precswitch import io
+
+    class NoExchange:
+        @staticmethod
+        def renameat2(*args):
+            return -1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: NoExchange())
+    monkeypatch.setattr(ctypes, "get_errno", lambda: getattr(errno, err))
+    ck = tmp_path / "checkpoint"
+    ck.mkdir()
+    (ck / "w").write_text("old")
+    assert io._exchange(tmp_path / "a", ck) is False
+    with io.atomic_path(ck) as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("new")
+    assert (ck / "w").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    monkeypatch.setattr(ctypes, "get_errno", lambda: errno.EACCES)  # a real error is not a missing feature
+    with pytest.raises(PermissionError):
+        io._exchange(tmp_path / "a", ck)
+
+
+def test_a_lock_file_names_only_its_present_holder(tmp_path, monkeypatch):
+    """The holder's note replaces the previous (longer) one whole; an empty lock file is 'holder unknown'; a note
+    that cannot be written (disk full) still leaves the lock taken, reported as taken."""
+    import errno
+    import fcntl
+
+    from precswitch.io import flock_and_sign, lock_holder
+
+    path = tmp_path / "gpu-0.lock"
+    path.write_text("pid=123456789 host=a-much-longer-host-name-of-the-last-holder\n")
+    assert lock_holder(tmp_path / "empty.lock") == "holder unknown"
+    (tmp_path / "empty.lock").write_text("")
+    assert lock_holder(tmp_path / "empty.lock", "unknown process") == "unknown process"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert flock_and_sign(fd, "pid 7")
+        assert lock_holder(path) == "pid 7"
+    finally:
+        os.close(fd)
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    fd = os.open(path, os.O_RDWR)
+    other = os.open(path, os.O_RDWR)
+    try:
+        assert flock_and_sign(fd, "pid 8") is True
+        with pytest.raises(BlockingIOError):  # and it really is held
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(other)
+        os.close(fd)
+
+
+def test_type_cli_config_with_a_longer_list_than_the_config():
+    from precswitch.io import type_cli_config
+
+    config = {"seeds": ["1"]}
+    type_cli_config({"seeds": ["1", "2", "3"]}, config)
+    assert config == {"seeds": [1]}
