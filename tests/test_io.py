@@ -199,6 +199,31 @@ def test_a_temporary_left_by_an_earlier_process_of_the_same_pid_is_cleared(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "unlink-then-rename"])
+def test_atomic_path_replaces_a_symlink_not_the_directory_it_points_to(tmp_path, monkeypatch, exchange):
+    """A checkpoint path that is a symlink to a directory elsewhere (moved to another disk) is replaced as a link:
+    the directory it pointed to is left alone, and no temporary is left behind. (A directory cannot be renamed
+    over a link: the save of a rerun used to fail with NotADirectoryError after all its training.)"""
+    from precswitch import io
+
+    if not exchange:
+        monkeypatch.setattr(io, "_exchange", lambda a, b: False)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "w").write_text("old")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "checkpoint").symlink_to(elsewhere, target_is_directory=True)
+    with io.atomic_path(results / "checkpoint") as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("new")
+    ck = results / "checkpoint"
+    assert not ck.is_symlink() and (ck / "w").read_text() == "new"
+    assert (elsewhere / "w").read_text() == "old"
+    assert sorted(p.name for p in results.iterdir()) == ["checkpoint"]
+
+
 @pytest.mark.parametrize("err", ["EINVAL", "ENOSYS", "ENOTSUP", "EOPNOTSUPP"])
 def test_a_file_system_without_rename_exchange_gets_the_two_step_replace(tmp_path, monkeypatch, err):
     """renameat2(RENAME_EXCHANGE) fails with EINVAL (or ENOSYS, ENOTSUP) on kernels and file systems without it

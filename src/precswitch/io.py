@@ -93,8 +93,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+    _remove(tmp, ignore_errors=False)
     try:
         yield tmp
         if path.is_dir() and not path.is_symlink():
@@ -108,11 +107,24 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 os.replace(old, path)  # the new one could not go in: put the old one back
                 raise
             shutil.rmtree(old, ignore_errors=True)
+        elif path.is_symlink() and tmp.is_dir() and not tmp.is_symlink():
+            # a directory cannot be renamed over a link (ENOTDIR): swap the two (tmp then holds the link,
+            # removed below; the directory it points to is left alone), else unlink it first
+            if not _exchange(tmp, path):
+                path.unlink()
+                os.replace(tmp, path)
         else:
             os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+        _remove(tmp, ignore_errors=True)
+
+
+def _remove(p: Path, ignore_errors: bool) -> None:
+    """Remove ``p`` (a file, a directory tree, or a link: the link only, never what it points to), if there."""
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=ignore_errors)
+    elif p.is_symlink() or p.exists():
+        p.unlink()
 
 
 def type_cli_config(cli: Any, config: dict) -> None:
