@@ -233,3 +233,136 @@ def test_a_resumed_amp_fp16_stage_keeps_its_loss_scale(tmp_path, monkeypatch, ou
         [[r[c] for c in cols] for r in _steps(tmp_path / "whole")]
     w = [load_file(next((tmp_path / d / "checkpoint").glob("*.safetensors"))) for d in ("whole", "resumed")]
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+
+
+# ---------------------------------------------------------------------- in-process (fast) checks of the resume state
+@pytest.fixture(scope="module")
+def small_mlm(tmp_path_factory):
+    return str(make_prepared(tmp_path_factory.mktemp("small"), "mlm"))
+
+
+def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes_everything(
+        small_mlm, tmp_path, monkeypatch, outer_sigterm):
+    """Preempted during step 2 of 6 (activation telemetry on, resumable state every 3 steps and every minute):
+
+    - the caller's SIGTERM handler is back once Preempted is raised (an in-process caller, a test runner or a
+      notebook, would otherwise ignore SIGTERM from then on);
+    - the resumed stage ends with the uninterrupted one's steps.csv, activations.csv (the telemetry rows before
+      the preemption are part of the state) and weights, also from a state written before the mlm_empty counter;
+    - the periodic saves are the ones asked for: none at the last step (the stage is done: metrics.json follows),
+      and checkpoint_every_minutes counts minutes (a clock of 1 s per reading: no minute passes in 6 steps)."""
+    import csv
+    import types
+
+    import torch
+    from safetensors.torch import load_file
+
+    from precswitch.train import engine
+
+    hp = {"data": small_mlm, "precision": "fp32", "steps": 6, "seed": 3, "model": TINY, "threads": 1,
+          "telemetry_every": 1, "checkpoint_every_steps": 3, "checkpoint_every_minutes": 1.0}
+    with monkeypatch.context() as m:
+        ticks = iter(range(10**6))
+        m.setattr(engine, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+        whole = engine.run_stage(hp, tmp_path / "whole")
+    assert whole["state_saves"] == 1  # after step 3; not after step 6, and no minute ever passed
+
+    out = tmp_path / "resumed"
+    real_sync, calls = engine.measure.sync, []
+
+    def sync_then_sigterm(device):
+        real_sync(device)
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as m:
+        m.setattr(engine.measure, "sync", sync_then_sigterm)
+        with pytest.raises(engine.Preempted, match="SIGTERM at step 2") as e:
+            engine.run_stage(hp, out)
+    assert e.value.exit_code == EXIT_PREEMPTED
+    assert signal.getsignal(signal.SIGTERM) is outer_sigterm
+    state = out / "resume" / "state.pt"
+    saved = torch.load(state, weights_only=False)
+    assert saved["loop"]["step"] == 2
+    del saved["loop"]["mlm_empty"]  # a state saved before the counter existed
+    torch.save(saved, state)
+    resumed = engine.run_stage(hp, out)
+    assert resumed["resumed"] is True and resumed["steps_completed"] == 6 and resumed["mlm_empty_batches"] == 0
+
+    def rows(d, name, drop):
+        with open(tmp_path / d / name, newline="") as f:
+            return [{k: v for k, v in r.items() if k not in drop} for r in csv.DictReader(f)]
+
+    for name, drop in (("steps.csv", {"step_seconds"}), ("activations.csv", set())):
+        assert rows("resumed", name, drop) == rows("whole", name, drop), name
+    assert rows("whole", "activations.csv", set())  # telemetry did record
+    w = [load_file(next((tmp_path / d / "checkpoint").glob("*.safetensors"))) for d in ("whole", "resumed")]
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+
+
+def test_a_corrupt_or_foreign_resume_state_is_refused_naming_it(small_mlm, tmp_path):
+    """A state.pt that cannot be read (a disk that filled) or that another configuration wrote is refused before
+    training, naming the file and saying to delete it; nothing is written."""
+    import torch
+
+    from precswitch.errors import PrecswitchError
+    from precswitch.train.engine import run_stage
+
+    hp = {"data": small_mlm, "precision": "fp32", "steps": 2, "seed": 3, "model": TINY, "threads": 1}
+    out = tmp_path / "run"
+    state = out / "resume" / "state.pt"
+    state.parent.mkdir(parents=True)
+    state.write_bytes(b"PK\x03\x04 half a zip")
+    with pytest.raises(PrecswitchError, match=r"resume state .*state\.pt' is corrupt: .*delete it to start over"):
+        run_stage(hp, out)
+    torch.save({"config_hash": "0123abcd"}, state)
+    with pytest.raises(PrecswitchError, match=r"different hyper-parameters \(hash 0123abcd != \w+\); delete it"):
+        run_stage(hp, out)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "resume"]
+
+
+def test_a_state_save_that_fails_halfway_keeps_the_previous_state(tmp_path, monkeypatch):
+    """The disk fills while the resumable state is written (or the stage is killed then): the previous state.pt
+    stays whole, so the rerun resumes from it instead of finding a corrupt file."""
+    import errno
+
+    import torch
+
+    from precswitch.train import engine
+
+    path = tmp_path / "resume" / "state.pt"
+    engine._save_state(path, {"step": 1})
+    real = torch.save
+
+    def half(obj, f):
+        Path(f).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(engine.torch, "save", half)
+    with pytest.raises(OSError, match="No space left"):
+        engine._save_state(path, {"step": 2})
+    monkeypatch.setattr(engine.torch, "save", real)
+    assert torch.load(path)["step"] == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.pt"]
+
+
+def test_the_resume_state_restores_every_rng_the_stage_may_draw_from(monkeypatch):
+    """torch's CPU generator, Python's and numpy's, and (on a GPU) every CUDA generator: saved and restored."""
+    import random as pyrandom
+
+    import numpy as np
+    import torch
+
+    from precswitch.train import engine
+
+    cuda = {"state": ["gpu0-state", "gpu1-state"], "set": []}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(cuda["state"]))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", cuda["set"].append)
+    st = engine._rng_state()
+    first = (torch.rand(3), pyrandom.random(), np.random.rand())
+    engine._set_rng_state(st)
+    again = (torch.rand(3), pyrandom.random(), np.random.rand())
+    assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
+    assert cuda["set"] == [["gpu0-state", "gpu1-state"]]
