@@ -1278,3 +1278,24 @@ def test_the_cleanup_never_unlinks_a_lock_file_made_after_its_open(tmp_path, mon
     finally:
         monkeypatch.undo()
         gpu._release(held[0])
+
+
+def test_a_released_slot_is_free_even_while_a_forked_child_still_holds_its_descriptor(tmp_path, no_cvd):
+    """A process forked inside the slot's block (a fork-started worker) inherits the lock file's descriptor and may
+    outlive the block: releasing the slot must unlock it (flock LOCK_UN), not only close this process's copy, or the
+    GPU stays taken until that child exits."""
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1) as i:
+        assert i == 0
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: waits, holding the inherited descriptor, until the test lets it go
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        os.close(r)
+    try:
+        with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.2, poll=0.05) as j:
+            assert j == 0
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)

@@ -657,3 +657,33 @@ def test_stop_leaves_alone_a_process_that_took_a_stale_pid_files_number(tmp_path
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_to_the_client_ends_a_command_that_does_not_catch_it(fake_server, sig):
+    """SIGTERM (Snakemake's cancel) or Ctrl-C to the client of a command that installs no handler of its own (not
+    a training stage: `precswitch prepare`, ...): forwarded, it ends the child as it would end a fresh process, and
+    the client reports 128 + the signal. (The child must not keep the server's own handlers, which only note a
+    stop request: the command would run on and the client wait for it.)"""
+    c = subprocess.Popen([sys.executable, "-c", CLIENT, "sleep", "30"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env(**{warm.SOCKET_ENV: str(fake_server)}))
+    try:
+        assert c.stdout.readline() == "fake sleep stdout\n"  # the child runs
+        t = time.monotonic()
+        while not _catches(c.pid, signal.SIGUSR2):  # the client forwards signals (its last handler is set)
+            assert time.monotonic() - t < 10, "the client never set its signal forwarding"
+            time.sleep(0.01)
+        c.send_signal(sig)
+        assert c.wait(timeout=10) == 128 + sig, c.stderr.read()
+    finally:
+        if c.poll() is None:
+            c.kill()
+            c.wait()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Process ``pid`` has a handler for ``sig`` (SigCgt in /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
