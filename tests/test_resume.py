@@ -289,6 +289,7 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
     torch.save(saved, state)
     resumed = engine.run_stage(hp, out)
     assert resumed["resumed"] is True and resumed["steps_completed"] == 6 and resumed["mlm_empty_batches"] == 0
+    assert resumed["attempts"] == 2 and not (out / "resume").exists()  # the state is gone once metrics.json is in
 
     def rows(d, name, drop):
         with open(tmp_path / d / name, newline="") as f:
