@@ -245,6 +245,7 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
         small_mlm, tmp_path, monkeypatch, outer_sigterm):
     """Preempted during step 2 of 6 (activation telemetry on, resumable state every 3 steps and every minute):
 
+    - the state goes to hparams resume_dir, and the rerun resumes from there;
     - the caller's SIGTERM handler is back once Preempted is raised (an in-process caller, a test runner or a
       notebook, would otherwise ignore SIGTERM from then on);
     - the resumed stage ends with the uninterrupted one's steps.csv, activations.csv (the telemetry rows before
@@ -268,6 +269,7 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
     assert whole["state_saves"] == 1  # after step 3; not after step 6, and no minute ever passed
 
     out = tmp_path / "resumed"
+    hp = {**hp, "resume_dir": str(tmp_path / "scratch" / "state-of-resumed")}  # hparams resume_dir (not hashed)
     real_sync, calls = engine.measure.sync, []
 
     def sync_then_sigterm(device):
@@ -282,14 +284,15 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
             engine.run_stage(hp, out)
     assert e.value.exit_code == EXIT_PREEMPTED
     assert signal.getsignal(signal.SIGTERM) is outer_sigterm
-    state = out / "resume" / "state.pt"
+    state = tmp_path / "scratch" / "state-of-resumed" / "state.pt"
+    assert not (out / "resume").exists()
     saved = torch.load(state, weights_only=False)
     assert saved["loop"]["step"] == 2
     del saved["loop"]["mlm_empty"]  # a state saved before the counter existed
     torch.save(saved, state)
     resumed = engine.run_stage(hp, out)
     assert resumed["resumed"] is True and resumed["steps_completed"] == 6 and resumed["mlm_empty_batches"] == 0
-    assert resumed["attempts"] == 2 and not (out / "resume").exists()  # the state is gone once metrics.json is in
+    assert resumed["attempts"] == 2 and not state.parent.exists()  # the state is gone once metrics.json is in
 
     def rows(d, name, drop):
         with open(tmp_path / d / name, newline="") as f:
@@ -367,3 +370,26 @@ def test_the_resume_state_restores_every_rng_the_stage_may_draw_from(monkeypatch
     again = (torch.rand(3), pyrandom.random(), np.random.rand())
     assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
     assert cuda["set"] == [["gpu0-state", "gpu1-state"]]
+
+
+def test_a_second_stage_on_a_run_dir_in_use_is_refused_at_once_naming_the_holder(small_mlm, tmp_path):
+    """Another process holds the run dir's lock (an orphan still training there): refused before anything is
+    loaded or written, naming the holder; free again once that lock goes."""
+    import fcntl
+
+    from precswitch.errors import PrecswitchError
+    from precswitch.train.engine import RUN_LOCK, run_stage
+
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT)  # another open file description: another holder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"pid 4242 on node7, SLURM job 99")
+        hp = {"data": small_mlm, "precision": "fp32", "steps": 2, "seed": 3, "model": TINY, "threads": 1}
+        with pytest.raises(PrecswitchError, match=r"in use by another training process \(pid 4242 on node7, SLURM "
+                                                  r"job 99\): stop it first"):
+            run_stage(hp, out)
+        assert sorted(p.name for p in out.iterdir()) == [RUN_LOCK]
+    finally:
+        os.close(fd)
