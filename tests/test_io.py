@@ -288,9 +288,9 @@ def test_a_lock_file_names_only_its_present_holder(tmp_path, monkeypatch):
         os.close(fd)
 
 
-def test_type_cli_config_with_a_longer_list_than_the_config():
+def test_type_cli_config_with_a_longer_cli_list_and_quoted_text_that_reads_as_a_list():
     from precswitch.io import type_cli_config
 
-    config = {"seeds": ["1"]}
-    type_cli_config({"seeds": ["1", "2", "3"]}, config)
-    assert config == {"seeds": [1]}
+    config = {"seeds": ["1"], "tags": {"note": "[1, 2]"}}
+    type_cli_config({"seeds": ["1", "2", "3"], "tags": {"note": "[1, 2]"}}, config)
+    assert config == {"seeds": [1], "tags": {"note": "[1, 2]"}}  # text YAML reads as a list stays text (quoted)
