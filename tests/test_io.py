@@ -222,6 +222,13 @@ def test_atomic_path_replaces_a_symlink_not_the_directory_it_points_to(tmp_path,
     assert not ck.is_symlink() and (ck / "w").read_text() == "new"
     assert (elsewhere / "w").read_text() == "old"
     assert sorted(p.name for p in results.iterdir()) == ["checkpoint"]
+    # a link whose target is gone (the other disk not mounted): replaced too, the dead link not left as a temporary
+    (results / "checkpoint-2").symlink_to(tmp_path / "unmounted", target_is_directory=True)
+    with io.atomic_path(results / "checkpoint-2") as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("new")
+    assert (results / "checkpoint-2" / "w").read_text() == "new"
+    assert sorted(p.name for p in results.iterdir()) == ["checkpoint", "checkpoint-2"]
 
 
 @pytest.mark.parametrize("err", ["EINVAL", "ENOSYS", "ENOTSUP", "EOPNOTSUPP"])
