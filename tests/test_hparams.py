@@ -211,3 +211,48 @@ def test_a_bad_beta_through_the_cli_is_one_line_exit_2_and_writes_nothing(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["precswitch: error: adam_beta2 must be in [0, 1), got 1"]
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ mutation audit 2 (plots/config/flops)
+@pytest.mark.parametrize("patch, msg", [
+    ({"steps": 0}, r"^steps must be a positive number, got 0"),
+    ({"steps": None, "epochs": 0}, r"^epochs must be a positive number, got 0"),
+    ({"steps": None, "epochs": -1.5}, r"^epochs must be a positive number, got -1\.5"),
+    ({"lr": float("inf")}, r"^lr must be a finite number, got inf"),
+    ({"lr": float("nan")}, r"^lr must be a finite number, got nan"),
+    ({"lr": "1e-3"}, r"^lr must be a finite number, got '1e-3'"),
+    ({"weight_decay": float("nan")}, r"^weight_decay must be a finite number, got nan"),
+    ({"warmup_ratio": "0.1"}, r"^warmup_ratio must be a finite number"),
+    ({"mlm_probability": float("nan")}, r"^mlm_probability must be a finite number, got nan"),
+    ({"max_nonfinite_fraction": 0}, r"^max_nonfinite_fraction must be a number in \(0, 1\], got 0"),
+    ({"max_nonfinite_fraction": True}, r"^max_nonfinite_fraction must be a number in \(0, 1\], got True"),
+    ({"timing_warmup_steps": -1}, r"^timing_warmup_steps must be a non-negative integer, got -1"),
+    ({"telemetry_every": 2.0}, r"^telemetry_every must be a non-negative integer, got 2\.0"),
+    ({"max_nonfinite": True}, r"^max_nonfinite must be a positive integer, got True"),
+    ({"init_revision": "  "}, r"^init_revision must be a hub branch, tag or commit"),
+    ({"switch_to": "fp32", "switch_at": True}, r"^switch_at must be a fraction of the steps in \(0, 1\], got True"),
+])
+def test_more_bad_values_are_refused_naming_their_key(patch, msg):
+    """Each of these passed ``resolve`` under a mutant of its check: a zero-step stage, an infinite or text lr
+    (a TypeError deep in the optimizer), a stage that is diverged at its first non-finite loss, ..."""
+    with pytest.raises(PrecswitchError, match=msg):
+        C.resolve({**BASE, "precision": "amp_fp16", **patch})
+
+
+def test_zero_weight_decay_and_adam_eps_and_extreme_valid_values_are_accepted():
+    """weight_decay 0 (no decay) is common and adam_eps 0 is AdamW's own lower bound: both are in the allowed
+    '>= 0'; so are timing_warmup_steps 0 and a fractional epochs count."""
+    hp = C.resolve({**BASE, "weight_decay": 0, "adam_eps": 0, "timing_warmup_steps": 0, "eval_seed": 0})
+    assert (hp["weight_decay"], hp["adam_eps"], hp["timing_warmup_steps"], hp["eval_seed"]) == (0, 0, 0, 0)
+    assert C.resolve({"data": "d", "epochs": 0.5})["epochs"] == 0.5
+
+
+def test_a_checkpoint_init_records_only_the_attention_kernel_of_the_model_keys():
+    """A checkpoint or pretrained model brings its own sizes: metrics.json's hparams must not claim the defaults'
+    (or the given) hidden_size/layers, which the model does not have; the kernel still applies."""
+    hp = C.resolve({**BASE, "init": "runs/pretrain/fp32/seed1/checkpoint",
+                    "model": {"hidden_size": 64, "attn_implementation": "sdpa"}})
+    assert hp["model"] == {"attn_implementation": "sdpa"}
+    assert C.resolve({**BASE, "init": "some/ckpt"})["model"] == {"attn_implementation": "eager"}
+    assert C.resolve(BASE)["model"]["hidden_size"] == 128  # from scratch: the sizes are kept
+

@@ -547,3 +547,30 @@ def test_overflow_draws_an_activation_that_already_overflowed(mpl):
     assert any(t.startswith("inf") for t in legend)
     assert not any(t.startswith("lines overlap") for t in legend)
     assert "2 precision(s) exceed it" in ax.get_title()
+
+
+# ---------------------------------------------------------------------------- mutation audit 2
+def test_forest_without_bootstrap_names_only_the_t_interval_and_says_why(mpl):
+    """Below stats' bootstrap minimum no bootstrap CI exists: the title names the t interval alone (not a thin
+    bootstrap bar that is not drawn), a note under the axes says why, and the x axis says which way the
+    difference goes (A − B: a positive delta means the first-named schedule is better)."""
+    deltas = [_delta("vs_baseline", "a-one", "zz-base", 1.5, 0.5, 2.5, "better", n=3),
+              _delta("vs_baseline", "m-two", "zz-base", -0.2, -0.4, 0.1, "equivalent", n=3)]
+    stats = {"deltas": deltas, "settings": {"margin": 0.5, "alpha": 0.05}, "bootstrap_min_pairs": 8}
+    fig = plots.plot_forest(stats, *mpl)
+    ax = fig.axes[0]
+    assert ax.get_title() == "Accuracy deltas, paired by seed (bars: 95% t CI)"
+    assert [t.get_text() for t in fig.texts] == ["no bootstrap CI below 8 paired seeds (too few distinct resamples)"]
+    assert ax.get_xlabel() == "paired accuracy difference A − B (percentage points)"
+    (dot,) = [ln for ln in ax.get_lines() if ln.get_marker() == "o" and ln.get_xdata()[0] > 0]
+    label = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))[dot.get_ydata()[0]]
+    assert label.startswith("a-one vs zz-base") and "better" in label  # A = a-one, B = the baseline
+
+
+def test_time_memory_titles_sit_over_their_own_panels(mpl):
+    runs = pd.DataFrame([{"run_id": f"r{s}", "stage": "pretrain", "precision": "fp32", "status": "ok",
+                          "train_seconds": 3.0 * s, "peak_memory_bytes": 5 * s * MIB} for s in (1, 2)])
+    t_ax, m_ax = plots.plot_time_memory(runs, *mpl).axes[:2]
+    assert (t_ax.get_title(), t_ax.get_ylabel()) == ("Training time per stage and precision", "training-loop time (s)")
+    assert (m_ax.get_title(), m_ax.get_ylabel()) == ("Peak memory per stage and precision", "peak memory (MiB)")
+    assert _bars(t_ax) == [(0.0, pytest.approx(4.5))] and _bars(m_ax) == [(0.0, pytest.approx(7.5))]
