@@ -256,3 +256,12 @@ def test_a_checkpoint_init_records_only_the_attention_kernel_of_the_model_keys()
     assert C.resolve({**BASE, "init": "some/ckpt"})["model"] == {"attn_implementation": "eager"}
     assert C.resolve(BASE)["model"]["hidden_size"] == 128  # from scratch: the sizes are kept
 
+
+@pytest.mark.parametrize("patch", [{"steps": float("nan")}, {"steps": float("inf")},
+                                   {"steps": None, "epochs": float("inf")}, {"steps": None, "epochs": float("nan")}])
+def test_a_non_finite_steps_or_epochs_is_named_before_training(patch):
+    """steps .nan / .inf (YAML) ended ``resolve`` in a bare ValueError / OverflowError from int(); epochs .inf or
+    .nan passed and crashed in the engine (int(round(inf * batches))) once the data was loaded."""
+    key = "steps" if patch.get("steps") is not None else "epochs"
+    with pytest.raises(PrecswitchError, match=rf"^{key} must be a finite positive number, got (nan|inf)$"):
+        C.resolve({**BASE, **patch})

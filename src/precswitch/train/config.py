@@ -144,6 +144,8 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     for key in ("steps", "epochs"):
         if hp[key] is not None and (not isinstance(hp[key], (int, float)) or isinstance(hp[key], bool) or hp[key] <= 0):
             raise PrecswitchError(f"{key} must be a positive number, got {hp[key]!r}")
+        if hp[key] is not None and not math.isfinite(hp[key]):  # not a bare int(nan)/int(inf) error, here or in the engine
+            raise PrecswitchError(f"{key} must be a finite positive number, got {hp[key]!r}")
     if hp["steps"] is not None:
         if int(hp["steps"]) != hp["steps"]:
             raise PrecswitchError(f"steps must be a whole number, got {hp['steps']!r}")
