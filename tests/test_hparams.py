@@ -265,3 +265,29 @@ def test_a_non_finite_steps_or_epochs_is_named_before_training(patch):
     key = "steps" if patch.get("steps") is not None else "epochs"
     with pytest.raises(PrecswitchError, match=rf"^{key} must be a finite positive number, got (nan|inf)$"):
         C.resolve({**BASE, **patch})
+
+
+def test_resolve_refuses_a_steps_switch_that_rounds_to_no_switch_and_an_fp8_eval_in_another_precision():
+    """A ``steps`` stage's switch point is checked by ``resolve`` (before any data is read), and an fp8 stage
+    cannot be evaluated 'in fp32' (its Linear layers stay Float8Linear): both refused naming the key."""
+    with pytest.raises(PrecswitchError, match=r"^switch_at 0\.01 of 10 steps rounds to step 0"):
+        C.resolve({**BASE, "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.01})
+    with pytest.raises(PrecswitchError, match=r"^eval_precision 'fp32' after an fp8 stage: its Linear layers stay fp8"):
+        C.resolve({**BASE, "precision": "fp8", "eval_precision": "fp32"})
+    assert C.resolve({**BASE, "precision": "fp8", "eval_precision": "same"})["eval_precision"] == "same"
+
+
+def test_model_keys_a_tokenizer_or_bert_config_may_set_are_accepted_and_init_revision_needs_a_hub_init():
+    """model.vocab_size (the engine's ``m.pop('vocab_size') or len(tokenizer)``), type_vocab_size, layer_norm_eps
+    and initializer_range are BertConfig keys the engine passes on: allowed. An init_revision with a scratch init
+    names no model to pin: refused."""
+    extra = {"vocab_size": 500, "type_vocab_size": 1, "layer_norm_eps": 1e-6, "initializer_range": 0.01}
+    assert {k: C.resolve({**BASE, "model": extra})["model"][k] for k in extra} == extra
+    with pytest.raises(PrecswitchError, match=r"^init_revision 'v1' is for a hub model init; init is scratch"):
+        C.resolve({**BASE, "init_revision": "v1"})
+    assert C.resolve({**BASE, "init": "acme/tiny-bert", "init_revision": "v1"})["init_revision"] == "v1"
+
+
+def test_auto_device_is_the_gpu_where_there_is_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert C.resolve_device("auto") == torch.device("cuda")

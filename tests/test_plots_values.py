@@ -573,4 +573,72 @@ def test_time_memory_titles_sit_over_their_own_panels(mpl):
     t_ax, m_ax = plots.plot_time_memory(runs, *mpl).axes[:2]
     assert (t_ax.get_title(), t_ax.get_ylabel()) == ("Training time per stage and precision", "training-loop time (s)")
     assert (m_ax.get_title(), m_ax.get_ylabel()) == ("Peak memory per stage and precision", "peak memory (MiB)")
+    assert t_ax.get_xlabel() == m_ax.get_xlabel() == "precision of the stage"  # each stage's own, not stage 1's
     assert _bars(t_ax) == [(0.0, pytest.approx(4.5))] and _bars(m_ax) == [(0.0, pytest.approx(7.5))]
+
+
+def test_loss_curves_leave_out_the_extra_row_of_a_skipped_step(mpl):
+    """With log_every 2 the runs share steps 1, 3, 5; one run's skipped step 2 adds a row (regular False) that
+    only it has: a 'mean over seeds' there would be that one run's loss, so it is not drawn."""
+    rows = [("pretrain", "fp32", None, f"pre-{s}", s, "ok", i, v) for s, vals in ((1, [6.0, 4.0, 3.0]),
+                                                                               (2, [7.0, 5.0, 2.0]))
+            for i, v in zip((1, 3, 5), vals)]
+    st = _steps(rows + [("pretrain", "fp32", None, "pre-1", 1, "ok", 2, 9.0)])
+    st["regular"] = st["step"] != 2
+    sched = pd.DataFrame({"schedule": ["a"], "stage1_precision": ["fp32"]})
+    ax = plots.plot_loss_curves(pd.DataFrame(), sched, st, {"baseline": "a"}, *mpl).axes[0]
+    (ln,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("fp32")]
+    assert list(ln.get_xdata()) == [1, 3, 5] and list(ln.get_ydata()) == pytest.approx([6.5, 4.5, 2.5])
+
+
+def test_switch_point_two_sweeps_each_from_its_own_runs(mpl):
+    """Two sweeps (one of stage 1, one of stage 2) at the same switch points: each line's means, CI bars and
+    seed dots come from its own sweep's runs and are drawn in its own colour; the time panel takes each sweep's
+    own swept stage, and its y label names both stages."""
+    alpha = 0.05
+    acc = {"s1": {0.0: [0.80, 0.82], 1.0: [0.60, 0.66]}, "s2": {0.0: [0.50, 0.56], 1.0: [0.90, 0.94]}}
+    rows = []
+    for sw, stage in (("s1", "pretrain"), ("s2", "finetune")):
+        for at, vals in acc[sw].items():
+            for s, a in enumerate(vals, 1):
+                rows.append({"schedule": f"{sw}-at{int(at * 100)}", "seed": s, "status": "ok", "accuracy": a,
+                             "sweep": sw, "sweep_at": at, "sweep_stage": stage, "majority_accuracy": 0.5,
+                             "stage1_train_seconds": 100 * a, "stage2_train_seconds": 10 * a})
+    # finished without an accuracy (no_eval): not used by the statistics, so neither its time nor a dot
+    rows.append({**rows[0], "seed": 3, "accuracy": math.nan, "stage1_train_seconds": 9999.0})
+    fig = plots.plot_switch_point(pd.DataFrame(rows), {"settings": {"alpha": alpha}}, *mpl)
+    colours = {}
+    for ax, scale in ((fig.axes[0], {"s1": 100, "s2": 100}), (fig.axes[1], {"s1": 100, "s2": 10})):
+        for sw in ("s1", "s2"):
+            (line,) = [ln for ln in ax.get_lines() if ln.get_label() == sw]
+            colours.setdefault(sw, to_hex(line.get_color()))
+            assert to_hex(line.get_color()) == colours[sw]
+            ci = [_t_ci([v * scale[sw] for v in acc[sw][at]], alpha) for at in (0.0, 1.0)]
+            assert list(line.get_xdata()) == [0.0, 100.0]
+            assert list(line.get_ydata()) == pytest.approx([c[0] for c in ci], rel=1e-9)
+            bars = sorted((ln.get_xdata()[0], *ln.get_ydata()) for ln in ax.get_lines()
+                          if len(ln.get_xdata()) == 2 and ln.get_xdata()[0] == ln.get_xdata()[1]
+                          and to_hex(ln.get_color()) == colours[sw])
+            assert bars == [(x, pytest.approx(c[1], rel=1e-9), pytest.approx(c[2], rel=1e-9))
+                            for x, c in zip((0.0, 100.0), ci)]
+            dots = sorted(round(y, 9) for _, y, c in _points(ax) if c == colours[sw])
+            assert dots == sorted(round(v * scale[sw], 9) for at in acc[sw] for v in acc[sw][at])
+    assert colours["s1"] != colours["s2"]
+    assert fig.axes[1].get_ylabel() == "stage-1/2 training-loop time (s)"
+
+
+def test_overflow_gives_each_stage1_precision_its_loss_curves_colour(mpl):
+    """The same colour per stage-1 precision in overflow as in loss_curves' stage-1 panel."""
+    specs = ["amp_bf16", "amp_fp16", "fp32"]
+    acts = pd.DataFrame([{"step": 0, "layer": layer, "max_abs": 10.0 * (k + 1) + j, "spec": p, "seed": 1,
+                          "status": "ok"} for k, p in enumerate(specs) for j, layer in enumerate(LAYERS)])
+    over = plots.plot_overflow(acts, *mpl).axes[0]
+    st = _steps([("pretrain", p, None, f"pre-{p}", 1, "ok", i, 5.0 + k + i) for k, p in enumerate(specs)
+                 for i in (1, 2)])
+    sched = pd.DataFrame({"schedule": [f"{p}-x" for p in specs], "stage1_precision": specs})
+    curves = plots.plot_loss_curves(pd.DataFrame(), sched, st, {}, *mpl).axes[0]
+    for p in specs:
+        (a,) = [ln for ln in over.get_lines() if ln.get_label() == p]
+        (b,) = [ln for ln in curves.get_lines() if ln.get_label().startswith(p + " (")]
+        assert to_hex(a.get_color()) == to_hex(b.get_color()), p
+    assert len({to_hex(ln.get_color()) for ln in over.get_lines() if ln.get_label() in specs}) == 3
