@@ -152,3 +152,35 @@ def test_count_fp8_linears_counts_only_float8_linear():
     model = nn.Sequential(Float8Linear(16, 16), nn.Linear(16, 16), Float8Linear(16, 16), nn.LayerNorm(16))
     assert fp8.count_fp8_linears(model) == 2
     assert fp8.count_fp8_linears(nn.Sequential(nn.Linear(16, 16))) == 0
+
+
+# ------------------------------------------------------------------ mutation audit 2 (plots/config/flops)
+@pytest.mark.parametrize("device", ["mps", "meta"])
+def test_a_device_that_is_not_cuda_is_refused_as_such(monkeypatch, device):
+    """Not only the CPU: any non-CUDA device is refused naming it and fp8's needs, not as 'CUDA is not
+    available' (which would read as a broken CUDA install)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PrecisionUnsupported, match=rf"^precision 'fp8' cannot run on device '{device}': fp8 matmuls "
+                                                   r"need an NVIDIA GPU with compute capability 8\.9"):
+        fp8.check_fp8_supported(device)
+
+
+def test_custom_head_prefixes_are_the_ones_left_out():
+    """``prefixes`` replaces the default heads, in the filter and in the candidate list."""
+    own = ("bert.encoder.layer.0",)
+    assert not fp8.fp8_module_filter(nn.Linear(32, 32), "bert.encoder.layer.0.output.dense", own)
+    assert fp8.fp8_module_filter(nn.Linear(32, 32), "classifier", own)  # no longer a head
+    model = nn.Sequential()
+    model.add_module("keep", nn.Linear(16, 16))
+    model.add_module("head", nn.Linear(16, 16))
+    assert fp8.fp8_candidates(model, ("head",)) == ["keep"]
+    assert fp8.fp8_candidates(model) == ["keep", "head"]
+
+
+def test_a_given_filter_decides_alone_what_is_converted(monkeypatch):
+    """With the caller's own filter the default candidates (dims % 16) do not matter: a model that has none is
+    converted where that filter says so, not refused."""
+    calls = _fake_torchao(monkeypatch)
+    model = nn.Sequential(nn.Linear(10, 3))
+    assert fp8.convert_model_to_fp8(model, module_filter_fn=lambda m, n: n == "0") is model
+    assert calls["converted"] == ["0"]

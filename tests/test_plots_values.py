@@ -642,3 +642,40 @@ def test_overflow_gives_each_stage1_precision_its_loss_curves_colour(mpl):
         (b,) = [ln for ln in curves.get_lines() if ln.get_label().startswith(p + " (")]
         assert to_hex(a.get_color()) == to_hex(b.get_color()), p
     assert len({to_hex(ln.get_color()) for ln in over.get_lines() if ln.get_label() in specs}) == 3
+
+
+def test_load_activations_reads_stage1_runs_only(tmp_path):
+    """The overflow plot is stage 1's: a fine-tuning run with telemetry is not mixed in under its precision."""
+    rows = []
+    for stage in ("pretrain", "finetune"):
+        d = tmp_path / stage
+        d.mkdir()
+        (d / "metrics.json").write_text("{}")
+        (d / "activations.csv").write_text(f"step,layer,max_abs\n0,l0,{1.5 if stage == 'pretrain' else 9e9}\n")
+        rows.append({"stage": stage, "precision": "amp_fp16", "seed": 1, "status": "ok",
+                     "metrics_path": str(d / "metrics.json")})
+    acts = plots.load_activations(pd.DataFrame(rows))
+    assert acts["max_abs"].tolist() == [1.5]
+
+
+def test_make_plots_names_the_schedules_of_a_switched_stage1_by_its_spec(tmp_path, monkeypatch):
+    """schedules.csv's stage1_spec groups the schedules under their stage-1 curve: 'amp_fp16-to-fp32-at80 (b)',
+    not 'amp_fp16 (a, b)' beside an 'amp_fp16-to-fp32-at80 (no schedule)'."""
+    from plot_helpers import figures
+
+    rows = []
+    for tag, spec in (("a", None), ("b", "amp_fp16-to-fp32-at80")):
+        d = tmp_path / tag
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({"hparams": {"log_every": 1}}))
+        pd.DataFrame({"step": [1, 2], "loss": [5.0, 4.0]}).to_csv(d / "steps.csv", index=False)
+        rows.append({"run_id": f"pre-{tag}", "stage": "pretrain", "precision": "amp_fp16", "spec": spec, "seed": 1,
+                     "status": "ok", "metrics_path": str(d / "metrics.json")})
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    pd.DataFrame({"schedule": ["a", "b"], "seed": [1, 1], "status": ["ok", "ok"], "accuracy": [0.8, 0.8],
+                  "stage1_precision": ["amp_fp16", "amp_fp16"], "stage1_spec": [None, "amp_fp16-to-fp32-at80"]}
+                 ).to_csv(tmp_path / "schedules.csv", index=False)
+    (tmp_path / "stats.json").write_text(json.dumps({"baseline": "a", "settings": {"alpha": 0.05}}))
+    ax = figures(monkeypatch, tmp_path, ["loss_curves"])["loss_curves"].axes[0]
+    labels = {" ".join(ln.get_label().split()) for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert labels == {"amp_fp16 (a)", "amp_fp16-to-fp32-at80 (b)"}
