@@ -679,3 +679,11 @@ def test_make_plots_names_the_schedules_of_a_switched_stage1_by_its_spec(tmp_pat
     ax = figures(monkeypatch, tmp_path, ["loss_curves"])["loss_curves"].axes[0]
     labels = {" ".join(ln.get_label().split()) for ln in ax.get_lines() if not ln.get_label().startswith("_")}
     assert labels == {"amp_fp16 (a)", "amp_fp16-to-fp32-at80 (b)"}
+
+
+def test_coinciding_tolerance_is_a_fraction_of_the_range_not_of_the_largest_value():
+    """Curves far from 0 (a loss near 100, 100..102.5 plotted): 0.5 apart is a fifth of the plotted range, clearly
+    apart, though under 1% of the values themselves."""
+    s = lambda v: pd.Series(v, index=[0, 1, 2])  # noqa: E731
+    assert plots._coinciding({"a": s([100.0, 101.0, 102.0]), "b": s([100.0, 101.0, 102.5])}) == []
+    assert plots._coinciding({"a": s([100.0, 101.0, 102.0]), "b": s([100.0, 101.0, 102.02])}) == [["a", "b"]]
