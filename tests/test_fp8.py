@@ -184,3 +184,11 @@ def test_a_given_filter_decides_alone_what_is_converted(monkeypatch):
     model = nn.Sequential(nn.Linear(10, 3))
     assert fp8.convert_model_to_fp8(model, module_filter_fn=lambda m, n: n == "0") is model
     assert calls["converted"] == ["0"]
+
+
+def test_a_module_with_linear_like_sizes_that_is_no_linear_is_not_converted():
+    """torchao swaps nn.Linear only: another module with in_/out_features (a custom projection) is left alone."""
+    class Projection(nn.Module):
+        in_features = out_features = 32
+
+    assert not fp8.fp8_module_filter(Projection(), "bert.encoder.layer.0.proj")
