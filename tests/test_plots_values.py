@@ -687,3 +687,17 @@ def test_coinciding_tolerance_is_a_fraction_of_the_range_not_of_the_largest_valu
     s = lambda v: pd.Series(v, index=[0, 1, 2])  # noqa: E731
     assert plots._coinciding({"a": s([100.0, 101.0, 102.0]), "b": s([100.0, 101.0, 102.5])}) == []
     assert plots._coinciding({"a": s([100.0, 101.0, 102.0]), "b": s([100.0, 101.0, 102.02])}) == [["a", "b"]]
+
+
+def test_an_infinite_loss_of_a_finished_run_makes_no_curves_coincide(mpl):
+    """A finished run may log a non-finite loss at a skipped step; left in, it made the plotted y range infinite
+    and with it the coincidence tolerance: every pair of curves was announced as 'lines overlap'."""
+    rows = [("pretrain", p, None, f"pre-{p}-{s}", s, "ok", i, base + i + (math.inf if (p, s, i) == ("fp32", 2, 2)
+                                                                          else 0.0))
+            for p, base in (("fp32", 1.0), ("amp_bf16", 5.0)) for s in (1, 2) for i in (1, 2, 3)]
+    sched = pd.DataFrame({"schedule": ["a", "b"], "stage1_precision": ["fp32", "amp_bf16"]})
+    ax = plots.plot_loss_curves(pd.DataFrame(), sched, _steps(rows), {"baseline": "a"}, *mpl).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not any(t.startswith("lines overlap") for t in legend), legend
+    (fp32,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("fp32 (")]
+    assert list(fp32.get_ydata()) == pytest.approx([2.0, 3.0, 4.0])  # step 2: seed 1 alone
