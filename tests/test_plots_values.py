@@ -568,11 +568,17 @@ def test_forest_without_bootstrap_names_only_the_t_interval_and_says_why(mpl):
 
 
 def test_time_memory_titles_sit_over_their_own_panels(mpl):
+    """Titles and labels per panel; the memory label names the kind of the drawn runs only (a failed run's
+    other kind is not drawn)."""
     runs = pd.DataFrame([{"run_id": f"r{s}", "stage": "pretrain", "precision": "fp32", "status": "ok",
-                          "train_seconds": 3.0 * s, "peak_memory_bytes": 5 * s * MIB} for s in (1, 2)])
+                          "train_seconds": 3.0 * s, "peak_memory_bytes": 5 * s * MIB, "memory_kind": "cpu_peak_rss"}
+                         for s in (1, 2)]
+                        + [{"run_id": "r3", "stage": "pretrain", "precision": "fp32", "status": "diverged",
+                            "train_seconds": 1.0, "peak_memory_bytes": MIB, "memory_kind": "cuda_max_allocated"}])
     t_ax, m_ax = plots.plot_time_memory(runs, *mpl).axes[:2]
     assert (t_ax.get_title(), t_ax.get_ylabel()) == ("Training time per stage and precision", "training-loop time (s)")
-    assert (m_ax.get_title(), m_ax.get_ylabel()) == ("Peak memory per stage and precision", "peak memory (MiB)")
+    assert (m_ax.get_title(), m_ax.get_ylabel()) == ("Peak memory per stage and precision",
+                                                     "peak memory (MiB, cpu_peak_rss)")
     assert t_ax.get_xlabel() == m_ax.get_xlabel() == "precision of the stage"  # each stage's own, not stage 1's
     assert _bars(t_ax) == [(0.0, pytest.approx(4.5))] and _bars(m_ax) == [(0.0, pytest.approx(7.5))]
 
