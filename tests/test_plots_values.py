@@ -707,3 +707,17 @@ def test_an_infinite_loss_of_a_finished_run_makes_no_curves_coincide(mpl):
     assert not any(t.startswith("lines overlap") for t in legend), legend
     (fp32,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("fp32 (")]
     assert list(fp32.get_ydata()) == pytest.approx([2.0, 3.0, 4.0])  # step 2: seed 1 alone
+
+
+def test_a_loss_scale_of_0_is_drawn_below_the_smallest_positive_scale_even_below_1(mpl):
+    """GradScaler halves on every overflow, through values below 1 before it reaches 0: the 0 marker sits a factor
+    4 under the smallest positive scale (here 0.125 → 0.03125), not at a fixed 1.0 among the real values."""
+    rows = [{"stage": "pretrain", "precision": "pure_fp16", "schedule": None, "run_id": "pre-1", "seed": 1,
+             "status": "ok", "step": i, "loss": 5.0, "loss_scale": sc, "skipped": int(i > 1), "regular": True}
+            for i, sc in enumerate([4.0, 0.5, 0.125, 0.0, 0.0], 1)]
+    ax = plots.plot_loss_scale(pd.DataFrame(rows), *mpl).axes[0]
+    (zero,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("loss scale 0")]
+    assert list(zip(zero.get_xdata(), zero.get_ydata())) == [(4, 0.03125), (5, 0.03125)]
+    assert zero.get_label() == "loss scale 0 (drawn at 0.03125): underflowed"
+    (trace,) = [ln for ln in ax.get_lines() if ln.get_label() == "pure_fp16 seed 1"]
+    assert [y for y in trace.get_ydata() if y == y] == [4.0, 0.5, 0.125]
