@@ -721,3 +721,23 @@ def test_a_loss_scale_of_0_is_drawn_below_the_smallest_positive_scale_even_below
     assert zero.get_label() == "loss scale 0 (drawn at 0.03125): underflowed"
     (trace,) = [ln for ln in ax.get_lines() if ln.get_label() == "pure_fp16 seed 1"]
     assert [y for y in trace.get_ydata() if y == y] == [4.0, 0.5, 0.125]
+
+
+def test_load_steps_tags_each_row_with_its_own_runs_identity(tmp_path):
+    """Every steps.csv row carries its run's id, stage, precision, seed, status and schedule: a diverged run keeps
+    'diverged', so loss_curves draw it as a failed run, not into the mean."""
+    rows = []
+    for rid, status, sched in (("ft-ok", "ok", "s-a"), ("ft-bad", "diverged", "s-b")):
+        d = tmp_path / rid
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({"hparams": {"log_every": 1}}))
+        pd.DataFrame({"step": [1, 2], "loss": [1.0, 2.0]}).to_csv(d / "steps.csv", index=False)
+        rows.append({"run_id": rid, "stage": "finetune", "precision": "fp32", "seed": 3, "status": status,
+                     "schedule": sched, "metrics_path": str(d / "metrics.json")})
+    st = plots.load_steps(pd.DataFrame(rows))
+    got = st.groupby("run_id")[["stage", "precision", "seed", "status", "schedule"]].agg(set).to_dict("index")
+    assert got == {"ft-ok": {"stage": {"finetune"}, "precision": {"fp32"}, "seed": {3}, "status": {"ok"},
+                             "schedule": {"s-a"}},
+                   "ft-bad": {"stage": {"finetune"}, "precision": {"fp32"}, "seed": {3}, "status": {"diverged"},
+                              "schedule": {"s-b"}}}
+    assert st["regular"].all() and len(st) == 4
