@@ -288,3 +288,54 @@ def test_local_things_that_are_not_what_they_should_be_are_named(tmp_path, monke
     (tmp_path / "tiny" / "model.safetensors").unlink()
     with pytest.raises(PrecswitchError, match=r"model directory './tiny' holds no weights"):
         fetch.fetch({"model": {"init": "./tiny"}})
+
+
+# --------------------------------------------------------------------------- mutation audit 2 (fetch): in-process
+
+
+def _hub_cache_here(monkeypatch, tmp_path: Path) -> Path:
+    """Point huggingface_hub's cache (read at call time by snapshot_download/try_to_load_from_cache) at tmp_path."""
+    from huggingface_hub import constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    return tmp_path / "hf"
+
+
+def _fake_hub_snapshot(hf_home: Path, repo_id: str, files: list[str], sha: str = "0123456789abcdef0123456789abcdef01234567",
+                       tree: list[str] | None = None) -> Path:
+    """A hub cache entry (refs/main -> snapshots/<sha>) holding placeholder files, and the repo's file list
+    (trees/<sha>.json) an online snapshot_download writes when given ``tree``; enough for verify=False."""
+    from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
+
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / sha
+    snap.mkdir(parents=True)
+    for f in files:
+        (snap / f).write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    if tree is not None:
+        write_tree_cache(str(repo), sha, {f: TreeCacheEntry(size=2, blob_id=f"{i:040x}") for i, f in enumerate(tree)})
+    return snap
+
+
+def test_offline_check_of_a_model_fetched_online_from_a_repo_with_both_weight_formats(tmp_path, monkeypatch):
+    """An online fetch downloads one weights format (safetensors when the repo has them; bert-base-cased has
+    model.safetensors and pytorch_model.bin) and snapshot_download keeps the repo's file list
+    (trees/<commit>.json). The offline check asked for both formats, so the cached snapshot was 'incomplete'
+    (no pytorch_model.bin) and the model 'not available offline' right after a successful fetch."""
+    hf_home = _hub_cache_here(monkeypatch, tmp_path)
+    fetched = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    snap = _fake_hub_snapshot(hf_home, "acme/both-formats", fetched, tree=fetched + ["pytorch_model.bin", "tf_model.h5"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    entry = fetch.resolve_hub_model("acme/both-formats", verify=False)
+    assert entry["path"] == str(snap) and entry["weights"] == ["model.safetensors"] and entry["offline"] is True
+    # the safetensors file the online fetch wrote is missing: that is named, offline
+    (snap / "model.safetensors").unlink()
+    with pytest.raises(PrecswitchError, match=r"hub model 'acme/both-formats' is not available offline: the cached "
+                                              r"snapshot is incomplete .*model.safetensors"):
+        fetch.resolve_hub_model("acme/both-formats", verify=False)
+    # a .bin-only repo (online: the .bin files) resolves offline too
+    bin_only = ["config.json", "pytorch_model.bin", "vocab.txt"]
+    _fake_hub_snapshot(hf_home, "acme/bin-only", bin_only, tree=bin_only)
+    assert fetch.resolve_hub_model("acme/bin-only", verify=False)["weights"] == ["pytorch_model.bin"]

@@ -208,14 +208,20 @@ def _cache_info() -> dict:
 def resolve_hub_model(name: str, role: str = "model.init", revision: str | None = None, verify: bool = True) -> dict:
     """Download (or, offline, find in the cache) a hub model; returns its manifest entry."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     offline = hub_offline()
     cache = _cache_info()
     try:
         if offline:
+            # the files an online fetch downloads: safetensors when the repo has them, else .bin. A snapshot
+            # downloaded online keeps the repo's file list (trees/<commit>.json) and snapshot_download checks
+            # the cache against it: asking for both formats wanted the .bin files an online fetch leaves out
             path = snapshot_download(name, revision=revision, local_files_only=True,
-                                     allow_patterns=MODEL_FILE_PATTERNS + SAFETENSORS_PATTERNS + BIN_PATTERNS)
+                                     allow_patterns=MODEL_FILE_PATTERNS + SAFETENSORS_PATTERNS)
+            if not any(f.suffix == ".safetensors" for f in Path(path).iterdir()):
+                path = snapshot_download(name, revision=revision, local_files_only=True,
+                                         allow_patterns=MODEL_FILE_PATTERNS + BIN_PATTERNS)
         else:
             patterns = MODEL_FILE_PATTERNS + _weights_patterns(name, revision)
             path = snapshot_download(name, revision=revision, allow_patterns=patterns)
@@ -223,7 +229,9 @@ def resolve_hub_model(name: str, role: str = "model.init", revision: str | None 
         raise
     except LocalEntryNotFoundError as e:
         if offline:
-            raise PrecswitchError(_offline_model_message(name, role, cache, revision=revision)) from None
+            detail = (f"the cached snapshot is incomplete ({_first_line(e)})" if isinstance(e, IncompleteSnapshotError)
+                      else "it is not in the cache")
+            raise PrecswitchError(_offline_model_message(name, role, cache, detail, revision)) from None
         raise PrecswitchError(f"{role}: hub model {name!r}{_at(revision)} could not be downloaded: "
                               f"{_first_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - unknown repo, network down, gated...
