@@ -296,3 +296,178 @@ def test_an_empty_second_sentence_drops_the_row_in_every_table_format(tmp_path, 
     single = load_source({"kind": kind, "train": str(f), "eval": str(f), "columns": {**PAIRS, "text_b": None}},
                          "classify")
     assert single.train["text_a"] == ["a b", "c d", "g h", "k"]
+
+
+# --------------------------------------------------------------------------- mutation audit 2 (loading)
+
+
+@pytest.mark.parametrize("key, value, msg", [
+    ("max_train_rows", 0, "max_train_rows must be a positive integer or null, got 0"),
+    ("max_eval_rows", True, "max_eval_rows must be a positive integer or null, got True"),
+    ("eval_fraction", 0, r"eval_fraction must be in \(0, 1\), got 0"),
+    ("eval_fraction", 1.0, r"eval_fraction must be in \(0, 1\), got 1.0"),
+    ("labels", [], r"labels must be a non-empty list, got \[\]"),
+    ("mlm_examples", "sentences", "mlm_examples 'sentences' not allowed"),
+])
+def test_spec_values_out_of_range_are_refused_when_the_spec_is_read(key, value, msg):
+    """max_train_rows 0 selected no row (an 'empty split' later), True read as 1; eval_fraction 0 fell back to
+    the 5% default and 1 held out every line; labels [] inferred the classes; all refused, naming the key."""
+    from precswitch.data.loading import parse_source
+
+    with pytest.raises(PrecswitchError, match=f"^source: {msg}"):
+        parse_source({"kind": "text", "train": ["c.txt"], key: value})
+
+
+@pytest.mark.parametrize("kind", ["tsv", "csv", "jsonl", "parquet"])
+def test_header_check_reads_each_table_format_as_the_loader_does(tmp_path, kind):
+    """The workflow's config check reads the header only: a BOM (GLUE, Excel CSVs), a tab-separated header, a
+    JSONL file starting with a blank line and a parquet schema all give the loader's column names."""
+    import pandas as pd
+
+    f = tmp_path / f"t.{kind}"
+    df = pd.DataFrame({"s1": ["a b", "c d"], "s2": ["e", "f"], "y": [0, 1]})
+    if kind in ("tsv", "csv"):
+        sep = "\t" if kind == "tsv" else ","
+        f.write_text("\ufeff" + df.to_csv(sep=sep, index=False), encoding="utf-8")
+    elif kind == "jsonl":
+        f.write_text("\n" + df.to_json(orient="records", lines=True), encoding="utf-8")
+    else:
+        df.to_parquet(f, index=False)
+    spec = {"kind": kind, "train": str(f), "eval": str(f), "columns": PAIRS}
+    check_table_headers(spec)
+    assert load_source(spec, "classify").train["text_a"] == ["a b", "c d"]
+    with pytest.raises(PrecswitchError, match=rf"^source: {f}: column\(s\) not found: label='Y'; columns found: "
+                                              r"\['s1', 's2', 'y'\]$"):
+        check_table_headers({**spec, "columns": {**PAIRS, "label": "Y"}})
+
+
+def test_held_out_tail_rounds_the_fraction_and_the_cap_applies_only_above_it(tmp_path):
+    """30 lines x 5% = 1.5 -> 2 lines (rounded, not truncated); one line is refused naming the line count; a
+    fraction asking for exactly the cap (2000 lines) is not 'capped' and logs nothing."""
+    src = load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "a.txt", 30))]}, "mlm")
+    assert (len(src.train), len(src.eval)) == (28, 2) and src.eval["text"][-1] == "line number 29 here"
+    with pytest.raises(PrecswitchError, match=r"^source: only 1 text line\(s\) in .*one.txt; need at least 2"):
+        load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "one.txt", 1))]}, "mlm")
+    src = load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "b.txt", 4000))], "eval_fraction": 0.5},
+                      "mlm")
+    assert (len(src.eval), src.held_out["eval_lines_requested"], src.held_out["capped"]) == (2000, 2000, False)
+    assert src.notes() == []
+
+
+def test_text_source_reads_its_eval_files(tmp_path):
+    train, dev = _lines_file(tmp_path / "train.txt", 6), tmp_path / "dev.txt"
+    dev.write_text("held out one\nheld out two\n", encoding="utf-8")
+    src = load_source({"kind": "text", "train": [str(train)], "eval": [str(dev)]}, "mlm")
+    assert src.eval["text"] == ["held out one", "held out two"] and len(src.train) == 6 and src.held_out is None
+
+
+def test_mlm_text_of_a_table_column(tmp_path):
+    """text_column wins over columns.text_a, columns.text_a is the fallback, a table that has a column named
+    'text' besides the chosen one still loads, and the tokenizer reads the same column."""
+    from precswitch.data.loading import source_texts
+
+    f = tmp_path / "t.csv"
+    f.write_text("text,s1,s2,y\nother a,first a,second a,0\nother b,first b,second b,1\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": PAIRS}
+    src = load_source({**spec, "text_column": "s2"}, "mlm")
+    assert src.train.column_names == ["text"] and src.train["text"] == ["second a", "second b"]
+    assert load_source(spec, "mlm").train["text"] == ["first a", "first b"]
+    assert source_texts({**spec, "text_column": "s2"}) == ["second a", "second b"]
+    with pytest.raises(PrecswitchError, match=r"^source \(kind csv\): key 'columns' is required"):
+        load_source({"kind": "csv", "train": str(f), "eval": str(f)}, "classify")
+
+
+def test_label_values_read_from_the_data_are_ordered_numerically_and_floats_are_integers(tmp_path):
+    """Labels 2 and 10 are classes [2, 10] (not the string order [10, 2]); JSONL 0.0/1.0 are the classes 0
+    and 1, matching labels: [0, 1]; a label listed twice is refused."""
+    f = tmp_path / "t.csv"
+    f.write_text("s1,s2,y\n" + "".join(f"a{i},b{i},{(2, 10)[i % 2]}\n" for i in range(6)), encoding="utf-8")
+    src = load_source({"kind": "csv", "train": str(f), "eval": str(f), "columns": PAIRS}, "classify")
+    assert src.label_values == [2, 10] and src.train["label"] == [0, 1, 0, 1, 0, 1]
+    j = tmp_path / "t.jsonl"
+    j.write_text("".join(json.dumps({"s1": f"a{i}", "s2": "b", "y": float(i % 2)}) + "\n" for i in range(4)),
+                 encoding="utf-8")
+    spec = {"kind": "jsonl", "train": str(j), "eval": str(j), "columns": PAIRS}
+    src = load_source(spec, "classify")
+    assert src.label_values == [0, 1] and all(type(v) is int for v in src.label_values)
+    assert load_source({**spec, "labels": [1, 0]}, "classify").train["label"] == [1, 0, 1, 0]
+    with pytest.raises(PrecswitchError, match=r"^source: labels has duplicates: \[0, 0, 1\]"):
+        load_source({**spec, "labels": [0, 0, 1]}, "classify")
+
+
+def test_inferred_label_limits_are_the_documented_ones(tmp_path):
+    """Read from the data: 100 classes are accepted, 101 refused; a class is 'rare' below 3 rows AND below 1%
+    of the rows (3 rows of 400 and 2 rows of 100 are classes, not typos)."""
+    def table(name, labels):
+        p = tmp_path / name
+        p.write_text("s1,s2,y\n" + "".join(f"a{i},b,{v}\n" for i, v in enumerate(labels)), encoding="utf-8")
+        return {"kind": "csv", "train": str(p), "eval": str(p), "columns": PAIRS}
+
+    assert len(load_source(table("c100.csv", [f"c{i % 100}" for i in range(300)]), "classify").label_values) == 100
+    with pytest.raises(PrecswitchError, match="the label column has 101 distinct values"):
+        load_source(table("c101.csv", [f"c{i % 101}" for i in range(303)]), "classify")
+    assert load_source(table("r3.csv", ["x"] * 3 + ["a", "b"] * 199), "classify").label_values == ["a", "b", "x"]
+    assert load_source(table("r2.csv", ["x"] * 2 + ["a", "b"] * 49), "classify").label_values == ["a", "b", "x"]
+
+
+def test_hub_source_split_names_and_an_empty_split(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None, **kw):
+        calls.append(split)
+        n = 0 if split == "empty" else 2
+        return datasets.Dataset.from_dict({"sentence": ["a b", "c d"][:n], "label": [0, 1][:n]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    spec = {"kind": "hub", "name": "acme/sst", "train_split": "train[:50%]", "eval_split": "dev",
+            "columns": {"text_a": "sentence", "text_b": None, "label": "label"}}
+    assert load_source(spec, "classify").label_values == [0, 1] and calls == ["train[:50%]", "dev"]
+    with pytest.raises(PrecswitchError, match=r"^source: eval split is empty after filtering \(hub acme/sst:empty\): "
+                                              r"it has no data rows$"):
+        load_source({**spec, "eval_split": "empty"}, "classify")
+
+
+def test_file_checks_and_hash_inputs_per_source_kind(tmp_path):
+    """A hub source reads no local file; a missing synthetic dir says to run synth; the masked-LM input of a
+    synthetic source is the corpus only (an edited train.tsv must not re-prepare, so re-train, stage 1)."""
+    from precswitch.data.loading import check_source_files, source_files, source_hash
+    from precswitch.data.synthetic import write_synthetic
+
+    hub = {"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc"}
+    assert source_files(hub) == [] and check_source_files(hub) is None
+    with pytest.raises(PrecswitchError, match=r"^source: synthetic dir not found: .*none \(write it with `precswitch "
+                                              r"synth`\)"):
+        check_source_files({"kind": "synthetic", "dir": str(tmp_path / "none")}, "mlm")
+    d = write_synthetic(tmp_path / "syn", seed=1, n_corpus=20, n_train=10, n_dev=6)
+    spec = {"kind": "synthetic", "dir": str(d)}
+    h_mlm, h_cls = source_hash(spec, "mlm"), source_hash(spec, "classify")
+    with open(d / "train.tsv", "a", encoding="utf-8") as fh:
+        fh.write("1\t1\t2\tthe a\tthe b\n")
+    assert source_hash(spec, "mlm") == h_mlm and source_hash(spec, "classify") != h_cls
+
+
+def test_csv_with_a_bom_and_a_non_utf8_byte_past_the_first_megabyte(tmp_path):
+    """An Excel CSV starts with a BOM (its first column is 's1', not '\\ufeffs1'); a bad byte is located in the
+    whole file, not within the 1 MiB chunk it was read in."""
+    f = tmp_path / "excel.csv"
+    f.write_bytes("\ufeffs1,s2,y\na,b,0\nc,d,1\n".encode("utf-8"))
+    assert load_source({"kind": "csv", "train": str(f), "eval": str(f), "columns": PAIRS}, "classify").train[
+        "text_a"] == ["a", "c"]
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"fine line\n" * 110_000 + b"\xff\n")
+    with pytest.raises(PrecswitchError, match=r"big.txt is not UTF-8 text \(byte 0xff at offset 1100000\)"):
+        load_source({"kind": "text", "train": [str(big)], "eval": [str(big)]}, "mlm")
+
+
+def test_columns_mapping_must_name_known_roles(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("s1,s2,y\na,b,0\nc,d,1\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f)}
+    with pytest.raises(PrecswitchError, match=r"^source: unknown columns key\(s\) \['txt_b'\] \(allowed: text_a"):
+        load_source({**spec, "columns": {"text_a": "s1", "txt_b": "s2", "label": "y"}}, "classify")
+    with pytest.raises(PrecswitchError, match=r"^source: columns must be a mapping, got 's1'"):
+        load_source({**spec, "columns": "s1"}, "classify")
+    with pytest.raises(PrecswitchError, match=r"^source: columns needs text_a and label for objective classify"):
+        load_source({**spec, "columns": {"text_b": "s2", "label": "y"}}, "classify")

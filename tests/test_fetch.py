@@ -339,3 +339,145 @@ def test_offline_check_of_a_model_fetched_online_from_a_repo_with_both_weight_fo
     bin_only = ["config.json", "pytorch_model.bin", "vocab.txt"]
     _fake_hub_snapshot(hf_home, "acme/bin-only", bin_only, tree=bin_only)
     assert fetch.resolve_hub_model("acme/bin-only", verify=False)["weights"] == ["pytorch_model.bin"]
+
+
+@pytest.mark.parametrize("env, hub, data", [
+    ({"HF_HUB_OFFLINE": "TRUE"}, True, True),  # huggingface_hub reads the switches case-insensitively
+    ({"HF_DATASETS_OFFLINE": "On"}, False, True),
+])
+def test_offline_switch_values_are_read_as_the_libraries_read_them(monkeypatch, env, hub, data):
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert (fetch.hub_offline(), fetch.datasets_offline()) == (hub, data)
+
+
+def test_config_forms_and_values_fetch_refuses(tmp_path):
+    """Inline JSON may start with whitespace (a YAML block scalar, a shell heredoc); a config that is not a
+    mapping, a blank revision and an unknown data kind are refused naming the key; a source without kind is the
+    schema default, synthetic."""
+    assert fetch.load_config('\n  {"model": {"init": "scratch"}}') == ({"model": {"init": "scratch"}}, "<inline>")
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- model\n- data\n")
+    with pytest.raises(PrecswitchError, match=r"^config '.*list.yaml': expected a mapping, got list$"):
+        fetch.load_config(str(lst))
+    with pytest.raises(PrecswitchError, match=r"^--config: inline JSON is not valid"):
+        fetch.load_config('{"model": ')
+    with pytest.raises(PrecswitchError, match=r"^config key data.finetune.revision: a branch, tag or commit .*got '  '"):
+        fetch.requirements({"data": {"finetune": {"kind": "hub", "name": "x/y", "revision": "  "}}})
+    with pytest.raises(PrecswitchError, match=r"^config key data.pretrain.kind: unknown kind 'xml'; allowed: synthetic"):
+        fetch.requirements({"data": {"pretrain": {"kind": "xml", "train": "a.xml"}}})
+    need = fetch.requirements({"data": {"pretrain": {"eval_fraction": 0.1}}})
+    assert [n["kind"] for n in need] == ["synthetic", "synthetic"]
+
+
+def test_what_is_a_local_model_path_and_what_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    assert not fetch.is_hub_model("models/tiny")  # one slash, but a directory here: local
+    assert not fetch.is_hub_model("~/models/tiny") and not fetch.is_hub_model("a/b/c")
+    assert not fetch.is_hub_model("scratch") and fetch.is_hub_model("acme/tiny-bert")
+    assert fetch.is_hub_model("bert-base-cased")
+    with pytest.raises(PrecswitchError, match=r"^model.init: revision 'v1' is for hub models; 'models/tiny' is a local"):
+        fetch.resolve_model("models/tiny", revision="v1")
+
+
+def test_local_model_directory_checks(tmp_path, monkeypatch):
+    """A .bin-only save_pretrained directory (older transformers) is a model; a file is named as a file; a
+    '~/' path is expanded, for model directories and data files alike."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = tmp_path / "bin_model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "pytorch_model.bin").write_bytes(b"x")
+    entry = fetch.resolve_local_model("~/bin_model")
+    assert entry["weights"] == ["pytorch_model.bin"] and entry["path"] == str(d)
+    with pytest.raises(PrecswitchError, match=r"^model.init: '~/bin_model/config.json' is a file; a model is a "
+                                              r"directory"):
+        fetch.resolve_local_model("~/bin_model/config.json")
+    (tmp_path / "c.txt").write_text("a\n")
+    assert fetch.resolve_local_files(["~/c.txt"], "data.pretrain")["files"][0]["resolved"] == str(tmp_path / "c.txt")
+
+
+@pytest.mark.parametrize("files, want", [
+    (["config.json", "model.safetensors", "pytorch_model.bin"], fetch.SAFETENSORS_PATTERNS),
+    (["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"], fetch.BIN_PATTERNS),
+    (["config.json", "training_args.bin", "tf_model.h5"], None),
+])
+def test_online_fetch_picks_one_weights_format(monkeypatch, files, want):
+    """safetensors when the repo has them, else pytorch_model*.bin; a repo with neither (a TF model and a
+    training_args.bin) is refused before anything is downloaded."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, name, revision=None: files)
+    if want is None:
+        with pytest.raises(PrecswitchError, match=r"hub model 'acme/tf' has no PyTorch weights"):
+            fetch._weights_patterns("acme/tf", None)
+    else:
+        assert fetch._weights_patterns("acme/m", "v1") == want
+
+
+def test_online_download_results_and_no_verify(tmp_path, monkeypatch):
+    """--no-verify does not load the model; a downloaded snapshot without config.json is named; the manifest
+    records which switch is set and the datasets cache; the CLI prints the pinned commit."""
+    import datasets.config
+    import huggingface_hub
+    import transformers
+
+    snap = tmp_path / "snapshots" / "c0ffee"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_bytes(b"x")
+    loads = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda name, **kw: str(snap))
+    monkeypatch.setattr(fetch, "_weights_patterns", lambda name, rev: [])
+    for cls in ("AutoConfig", "AutoTokenizer", "AutoModel"):
+        monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", lambda *a, **kw: loads.append(a))
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    cfg = json.dumps({"model": {"init": "acme/tiny-bert"}})
+    assert fetch.main(["--config", cfg, "--manifest", str(tmp_path / "m.json"), "--no-verify"]) == 0
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert loads == [] and "verified" not in m["items"][0] and m["items"][0]["commit"] == "c0ffee"
+    assert (m["hub_offline"], m["datasets_offline"]) == (False, True)
+    assert m["datasets_cache"] == str(datasets.config.HF_DATASETS_CACHE)
+    assert fetch.resolve_hub_model("acme/tiny-bert")["verified"] and len(loads) == 3
+    (snap / "config.json").unlink()
+    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/tiny-bert': the downloaded snapshot lacks "
+                                              r"config.json$"):
+        fetch.resolve_hub_model("acme/tiny-bert", verify=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/tiny-bert' is not available offline: the "
+                                              r"cached snapshot lacks config.json"):
+        fetch.resolve_hub_model("acme/tiny-bert", verify=False)
+
+
+def test_commits_of_cached_and_online_revisions(tmp_path, monkeypatch):
+    """hub_commit reads refs/<revision> of the cache (models: config.json, datasets: README.md); online, a
+    dataset's commit is the hub's answer for the requested revision, offline the cache's."""
+    import huggingface_hub
+
+    hf_home = _hub_cache_here(monkeypatch, tmp_path)
+    sha = "fedcba9876543210fedcba9876543210fedcba98"
+    _fake_hub_snapshot(hf_home, "acme/m", ["config.json"], sha=sha)
+    assert fetch.hub_commit("acme/m") == sha and fetch.hub_commit("acme/m", "v9") is None
+    repo = hf_home / "hub" / "datasets--acme--d"
+    (repo / "snapshots" / sha).mkdir(parents=True)
+    (repo / "snapshots" / sha / "README.md").write_text("# d")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "v1").write_text(sha)
+    assert fetch.hub_commit("acme/d", "v1", repo_type="dataset") == sha
+    assert fetch._dataset_commit("acme/d", "v1", offline=True) == sha
+    assert fetch._dataset_commit("acme/d", None, offline=True) is None  # no refs/main in the cache
+
+    class Info:
+        sha = "0" * 40
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info",
+                        lambda self, name, revision=None: asked.append((name, revision)) or Info())
+    assert fetch._dataset_commit("acme/d", "v1", offline=False) == "0" * 40 and asked == [("acme/d", "v1")]
+    assert fetch._dataset_commit("acme/d", "v1", offline=True) == sha and len(asked) == 1  # offline: not asked
+
