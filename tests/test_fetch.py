@@ -258,7 +258,10 @@ def test_cli_register():
 @pytest.mark.parametrize("env, hub, data", [
     ({}, False, False),
     ({"HF_HUB_OFFLINE": "1"}, True, True),  # what the docs say: with HF_HUB_OFFLINE=1 nothing is downloaded
-    ({"TRANSFORMERS_OFFLINE": "true"}, True, False),
+    # TRANSFORMERS_OFFLINE makes huggingface_hub, so load_dataset, offline too (datasets 5.2: OfflineModeIsEnabled)
+    ({"TRANSFORMERS_OFFLINE": "true"}, True, True),
+    ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False, False),  # huggingface_hub: HF_HUB_OFFLINE wins
+    ({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "0"}, True, True),  # hub files cannot be downloaded
     ({"HF_DATASETS_OFFLINE": "yes"}, False, True),
     ({"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "off"}, False, False),
 ])
@@ -481,3 +484,24 @@ def test_commits_of_cached_and_online_revisions(tmp_path, monkeypatch):
     assert fetch._dataset_commit("acme/d", "v1", offline=False) == "0" * 40 and asked == [("acme/d", "v1")]
     assert fetch._dataset_commit("acme/d", "v1", offline=True) == sha and len(asked) == 1  # offline: not asked
 
+
+def test_transformers_offline_alone_gives_the_offline_message_for_a_dataset(tmp_path, monkeypatch):
+    """TRANSFORMERS_OFFLINE=1 (the classic transformers switch) puts huggingface_hub, and so load_dataset,
+    offline; a dataset missing from the cache was 'could not be loaded: Couldn't reach ... (OfflineModeIsEnabled)'
+    with no word of `precswitch fetch`, and the manifest said datasets_offline false."""
+    import datasets
+
+    from precswitch.data.loading import load_source
+
+    def load_dataset(*a, **kw):
+        raise ConnectionError("Couldn't reach 'acme/d' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    with pytest.raises(PrecswitchError, match=r"^data.finetune: hub dataset 'acme/d' split 'train' is not available "
+                                              r"offline .*Run `precswitch fetch`"):
+        fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.finetune")
+    with pytest.raises(PrecswitchError, match=r"TRANSFORMERS_OFFLINE is set and it is not in the local cache"):
+        load_source({"kind": "hub", "name": "acme/d", "text_column": "text"}, "mlm")

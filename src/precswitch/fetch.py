@@ -55,11 +55,15 @@ def _truthy(v: str | None) -> bool:
 
 
 def hub_offline() -> bool:
-    return _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE"))
+    """As huggingface_hub reads it: HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE when HF_HUB_OFFLINE is not set
+    (HF_HUB_OFFLINE=0 wins over TRANSFORMERS_OFFLINE=1)."""
+    return _truthy(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
 
 
 def datasets_offline() -> bool:
-    return _truthy(os.environ.get("HF_DATASETS_OFFLINE")) or _truthy(os.environ.get("HF_HUB_OFFLINE"))
+    """Whether ``load_dataset`` can download: not with HF_DATASETS_OFFLINE set, nor when the hub is offline (its
+    files come through huggingface_hub; ``datasets`` itself also reads TRANSFORMERS_OFFLINE through it)."""
+    return _truthy(os.environ.get("HF_DATASETS_OFFLINE")) or hub_offline()
 
 
 def _first_line(e: BaseException) -> str:
@@ -349,7 +353,7 @@ def resolve_hub_dataset(name: str, config: str | None, splits: list[str], role: 
                     + (f" revision {revision!r}" if revision else ""))
             if offline:
                 raise PrecswitchError(
-                    f"{role}: {what} is not available offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE set; datasets "
+                    f"{role}: {what} is not available offline (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set; datasets "
                     f"cache {cache['datasets_cache']}, hub cache {cache['hub_cache']}): {_first_line(e)}. Run "
                     "`precswitch fetch` (the workflow's fetch rule) once with internet access and the same "
                     "HF_HOME, or use a local file source (kind tsv/csv/jsonl/parquet/text)"

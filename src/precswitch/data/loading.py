@@ -360,8 +360,9 @@ def _hub(spec: dict, split: str):
         from ..fetch import datasets_offline
 
         offline = datasets_offline()
-        hint = (" (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set and it is not in the local cache: download it "
-                "once online, or use a local file source: kind tsv/csv/jsonl/parquet/text)") if offline else ""
+        hint = (" (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE/TRANSFORMERS_OFFLINE is set and it is not in the local "
+                "cache: download it once online, or use a local file source: kind tsv/csv/jsonl/parquet/text)"
+                ) if offline else ""
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PrecswitchError(
             f"source: cannot load hub dataset {name!r} config {config!r} split {split!r}"
