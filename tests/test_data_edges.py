@@ -471,3 +471,18 @@ def test_columns_mapping_must_name_known_roles(tmp_path):
         load_source({**spec, "columns": "s1"}, "classify")
     with pytest.raises(PrecswitchError, match=r"^source: columns needs text_a and label for objective classify"):
         load_source({**spec, "columns": {"text_b": "s2", "label": "y"}}, "classify")
+
+
+def test_a_table_source_given_a_list_of_files_is_refused_in_one_line(tmp_path):
+    """`train: [train.csv]` (the text kind's form) crashed `precswitch prepare --source` with "TypeError: expected
+    str, bytes or os.PathLike object, not list"; the workflow's config check and fetch refuse it too."""
+    from precswitch import fetch
+
+    f = tmp_path / "t.csv"
+    f.write_text("s1,s2,y\na,b,0\nc,d,1\n", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=r"^source \(kind csv\): train takes one file path, not a list, got \["):
+        load_source({"kind": "csv", "train": [str(f)], "eval": str(f), "columns": PAIRS}, "classify")
+    with pytest.raises(PrecswitchError, match=r"^config key data.finetune.eval: kind tsv takes one file path, not a list"):
+        fetch.requirements({"data": {"finetune": {"kind": "tsv", "train": "a.tsv", "eval": ["b.tsv", "c.tsv"]}}})
+    assert fetch.requirements({"data": {"pretrain": {"kind": "text", "train": ["a.txt", "b.txt"]}}})[0]["files"] == [
+        "a.txt", "b.txt"]

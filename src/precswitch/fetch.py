@@ -145,6 +145,9 @@ def requirements(config: dict) -> list[dict]:
             need.append({"role": role, "kind": "hub_dataset", "name": src["name"], "config": src.get("config"),
                          "revision": revision, "splits": list(dict.fromkeys(splits))})
         elif kind in FILE_KINDS:
+            for split in ("train", "eval") if kind != "text" else ():
+                if src.get(split) is not None and not isinstance(src[split], str):  # as the workflow's config check
+                    raise PrecswitchError(f"config key {role}.{split}: kind {kind} takes one file path, not a list")
             files = _as_list(src.get("train")) + _as_list(src.get("eval"))
             if not files:
                 raise PrecswitchError(f"config key {role}.train: required for kind {kind} (file path)")

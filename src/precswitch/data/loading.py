@@ -95,6 +95,10 @@ def validate_spec(spec: dict) -> dict:
     for k in need:
         if spec.get(k) in (None, "", []):
             raise PrecswitchError(f"source (kind {kind}): key {k!r} is required")
+    if kind in ("tsv", "csv", "jsonl", "parquet"):
+        for k in ("train", "eval"):
+            if not isinstance(spec[k], (str, os.PathLike)):
+                raise PrecswitchError(f"source (kind {kind}): {k} takes one file path, not a list, got {spec[k]!r}")
     rev = spec.get("revision")
     if rev is not None:
         if kind != "hub":
