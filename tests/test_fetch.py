@@ -379,7 +379,7 @@ def test_what_is_a_local_model_path_and_what_a_hub_id(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     assert not fetch.is_hub_model("models/tiny")  # one slash, but a directory here: local
-    assert not fetch.is_hub_model("~/models/tiny") and not fetch.is_hub_model("a/b/c")
+    assert not fetch.is_hub_model("~/tiny-bert") and not fetch.is_hub_model("a/b/c")  # ~/x need not exist
     assert not fetch.is_hub_model("scratch") and fetch.is_hub_model("acme/tiny-bert")
     assert fetch.is_hub_model("bert-base-cased")
     with pytest.raises(PrecswitchError, match=r"^model.init: revision 'v1' is for hub models; 'models/tiny' is a local"):
