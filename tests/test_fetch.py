@@ -415,8 +415,9 @@ def test_online_fetch_picks_one_weights_format(monkeypatch, files, want):
 
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, name, revision=None: files)
     if want is None:
-        with pytest.raises(PrecswitchError, match=r"hub model 'acme/tf' has no PyTorch weights"):
-            fetch._weights_patterns("acme/tf", None)
+        monkeypatch.setattr(fetch, "hub_offline", lambda: False)
+        with pytest.raises(PrecswitchError, match=r"^hub model 'acme/tf' has no PyTorch weights \(no \*.safetensors"):
+            fetch.resolve_hub_model("acme/tf")  # refused as such, not as 'could not be downloaded'
     else:
         assert fetch._weights_patterns("acme/m", "v1") == want
 
