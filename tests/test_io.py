@@ -117,6 +117,19 @@ def test_atomic_write_json_is_strict_json(tmp_path):
         "loss": None, "curve": [1.0, None], "pair": [2, None], "acc": 0.5, "n": 3, "where": str(tmp_path)}
 
 
+def _write_checkpoint(path, kind: str, text: str) -> None:
+    """A checkpoint of ``kind`` "dir" (a directory holding file w) or "file", holding ``text``."""
+    if kind == "dir":
+        path.mkdir()
+        (path / "w").write_text(text)
+    else:
+        path.write_text(text)
+
+
+def _read_checkpoint(path, kind: str) -> str:
+    return (path / "w" if kind == "dir" else path).read_text()
+
+
 @pytest.mark.parametrize("kind", ["dir", "file"])
 def test_atomic_path_failing_in_the_body_leaves_the_old_one_and_no_temporary(tmp_path, kind):
     """A checkpoint save that fails halfway (an exception while the temporary is written): the previous
@@ -124,20 +137,12 @@ def test_atomic_path_failing_in_the_body_leaves_the_old_one_and_no_temporary(tmp
     from precswitch import io
 
     target = tmp_path / "checkpoint"
-    if kind == "dir":
-        target.mkdir()
-        (target / "w").write_text("old")
-    else:
-        target.write_text("old")
+    _write_checkpoint(target, kind, "old")
     with pytest.raises(RuntimeError):
         with io.atomic_path(target) as tmp:
-            if kind == "dir":
-                tmp.mkdir()
-                (tmp / "w").write_text("half")
-            else:
-                tmp.write_text("half")
+            _write_checkpoint(tmp, kind, "half")
             raise RuntimeError("killed halfway")
-    assert (target / "w" if kind == "dir" else target).read_text() == "old"
+    assert _read_checkpoint(target, kind) == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
@@ -189,12 +194,8 @@ def test_a_temporary_left_by_an_earlier_process_of_the_same_pid_is_cleared(tmp_p
         stale.write_text("half")
     target = tmp_path / "checkpoint"
     with io.atomic_path(target) as tmp:
-        if kind == "dir":
-            tmp.mkdir()
-            (tmp / "w").write_text("new")
-        else:
-            tmp.write_text("new")
-    assert (target / "w" if kind == "dir" else target).read_text() == "new"
+        _write_checkpoint(tmp, kind, "new")
+    assert _read_checkpoint(target, kind) == "new"
     assert kind == "file" or sorted(p.name for p in target.iterdir()) == ["w"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
