@@ -14,14 +14,17 @@ min_version("9.0")
 
 # A schedules map given on the command line replaces the default one instead of merging into it;
 # of several --configfile files that each give one, the last one's map is the study's (Snakemake
-# would merge them all into one map). --config schedules='{...}' replaces them all.
+# would merge them all into one map). --config schedules='{...}' replaces them all (Snakemake would
+# merge it into the files' map too).
 _cli_schedules = copy.deepcopy(config.get("schedules"))  # merging mutates it
 _file_schedules = [
     c["schedules"]
     for c in map(load_configfile, workflow.config_settings.configfiles)
     if isinstance(c, dict) and isinstance(c.get("schedules"), dict)
 ]
-if len(_file_schedules) > 1 and "schedules" not in workflow.config_settings.config:
+if "schedules" in (workflow.config_settings.config or {}):
+    _cli_schedules = copy.deepcopy(workflow.config_settings.config["schedules"])
+elif len(_file_schedules) > 1:
     _cli_schedules = copy.deepcopy(_file_schedules[-1])
 
 

@@ -169,6 +169,12 @@ def test_last_configfile_schedules_map_is_the_studys(tmp_path):
     counts = job_counts(out)
     assert counts.get("pretrain", 0) == 0 and counts["finetune"] == 2, counts  # b1 x seeds 3, 4 (from a.yaml)
     assert "runs/finetune/b1/seed4/" in out and "/a1/" not in out and "/a2/" not in out
+    # --config schedules=... replaces both files' maps (not the other way round)
+    proc = snakemake(tmp_path, "-n", "--configfile", a, b, "--config", "schedules={c1: {finetune: amp_bf16}}",
+                     "analysis={baseline: c1}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert job_counts(out)["finetune"] == 2 and "runs/finetune/c1/seed3/" in out and "/b1/" not in out, out[-3000:]
 
 
 def test_gpu_resource_only_off_cpu(tmp_path):
@@ -955,3 +961,4 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
     assert hps["finetune-b-seed4"]["init"] == hps["finetune-a-seed4"]["init"] == \
         "results/runs/pretrain/amp_fp16/seed4/checkpoint"
     assert hps["finetune-b-seed4"]["precision"] == "fp32" and "switch_to" not in hps["finetune-b-seed4"]
+
