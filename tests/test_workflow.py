@@ -965,7 +965,7 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
 
 # ------------------------------------------------------------------------------ mutation audit 3: config checks
 # One process loads the workflow once per config (the first load imports Snakemake and the package; each further
-# config costs ~0.3 s, not a 4-s dry run) and prints the config error of each, or OK, and the sweep tags.
+# config costs ~0.3 s, not a 4-s dry run) and prints the config error of each, or OK and what common.smk made of it.
 _CONFIGS_SCRIPT = """
 import json, sys
 from pathlib import Path
@@ -980,7 +980,9 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
         with SnakemakeApi() as api:
             wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
                               config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
-            result = {"ok": True, "sweeps": wf._workflow.globals["SWEEPS"]}
+            g = wf._workflow.globals
+            result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
+                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"]}
     except Exception as e:
         result = {"ok": False, "error": str(e).strip().splitlines()[0]}
     print("CONFIG " + json.dumps(result))
@@ -991,8 +993,13 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     """Checks of common.smk that no dry run above reached: each bad config is refused naming its key and the
     reason (a table source without its eval file, a hub source without a name, a table as stage-1 source, a list
     of files for a one-file kind, two swept stages in one sweep, heads that do not divide the hidden size, power
-    equal to alpha); boundary values are accepted (max_length equal to the position embeddings); a sweep over
-    stage 1 tags its schedules with that stage."""
+    equal to alpha); boundary values are accepted (max_length equal to the position embeddings); YAML's
+    `compile: off` (false) is off, also beside telemetry; a sweep over stage 1 tags its schedules with that stage;
+    the tokenizer is trained for model.max_position_embeddings (not a stage's max_length), cased when asked; a
+    local model.init needs no fetch."""
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
     table = tmp_path / "t.tsv"
     table.write_text("label\ts1\n1\ta b\n0\tc d\n", encoding="utf-8")
     cols = {"text_a": "s1", "text_b": None, "label": "label"}
@@ -1012,6 +1019,9 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
          "config key model.num_attention_heads: 3 does not divide model.hidden_size (100)"),
         ({"analysis": {"alpha": 0.5, "power": 0.5}}, "config key analysis.power: 0.5 must exceed analysis.alpha (0.5)"),
         ({"model": {"max_position_embeddings": 64}, "train": {"pretrain": {"max_length": 64}}}, None),
+        ({"train": {"pretrain": {"compile": False, "telemetry_every": 5}},
+          "tokenizer": {"vocab_size": 5000, "cased": True}, "model": {"max_position_embeddings": 96}}, None),
+        ({"model": {"init": str(init)}}, None),
         ({"schedules": {"x": {"finetune": "fp32"}}, "analysis": {"baseline": "x", "contrasts": []},
           "sweeps": {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
                              "switch_at": [0.25]}}}, None),
@@ -1028,3 +1038,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
         else:
             assert not result["ok"] and result["error"].startswith(expected), (cfg, result)
     assert results[-1]["sweeps"] == {"pre-at25": {"sweep": "pre", "sweep_at": 0.25, "sweep_stage": "pretrain"}}
+    assert results[-3]["compile"] == "off"
+    assert results[-3]["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
+    assert results[-4]["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
+    assert results[-2]["fetch"] is False and results[-2]["tokenizer"] == f"--pretrained {init}"
