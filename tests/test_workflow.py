@@ -982,7 +982,8 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
                               config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
             g = wf._workflow.globals
             result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
-                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"]}
+                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"],
+                      "warm": g["_warm_off_reason"]()}
     except Exception as e:
         result = {"ok": False, "error": str(e).strip().splitlines()[0]}
     print("CONFIG " + json.dumps(result))
@@ -996,7 +997,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     equal to alpha); boundary values are accepted (max_length equal to the position embeddings); YAML's
     `compile: off` (false) is off, also beside telemetry; a sweep over stage 1 tags its schedules with that stage;
     the tokenizer is trained for model.max_position_embeddings (not a stage's max_length), cased when asked; a
-    local model.init needs no fetch."""
+    local model.init needs no fetch; jobs that may use a GPU (device auto) start cold."""
     init = tmp_path / "init"
     init.mkdir()
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
@@ -1021,7 +1022,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
         ({"model": {"max_position_embeddings": 64}, "train": {"pretrain": {"max_length": 64}}}, None),
         ({"train": {"pretrain": {"compile": False, "telemetry_every": 5}},
           "tokenizer": {"vocab_size": 5000, "cased": True}, "model": {"max_position_embeddings": 96}}, None),
-        ({"model": {"init": str(init)}}, None),
+        ({"model": {"init": str(init)}, "device": "auto"}, None),
         ({"schedules": {"x": {"finetune": "fp32"}}, "analysis": {"baseline": "x", "contrasts": []},
           "sweeps": {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
                              "switch_at": [0.25]}}}, None),
@@ -1042,3 +1043,5 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     assert results[-3]["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
     assert results[-4]["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
     assert results[-2]["fetch"] is False and results[-2]["tokenizer"] == f"--pretrained {init}"
+    # warm start forks jobs from one process: not where they may use a GPU (a fork cannot use CUDA)
+    assert results[-2]["warm"] == "device auto: GPU jobs start cold" and results[-1]["warm"] is None
