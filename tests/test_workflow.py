@@ -661,10 +661,11 @@ def test_each_training_job_gets_its_own_seed_stage1_run_and_settings(tmp_path):
 
 
 def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
-    """Each stage's data is prepared for its objective at its own max_length; synth makes the sizes asked for;
+    """Each stage's data is prepared for its objective at its own max_length; synth makes the sizes asked for,
+    from the seed asked for;
     aggregate reads every stage-1 and stage-2 run (runs.csv has a row for each)."""
     cfg = {"seeds": [1, 2], "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 48}},
-           "data": {"synthetic": {"n_train": 2000, "n_dev": 500}}}
+           "data": {"synthetic": {"n_train": 2000, "n_dev": 500, "seed": 7, "n_corpus": 9000}}}
     proc = dry_run(tmp_path, cfg, "-p")
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = _jobs(proc.stdout)
@@ -675,7 +676,7 @@ def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
         commands[rule if stage is None else f"{rule}[{stage.group(1)}]"] = command
     assert "--objective mlm --max-length 64 " in commands["prepare[pretrain]"]
     assert "--objective classify --max-length 48 " in commands["prepare[finetune]"]
-    assert "--n-train 2000 --n-dev 500 " in commands["synth"]
+    assert "--seed 7 --n-corpus 9000 --n-train 2000 --n-dev 500 " in commands["synth"]
     made = [m for rule, block in jobs if rule in ("pretrain", "finetune")
             for m in re.findall(r"^    output: ([^,\n]*/metrics\.json)", block, re.M)]
     assert len(made) == 2 * (len(DEFAULT_STAGE1) + len(DEFAULT_SCHEDULES))
