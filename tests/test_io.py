@@ -302,3 +302,46 @@ def test_type_cli_config_with_a_longer_cli_list_and_quoted_text_that_reads_as_a_
     config = {"seeds": ["1"], "tags": {"note": "[1, 2]"}}
     type_cli_config({"seeds": ["1", "2", "3"], "tags": {"note": "[1, 2]"}}, config)
     assert config == {"seeds": [1], "tags": {"note": "[1, 2]"}}  # text YAML reads as a list stays text (quoted)
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_atomic_path_flushes_the_contents_to_disk_before_the_rename_and_the_rename_after(tmp_path, monkeypatch, kind):
+    """A machine crash right after the rename must not leave an empty `state.pt` or checkpoint file: every file
+    (and directory) of the temporary is fsynced before it is renamed in, and the parent directory after."""
+    from precswitch import io
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(b)))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(io.os, "fsync", fsync)
+    monkeypatch.setattr(io.os, "replace", replace)
+    monkeypatch.setattr(io, "_exchange", lambda a, b: False)
+    target = tmp_path / "checkpoint"
+    with io.atomic_path(target) as tmp:
+        if kind == "dir":
+            (tmp / "sub").mkdir(parents=True)
+            (tmp / "sub" / "model.safetensors").write_text("w")
+            (tmp / "config.json").write_text("{}")
+        else:
+            tmp.write_text("state")
+    tmp_name = f".checkpoint.tmp-{os.getpid()}"
+    rename = events.index(("replace", str(target)))
+    synced_before = {p for what, p in events[:rename] if what == "fsync"}
+    if kind == "dir":
+        want = {str(tmp_path / tmp_name / n) for n in ("sub/model.safetensors", "config.json", "sub", "")}
+        assert {p.rstrip("/") for p in want} <= synced_before, events
+    else:
+        assert str(tmp_path / tmp_name) in synced_before, events
+    assert ("fsync", str(tmp_path)) in events[rename + 1:], events
+    # atomic_write_text flushes its directory after the rename too
+    events.clear()
+    io.atomic_write_text(tmp_path / "metrics.json", "{}")
+    assert events[-2:] == [("replace", str(tmp_path / "metrics.json")), ("fsync", str(tmp_path))]

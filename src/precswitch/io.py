@@ -56,6 +56,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -96,6 +97,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     _remove(tmp, ignore_errors=False)
     try:
         yield tmp
+        _fsync_tree(tmp)  # the contents reach the disk before the rename makes them the result
         if path.is_dir() and not path.is_symlink():
             if _exchange(tmp, path):  # one atomic step: tmp now holds the old directory (removed below)
                 return
@@ -115,8 +117,50 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 os.replace(tmp, path)
         else:
             os.replace(tmp, path)
+        _fsync_dir(path.parent)  # and the rename itself
     finally:
         _remove(tmp, ignore_errors=True)
+
+
+def _fsync_dir(d: Path) -> None:
+    """Flush a directory's entries (a rename in it) to disk; a file system that cannot is left as it is."""
+    try:
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # EINVAL on some network and FUSE file systems: nothing more can be done
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(p: Path) -> None:
+    """Flush a file, or every file and directory under ``p`` (links are not followed), to disk.
+
+    Without it a machine crash (not a process crash) right after the rename can leave the renamed
+    ``state.pt`` or checkpoint empty: the rename reaches the disk before the data does.
+    """
+    if p.is_symlink() or not p.exists():
+        return
+    if p.is_dir():
+        for root, dirs, files in os.walk(p):
+            for name in files:
+                f = Path(root, name)
+                if not f.is_symlink():
+                    _fsync_file(f)
+            _fsync_dir(Path(root))
+    else:
+        _fsync_file(p)
+
+
+def _fsync_file(f: Path) -> None:
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(p: Path, ignore_errors: bool) -> None:
