@@ -1,6 +1,7 @@
 """The Snakemake workflow without training: DAG shape, config validation, lint, format, docs.
 
-Dry runs only (a few seconds each); the end-to-end runs are in test_workflow_e2e.py.
+Dry runs only (a few seconds each); the end-to-end runs are in test_workflow_e2e.py, the config errors in
+test_workflow_config_errors.py.
 """
 
 from __future__ import annotations
@@ -16,16 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, job_counts, load_config, snakemake, write_config
+from workflow_helpers import ROOT, dry_run, job_counts, snakemake, write_config
 
 DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
 DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
-
-
-def dry_run(tmp_path, cfg: dict | None = None, *extra):
-    """Dry run in tmp_path; no cfg: the embedded default config/config.yaml."""
-    path = ROOT / "config" / "config.yaml" if cfg is None else write_config(tmp_path / "study.yaml", cfg)
-    return snakemake(tmp_path, "-n", "--configfile", path, *extra)
 
 
 # --------------------------------------------------------------------------------------------- DAG
@@ -183,110 +178,6 @@ def test_gpu_resource_only_off_cpu(tmp_path):
     out = dry_run(tmp_path, {"device": "cuda", "threads": 4}).stdout
     train_jobs = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
     assert train_jobs and all("gpu=1" in r for r in train_jobs)
-
-
-# --------------------------------------------------------------------------- config errors
-GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
-
-
-@pytest.mark.parametrize(
-    "cfg, key, allowed",
-    [
-        ({"schedules": {"x": {"pretrain": "fp64", "finetune": "fp32"}}}, "schedules.x.pretrain",
-         "amp_bf16"),
-        ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
-        # a bare 16-bit name: mixed (amp_) or pure? a near miss: did you mean
-        ({"schedules": {"x": {"pretrain": "bf16", "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
-         "schedules.x.pretrain", "'bf16' is ambiguous: amp_bf16 = fp32 master weights"),
-        ({"schedules": {"x": {"pretrain": "fp32", "finetune": "amp_fp61"}}, "analysis": {"baseline": "x"}},
-         "schedules.x.finetune", "did you mean 'amp_fp16'"),
-        # a stage is a precision name or a switch object: a number says both, not "not an object"
-        ({"schedules": {"x": {"pretrain": 16, "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
-         "schedules.x.pretrain", "not of type 'string', 'object'"),
-        ({"model": {"hidden_size": "big"}}, "model.hidden_size", "integer"),
-        # transformers.set_seed and numpy take 0..2^32-1: a bigger seed crashed every training job
-        ({"seeds": [1, 2**32]}, "seeds.1", "greater than the maximum of 4294967295"),
-        # {x} is a wildcard to Snakemake; . and / would scatter the study over the checkout or the root
-        ({"results_dir": "res{x}"}, "results_dir", "no braces (Snakemake reads {x} as a wildcard)"),
-        ({"results_dir": "./"}, "results_dir", "not the working directory (.) nor the root (/)"),
-        ({"results_dir": "/"}, "results_dir", "cannot hold a study"),
-        ({"results_dir": str(ROOT / "pyproject.toml")}, "results_dir", "exists and is not a directory"),
-        ({"data": {"pretrain": {"kind": "text", "train": [str(ROOT / "tests")], "eval": [str(ROOT / "README.md")]}}},
-         "data.pretrain", "tests' is a directory; name the file(s) in it"),
-        ({"seeds": []}, "seeds", "non-empty"),
-        ({"seeds": [1, 2, 1]}, "seeds", "non-unique"),
-        ({"analysis": {"baseline": "fp64-fp64"}}, "analysis.baseline", "fp32-fp32"),
-        ({"schedules": {"x": {}}, "analysis": {"baseline": "x"}}, "schedules.x", "finetune"),
-        ({"train": {"pretrain": {"steps": 0}}}, "train.pretrain.steps", "minimum of 1"),
-        ({"train": {"finetune": {"steps": -5}}}, "train.finetune.steps", "minimum of 1"),
-        ({"train": {"finetune": {"lr": float("nan")}}}, "train.finetune.lr", "finite"),
-        ({"train": {"pretrain": {"lr": float("inf")}}}, "train.pretrain.lr", ""),
-        ({"train": {"pretrain": {"steps": None}}}, "train.pretrain", "exactly one of steps and epochs"),
-        ({"data": {"finetune": {"kind": "tsv", "train": "missing/train.tsv", "eval": "missing/dev.tsv"}}},
-         "data.finetune", "missing/train.tsv"),
-        ({"data": {"finetune": {"kind": "xlsx"}}}, "data.finetune.kind", "parquet"),
-        ({"device": "tpu"}, "device", "cuda"),
-        ({"train": {"finetune": {"lr": "2e-5"}}}, "train.finetune.lr", "write 2.0e-05"),  # YAML 1.1 text
-        ({"analysis": {"contrasts": [["fp16-fp32", "fp16-fp61"]]}}, "analysis.contrasts[0]", "'fp16-fp61'"),
-        ({"analysis": {"contrasts": [["fp16-fp32", "fp32-fp32"], ["fp16-fp16", "fp16-fp16"]]}},
-         "analysis.contrasts[1]", "'fp16-fp16' with itself"),
-        ({"schedules": {"x": {"pretrain": "fp32", "finetune": "fp8"}}, "analysis": {"baseline": "x"},
-          "train": {"finetune": {"eval_precision": "fp32"}}}, "train.finetune.eval_precision", "fp8"),
-        # a hub revision for something that is not on the hub
-        ({"model": {"revision": "v1"}}, "model.revision", "model.init 'scratch' is scratch"),
-        ({"model": {"init": "/tmp", "revision": "v1"}}, "model.revision", "is a local directory"),
-        ({"data": {"pretrain": {"kind": "synthetic", "revision": "v1"}}}, "data.pretrain.revision",
-         "kind synthetic"),
-        ({"model": {"init": "bert-base-cased", "revision": ""}}, "model.revision", "non-empty"),
-        # precswitch stats could not size "seeds needed" and stopped after the whole study trained
-        ({"analysis": {"alpha": 0.9}}, "analysis.power", "must exceed analysis.alpha (0.9)"),
-        ({"analysis": {"margin": 150}}, "analysis.margin", "maximum of 100"),
-        # keys a source kind does not read were dropped silently: files without `kind: tsv` trained on the
-        # synthetic language
-        ({"data": {"finetune": {"kind": "synthetic", "train": str(ROOT / "README.md")}}}, "data.finetune.train",
-         "does not apply to kind synthetic, which reads only eval_fraction, labels, max_eval_rows, "
-         "max_train_rows, mlm_examples; remove it (set kind: tsv, csv, jsonl, parquet or text to read files)"),
-        ({"data": {"pretrain": {"kind": "text", "train": [str(ROOT / "README.md")], "text_column": "t"}}},
-         "data.pretrain.text_column", "does not apply to kind text"),
-        ({"data": {"finetune": {"kind": "text", "train": [str(ROOT / "README.md")]}}}, "data.finetune.kind",
-         "text is unlabelled lines (masked LM only)"),
-        # found by the engine only when the stage starts (stage 2: after every stage-1 run trained)
-        ({"data": {"synthetic": {"n_train": 10}}}, "train.finetune.batch_size",
-         "32 exceeds the 10 training rows of data.synthetic.n_train"),
-        ({"data": {"pretrain": {"kind": "synthetic", "max_train_rows": 4}}}, "train.pretrain.batch_size",
-         "exceeds the 4 training rows of data.pretrain.max_train_rows"),
-        # an in-stage switch that rounds to step 0 or to the last step is no switch
-        ({"schedules": {"x": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.001},
-                              "finetune": "fp32"}}, "analysis": {"baseline": "x"}, "train": {"pretrain": {"steps": 300}}},
-         "schedules.x.pretrain.switch_at", "switch_at 0.001 of 300 steps rounds to step 0: the whole stage would "
-         "run in fp32, not switch from amp_bf16; use switch_at >= "),
-        ({"schedules": {"x": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.999}}},
-          "analysis": {"baseline": "x"}, "train": {"finetune": {"steps": 300}}},
-         "schedules.x.finetune.switch_at", "rounds to step 300, the end of the stage: it would never switch to fp32"),
-        ({"sweeps": {"s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32"}, "finetune": "fp32",
-                           "switch_at": [0.0, 0.001, 1.0]}}, "train": {"pretrain": {"steps": 300}}},
-         "schedules.s-at0.1.pretrain.switch_at", "rounds to step 0"),
-        ({"train": {"pretrain": {"steps": 5, "timing_warmup_steps": 5}}}, "train.pretrain.timing_warmup_steps",
-         "5 leaves none of the stage's 5 steps"),
-        # every job's shell command names results_dir: shell characters broke the first job
-        ({"results_dir": "res$x"}, "results_dir", "no shell characters"),
-        ({"results_dir": "~/res"}, "results_dir", "no leading - or ~"),
-        ({"results_dir": "res;rm"}, "results_dir", "no shell characters"),
-        # a run directory per schedule (runs/finetune/<name>/seed1): no '/' (a nested directory, or another's)
-        ({"schedules": {"a/b": {"finetune": "fp32"}}, "analysis": {"baseline": "a/b"}}, "schedules",
-         "'a/b' does not match"),
-        ({"sweeps": {"s/t": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}}},
-         "sweeps", "'s/t' does not match"),
-    ],
-)
-def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
-    proc = dry_run(tmp_path, cfg)
-    assert proc.returncode != 0, f"config {cfg} was accepted"
-    err = proc.stdout + proc.stderr
-    assert f"config key {key}:" in err, err[-3000:]
-    line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
-    assert allowed in line, line
-    assert "Job stats" not in err  # rejected before the DAG is built
 
 
 def _touch_study(tmp_path, cfg):

@@ -73,3 +73,9 @@ def real_data_present() -> bool:
     cfg = real_files_config()
     files = [cfg["data"]["finetune"]["train"], cfg["data"]["finetune"]["eval"], *cfg["data"]["pretrain"]["train"]]
     return all(Path(f).is_file() for f in files)
+
+
+def dry_run(tmp_path, cfg: dict | None = None, *extra):
+    """Dry run in tmp_path; no cfg: the embedded default config/config.yaml."""
+    path = ROOT / "config" / "config.yaml" if cfg is None else write_config(tmp_path / "study.yaml", cfg)
+    return snakemake(tmp_path, "-n", "--configfile", path, *extra)
