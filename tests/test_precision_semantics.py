@@ -225,6 +225,28 @@ def test_fp32_after_a_caller_set_tf32_with_torchs_generic_switch(data, tmp_path)
     assert set(out["after"].values()) == {"tf32"}
 
 
+def test_onednn_conv_and_rnn_switches_a_caller_set_are_given_back():
+    """torch >= 2.9: a caller running oneDNN convolutions in bf16 and its RNNs in TF32 (mkldnn.conv / mkldnn.rnn
+    fp32_precision, which the legacy switches cannot express, and which leave them readable): a stage clears them
+    for itself (no reduced precision anywhere) and, when it ends, the caller has them back and its legacy switches
+    read as before. They were left at "none": the conv's bf16 silently gone for the rest of the process."""
+    mk = torch.backends.mkldnn
+    during = []
+    with _switches_put_back():
+        try:
+            mk.conv.fp32_precision, mk.rnn.fp32_precision = "bf16", "tf32"
+            legacy = _legacy_switches()
+            for name in ("fp32", "tf32"):
+                with P.restoring_global_numerics():
+                    P.get(name).apply_backend_flags()
+                    during.append((mk.conv.fp32_precision, mk.rnn.fp32_precision))
+                assert (mk.conv.fp32_precision, mk.rnn.fp32_precision) == ("bf16", "tf32"), name
+                assert _legacy_switches() == legacy, name
+        finally:
+            mk.conv.fp32_precision = mk.rnn.fp32_precision = "none"
+    assert during == [("none", "none")] * 2
+
+
 # ====================================================================== scaler, clipping, LR on skipped steps
 def test_skipped_steps_advance_the_lr_schedule_as_in_every_other_precision(data, tmp_path, monkeypatch):
     """engine.py documents it: a step the GradScaler skips still advances the LR scheduler (PyTorch's AMP recipe),

@@ -317,13 +317,14 @@ def restoring_global_numerics():
     process (a notebook, a test, a script running several stages) must not find, say, TF32 left on by a ``tf32``
     stage under its own "fp32" matmuls. Restored through the API the caller set them with: legacy switches
     (``allow_tf32``, ``set_float32_matmul_precision``) when they can be read, else the per-backend
-    ``fp32_precision`` values."""
+    ``fp32_precision`` values; per-backend values the legacy switches do not cover (oneDNN convolutions and RNNs,
+    which :meth:`Precision.apply_backend_flags` clears too) are put back as well."""
     legacy = None
     with contextlib.suppress(RuntimeError):  # torch >= 2.9 refuses to read them once the new API was used
         legacy = (bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32),
                   torch.get_float32_matmul_precision())
     per_backend = None
-    if legacy is None and hasattr(torch.backends, "fp32_precision"):
+    if hasattr(torch.backends, "fp32_precision"):
         per_backend = {n: _fp32_precision_backend(n).fp32_precision for n in _FP32_PRECISION_BACKENDS}
     deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     threads = torch.get_num_threads()
@@ -333,9 +334,12 @@ def restoring_global_numerics():
         if legacy is not None:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy[0], legacy[1]
             torch.set_float32_matmul_precision(legacy[2])
-        elif per_backend is not None:
+        if per_backend is not None:
+            # after the legacy setters, only what they do not cover differs (say mkldnn.conv = "bf16"): set just that,
+            # so legacy getters the caller could read stay readable
             for n, v in per_backend.items():
-                _fp32_precision_backend(n).fp32_precision = v
+                if _fp32_precision_backend(n).fp32_precision != v:
+                    _fp32_precision_backend(n).fp32_precision = v
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.set_num_threads(threads)
 
