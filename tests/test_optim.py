@@ -264,3 +264,105 @@ def test_stochastic_rounding_keeps_every_nan_a_nan():
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         assert torch.isnan(stochastic_round_to_bf16(x, g).float()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kahan_weight_plus_buffer_tracks_a_float64_reference(dtype):
+    """Kahan for bf16 and fp16 parameters (the docs: both), checked against the same SGD run in float64: weights of
+    several magnitudes, 60 steps of random updates of 1/32 to 1/8 of their 16-bit spacing (a few spacings in all).
+    Weight + compensation buffer is the float64 result to within the buffer's own rounding (half its spacing, summed
+    over the steps), the weight alone within one spacing; the parameter, its gradient and the buffer stay 16-bit.
+    Nearest rounding (an fp16 parameter passed through uncompensated) would leave every weight where it started."""
+    g = torch.Generator().manual_seed(0)
+    w0 = (torch.tensor([0.01, -0.3, 1.0, -3.0, 20.0, 100.0]).repeat(50) * (1 + torch.rand(300, generator=g))).to(dtype)
+    p = torch.nn.Parameter(w0.clone())
+    opt = wrap_optimizer("kahan", torch.optim.SGD([p], lr=1.0))
+    ref, rel = w0.double(), 2.0**-12 if dtype == torch.bfloat16 else 2.0**-15
+    for _ in range(60):
+        step = ((0.5 + torch.rand(300, generator=g)) * w0.float() * rel).to(dtype)
+        p.grad = -step
+        ref += step.double()
+        opt.step()
+    buf = opt.compensation[p]
+    assert p.dtype == dtype and p.grad.dtype == dtype and buf.dtype == dtype
+    spacing = 2.0 ** (torch.floor(torch.log2(ref.abs())) - (7 if dtype == torch.bfloat16 else 10))
+    total = p.detach().double() + buf.double()
+    assert torch.all((total - ref).abs() <= 60 * spacing * 2.0**-9), float(((total - ref).abs() / spacing).max())
+    assert torch.all((p.detach().double() - ref).abs() <= spacing)
+    assert torch.all(p.detach() != w0)  # the updates arrived (plain rounding would drop every one)
+
+
+def test_closure_loss_is_returned_and_its_gradient_applied():
+    """step(closure), torch's optimizer API: the closure (run with gradients on, though step itself runs without)
+    computes the gradient the update uses, and step returns its loss."""
+    for kind in ("kahan", "stochastic_rounding"):
+        p = torch.nn.Parameter(torch.full((4,), 2.0, dtype=torch.bfloat16))
+        opt = wrap_optimizer(kind, torch.optim.SGD([p], lr=0.25), seed=0)
+
+        def closure():
+            opt.zero_grad()
+            loss = (p.float() ** 2).sum()
+            loss.backward()
+            return loss
+
+        loss = opt.step(closure)
+        assert float(loss.detach()) == 16.0, kind
+        assert torch.equal(p.detach(), torch.ones(4, dtype=torch.bfloat16)), kind  # 2 - 0.25 * 4
+
+
+def test_zero_grad_keeps_the_gradients_when_asked_to():
+    """zero_grad(set_to_none=False) zeroes the gradients in place (same tensors, still 16-bit), as torch's does."""
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = wrap_optimizer("kahan", torch.optim.SGD([p], lr=0.1))
+    p.grad = torch.ones(4, dtype=torch.bfloat16)
+    grad = p.grad
+    opt.zero_grad(set_to_none=False)
+    assert p.grad is grad and torch.equal(p.grad, torch.zeros(4, dtype=torch.bfloat16))
+    opt.zero_grad()
+    assert p.grad is None
+
+
+def test_resume_from_an_uncompensated_state_is_refused_naming_both():
+    """A state dict saved by a plain (pure_bf16) optimizer has no compensation: loading it into a Kahan run would
+    start with empty buffers and call it a resume. Refused, naming the kind saved (None) and this run's."""
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    plain = torch.optim.AdamW([p], lr=1e-3)
+    p.grad = torch.ones(4, dtype=torch.bfloat16)
+    plain.step()
+    for kind in ("kahan", "stochastic_rounding"):
+        opt = wrap_optimizer(kind, torch.optim.AdamW([p], lr=1e-3), seed=0)
+        with pytest.raises(PrecswitchError, match=f"saved with compensation None, but this run uses '{kind}'"):
+            opt.load_state_dict(plain.state_dict())
+
+
+def test_loaded_kahan_buffers_are_the_optimizers_own():
+    """The same saved state loaded into two optimizers (a resumed run and a comparison): stepping one does not move
+    the other's compensation buffers (they are copies, not the loaded tensors)."""
+    def fresh():
+        p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        return p, KahanWrapper(torch.optim.SGD([p], lr=1.0))
+
+    p, opt = fresh()
+    p.grad = torch.full((4,), -(2.0**-10), dtype=torch.bfloat16)
+    opt.step()
+    saved = opt.state_dict()
+    (a, opt_a), (b, opt_b) = fresh(), fresh()
+    opt_a.load_state_dict(saved)
+    opt_b.load_state_dict(saved)
+    a.grad = torch.full((4,), -(2.0**-10), dtype=torch.bfloat16)
+    opt_a.step()
+    assert torch.equal(opt_b.compensation[b], torch.full((4,), 2.0**-10, dtype=torch.bfloat16))
+    assert torch.equal(saved["precswitch_compensation"]["buffers"][0], torch.full((4,), 2.0**-10, dtype=torch.bfloat16))
+
+
+def test_kahan_keeps_fp16_adam_state_in_fp16():
+    """An fp16 parameter under Kahan: AdamW's moments go back to fp16 after the step (as for bf16), the step counter
+    stays fp32; nothing fp32 is left in the state between steps."""
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    opt = wrap_optimizer("kahan", torch.optim.AdamW([p], lr=1e-3, eps=1e-4, foreach=True))
+    for _ in range(2):
+        p.grad = torch.ones(4, dtype=torch.float16)
+        opt.step()
+    st = opt.state[p]
+    assert (st["exp_avg"].dtype, st["exp_avg_sq"].dtype, st["step"].dtype) == (torch.float16,) * 2 + (torch.float32,)
+    assert p.dtype == torch.float16 and opt.compensation[p].dtype == torch.float16
