@@ -242,3 +242,44 @@ def test_negative_activations_and_a_module_called_twice_count_in_full():
     (row,) = tel.rows()
     assert row["layer"] == "lin" and row["max_abs"] == 70000.0
     assert row["frac_overflow_fp16"] == 0.25 and row["frac_underflow_fp16"] == 0.25  # 1 of 4 values each
+
+
+@pytest.mark.parametrize("every", [True, False, 2.0, "10"])
+def test_every_must_be_a_real_integer(every):
+    """every=True is not "every step" (nor False "off"): a bool, float or string is refused like a negative."""
+    with pytest.raises(ValueError, match="non-negative integer or None"):
+        ActivationTelemetry(nn.Linear(2, 2), every=every)
+
+
+def test_an_empty_output_is_left_out_not_a_crash():
+    """A module that scores no rows on a step (a masked-LM head on a batch without a masked token) gives an empty
+    output: it is left out of that step (no row, no NaN fraction), the other modules are recorded as usual."""
+    model = nn.ModuleDict({"body": nn.Linear(4, 4), "head": nn.Linear(4, 3)})
+    tel = ActivationTelemetry(model, every=1)
+    with tel.step(0):
+        h = model["body"](torch.ones(2, 4))
+        model["head"](h[torch.zeros(2, dtype=torch.bool)])  # no row selected
+    assert [r["layer"] for r in tel.rows()] == ["body"]
+    s = tel.summary()
+    assert set(s["layers"]) == {"body"} and s["steps_sampled"] == 1 and s["frac_overflow_fp16"] == 0
+
+
+def test_infinite_activations_are_inf_in_the_summary_and_an_overflow():
+    """An output that already overflowed (inf, as fp16 autocast produces): max_abs is inf in the rows and the string
+    "inf" in the JSON summary (not null, which means NaN), its layer is listed, the infs count as overflow."""
+    lin = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+    tel = ActivationTelemetry(nn.Sequential(lin), every=1)
+    with tel.step(0):
+        tel.model(torch.tensor([[float("-inf")], [1.0]]))
+    assert tel.rows()[0]["max_abs"] == float("inf") and tel.rows()[0]["frac_overflow_fp16"] == 0.5
+    s = json.loads(json.dumps(tel.summary()))
+    assert s["max_abs"] == "inf" and s["layers"]["0"]["max_abs"] == "inf" and s["max_abs_layer"] == "0"
+    assert s["layers_with_overflow"] == ["0"]
+
+
+def test_modules_watched_counts_the_hooked_modules_only_when_on():
+    m = _model()
+    assert ActivationTelemetry(m, every=3).summary()["modules_watched"] == 4
+    assert ActivationTelemetry(m, every=0).summary()["modules_watched"] == 0
