@@ -360,6 +360,42 @@ def test_compensated_optimizer_leaves_parameters_without_a_gradient_alone():
         assert unused not in opt.optimizer.state and not torch.equal(used, torch.ones(4, dtype=torch.bfloat16))
 
 
+def test_the_stochastic_rounding_a_precision_wraps_draws_from_the_given_seed():
+    """pure_bf16_sr's wrapper rounds with a generator seeded by the seed it is given (the run's), so two seeds round
+    differently and one seed rounds as the optimizer module's own wrapper with that seed."""
+    from precswitch.optim import wrap_optimizer
+
+    def rounded(wrap, seed):
+        w = torch.nn.Parameter(torch.ones(512, dtype=torch.bfloat16))
+        opt = wrap(torch.optim.SGD([w], lr=1.0), seed)
+        w.grad = torch.full((512,), -(2.0**-9), dtype=torch.bfloat16)  # a quarter of the spacing above 1
+        opt.step()
+        return w.detach().clone()
+
+    prec = P.get("pure_bf16_sr")
+    a, b = rounded(prec.wrap_optimizer, 7), rounded(prec.wrap_optimizer, 8)
+    assert not torch.equal(a, b)
+    assert torch.equal(a, rounded(lambda o, s: wrap_optimizer("stochastic_rounding", o, seed=s), 7))
+
+
+@pytest.mark.parametrize("name", ["fp32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16", "pure_bf16_sr"])
+def test_prepare_model_casts_every_float_tensor_to_the_precisions_storage_dtype(name):
+    """prepare_model turns any model (say a bf16 one loaded from a pure_bf16 checkpoint, or an fp32 one) into the
+    precision's storage: every weight, embeddings and LayerNorms included, and every float buffer, in param_dtype
+    (fp32 master weights for amp_*); integer buffers (position ids) stay integers."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    prec = P.get(name)
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                     max_position_embeddings=16)
+    for start in (torch.float32, torch.bfloat16, torch.float16):
+        model = prec.prepare_model(BertForMaskedLM(cfg).to(start))
+        dtypes = {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_floating_point()}
+        assert set(dtypes.values()) == {prec.param_dtype}, (start, dtypes)
+        assert "bert.embeddings.word_embeddings.weight" in dtypes and "bert.embeddings.LayerNorm.weight" in dtypes
+        assert all(not t.is_floating_point() for n, t in model.named_buffers() if "ids" in n)
+
+
 def test_stochastic_rounding_noise_follows_the_runs_seed(data, tmp_path, monkeypatch):
     """pure_bf16_sr's rounding generator is seeded by the run's seed (wrap_optimizer(seed=hp seed)): the engine hands
     it the seed, not a constant."""
@@ -464,6 +500,83 @@ def test_cuda_clock_reads_wait_for_the_device_and_peaks_reset_per_stage(monkeypa
     measure.sync(torch.device("cpu"))
     measure.reset_peak_memory(torch.device("cpu"))
     assert calls == []
+
+
+def test_cuda_peak_memory_record_carries_nvmls_reading_of_that_gpu(monkeypatch):
+    """Beside the allocator's peaks, the record carries what NVML says the GPU has in use (the whole process's
+    footprint: context, cuDNN workspaces), asked for the stage's device."""
+    _fake_cuda(monkeypatch)
+    asked = []
+    monkeypatch.setattr(measure, "nvml_memory_used", lambda d: asked.append(d) or 9 << 30)
+    mem = measure.peak_memory(torch.device("cuda:1"))
+    assert mem["nvml_memory_used_bytes"] == 9 << 30 and asked == [torch.device("cuda:1")]
+
+
+def test_nvml_readings_of_the_second_visible_gpu_are_its_own(monkeypatch):
+    """cuda:1 (or the current device, 1, for a bare "cuda") reads NVML's handle of CUDA device 1, not device 0's."""
+    import types
+
+    uuids = {0: "aaaa", 1: "bbbb"}
+    readings = {"GPU-aaaa": (111_000, 1 << 30), "GPU-bbbb": (222_000, 2 << 30)}
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByUUID=lambda u: u,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: readings[h][0],
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=readings[h][1]),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=uuids[i]))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    for dev in (torch.device("cuda:1"), torch.device("cuda")):
+        monkeypatch.setattr(measure, "_NVML_HANDLES", {})
+        assert (measure.nvml_energy_mj(dev), measure.nvml_memory_used(dev)) == (222_000, 2 << 30), dev
+    assert measure.nvml_energy_mj(torch.device("cuda:0")) == 111_000
+    assert measure.nvml_energy_mj(torch.device("cpu")) is None
+
+
+def test_cpu_memory_readings_are_bytes():
+    """/proc/self/status reports kB (KiB): the resident set read from it is the one /proc/self/statm gives in pages,
+    in bytes; the peak (VmHWM) is at least that."""
+    statm = Path("/proc/self/statm").read_text().split()
+    rss = measure.current_rss()
+    assert abs(rss - int(statm[1]) * os.sysconf("SC_PAGE_SIZE")) < 1 << 20, rss
+    assert measure.peak_memory(torch.device("cpu"))["peak_memory_bytes"] >= rss - (1 << 20)
+
+
+def test_load_average_is_the_one_minute_one_rounded(monkeypatch):
+    monkeypatch.setattr(measure.os, "getloadavg", lambda: (1.2345, 5.0, 9.0))
+    assert measure.load_avg_1m() == 1.23
+
+    def none():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(measure.os, "getloadavg", none)
+    assert measure.load_avg_1m() is None
+
+
+def test_git_commit_is_the_env_override_else_head_marked_dirty_when_tracked_files_changed(monkeypatch):
+    """PRECSWITCH_GIT_COMMIT (set where the checkout is not at hand, as in a container) wins; otherwise HEAD, with
+    '-dirty' when a tracked file differs from it (the results would not be reproducible from the commit alone)."""
+    status = {"out": ""}
+
+    def run(cmd, **kw):
+        out = "0123abc\n" if "rev-parse" in cmd else status["out"]
+        return SimpleNamespace(stdout=out, returncode=0)
+
+    monkeypatch.setattr(measure.subprocess, "run", run)
+    monkeypatch.setenv("PRECSWITCH_GIT_COMMIT", "feedbee")
+    assert measure.git_commit() == "feedbee"
+    monkeypatch.delenv("PRECSWITCH_GIT_COMMIT")
+    assert measure.git_commit() == "0123abc"
+    status["out"] = " M src/precswitch/optim.py\n"
+    assert measure.git_commit() == "0123abc-dirty"
+
+
+def test_provenance_records_the_threads_torch_uses_not_the_cores():
+    with _switches_put_back():
+        torch.set_num_threads(1)
+        info = measure.provenance(torch.device("cpu"))
+    assert (info["threads"], info["cpu_count"], info["device"]) == (1, os.cpu_count(), "cpu")
 
 
 def test_evaluating_in_another_precision_leaves_the_trained_weights_and_checkpoint_alone(data, tmp_path):
