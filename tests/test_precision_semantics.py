@@ -104,6 +104,15 @@ def test_tf32_is_refused_on_a_pre_ampere_gpu(monkeypatch):
     P.check_supported(P.get("tf32"), torch.device("cuda:0"))
 
 
+def test_a_precision_name_in_another_spelling_gets_that_name_alone_as_the_hint():
+    """'Pure-BF16' is pure_bf16 written otherwise: the hint names it alone, not beside its near miss pure_bf16_sr
+    (which would leave the reader choosing between a precision and its stochastic-rounding variant)."""
+    assert P.name_hint("Pure-BF16") == " (did you mean 'pure_bf16'?)"
+    assert P.name_hint("AMP-FP16 ") == " (did you mean 'amp_fp16'?)"
+    with pytest.raises(P.PrecswitchError, match=r"unknown precision 'Pure-BF16' \(did you mean 'pure_bf16'\?\); allowed"):
+        P.get("Pure-BF16")
+
+
 def test_compute_dtype_is_the_dtype_the_matmuls_run_in():
     want = {"fp32": torch.float32, "tf32": torch.float32, "amp_fp16": torch.float16, "amp_bf16": torch.bfloat16,
             "pure_fp16": torch.float16, "pure_bf16": torch.bfloat16, "pure_bf16_kahan": torch.bfloat16,

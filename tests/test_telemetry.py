@@ -283,3 +283,67 @@ def test_modules_watched_counts_the_hooked_modules_only_when_on():
     m = _model()
     assert ActivationTelemetry(m, every=3).summary()["modules_watched"] == 4
     assert ActivationTelemetry(m, every=0).summary()["modules_watched"] == 0
+
+
+def test_summary_fractions_are_over_every_value_seen_per_layer_and_overall():
+    """Two sampled steps, two layers: each layer's overflow and underflow fractions are its counts over all its
+    values on both steps, and the overall ones all counts over all values (not a mean of per-layer or per-step
+    fractions); the row fractions are per step."""
+    lin = nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(4))
+    model = nn.Sequential(lin, nn.Linear(4, 2))
+    tel = ActivationTelemetry(model, every=1)
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].bias.fill_(1.0)
+    with tel.step(0):
+        model(torch.tensor([[70000.0, 1e-6, 1.0, 1.0]]))  # layer 0: 1 over, 1 under of 4
+    with tel.step(1):
+        model(torch.tensor([[1e-6, 1e-6, 1e-6, 1.0], [1.0, 1.0, 1.0, 1.0]]))  # layer 0: 0 over, 3 under of 8
+    rows = {(r["step"], r["layer"]): r for r in tel.rows()}
+    assert (rows[0, "0"]["frac_overflow_fp16"], rows[0, "0"]["frac_underflow_fp16"]) == (0.25, 0.25)
+    assert (rows[1, "0"]["frac_overflow_fp16"], rows[1, "0"]["frac_underflow_fp16"]) == (0.0, 3 / 8)
+    s = tel.summary()
+    assert s["layers"]["0"] == {"max_abs": 70000.0, "frac_overflow_fp16": 1 / 12, "frac_underflow_fp16": 4 / 12}
+    assert s["layers"]["1"]["frac_underflow_fp16"] == 0.0 and s["layers"]["1"]["max_abs"] == 1.0
+    # layer 1 saw 2 + 4 values, none over or under
+    assert (s["frac_overflow_fp16"], s["frac_underflow_fp16"]) == (1 / 18, 4 / 18)
+
+
+def test_resumed_summary_covers_the_steps_before_the_resume():
+    """A run resumed after step 1 reports the summary of all its steps: a step-0 overflow that later steps do not
+    repeat is still in max_abs, the fractions and layers_with_overflow."""
+    lin = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(2))
+    inputs = [torch.tensor([[70000.0, 1.0]]), torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 1.0]])]
+
+    def run(tel, steps):
+        for step in steps:
+            with tel.step(step):
+                lin(inputs[step])
+        return tel
+
+    full = run(ActivationTelemetry(lin, every=1), range(3))
+    resumed = ActivationTelemetry(lin, every=1)
+    resumed.load_state_dict(run(ActivationTelemetry(lin, every=1), range(1)).state_dict())
+    run(resumed, range(1, 3))
+    assert resumed.summary() == full.summary() and resumed.rows() == full.rows()
+    assert full.summary()["max_abs"] == 70000.0 and full.summary()["layers_with_overflow"] == [""]
+
+
+def test_a_watched_module_returning_a_tuple_is_measured_on_its_first_output():
+    """module_types may name modules that return a tuple (hidden states first, as transformers' layers do): the
+    first element is measured, not the module skipped."""
+
+    class Pair(nn.Module):
+        def forward(self, x):
+            return x * 2, None
+
+    model = nn.Sequential(Pair())
+    tel = ActivationTelemetry(model, every=1, module_types=(Pair,))
+    with tel.step(0):
+        model(torch.tensor([40000.0, 1.0]))
+    (row,) = tel.rows()
+    assert row["layer"] == "0" and row["max_abs"] == 80000.0 and row["frac_overflow_fp16"] == 0.5
