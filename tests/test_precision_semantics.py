@@ -104,6 +104,13 @@ def test_tf32_is_refused_on_a_pre_ampere_gpu(monkeypatch):
     P.check_supported(P.get("tf32"), torch.device("cuda:0"))
 
 
+def test_dtype_names_are_torchs_without_the_module_prefix():
+    """metrics.json and checkpoints name dtypes as torch does, without "torch.": the three storage dtypes and any
+    other (an fp8 or fp64 tensor) alike."""
+    assert [P.dtype_name(d) for d in (torch.float32, torch.float16, torch.bfloat16)] == ["float32", "float16", "bfloat16"]
+    assert (P.dtype_name(torch.float64), P.dtype_name(torch.float8_e4m3fn)) == ("float64", "float8_e4m3fn")
+
+
 def test_a_precision_name_in_another_spelling_gets_that_name_alone_as_the_hint():
     """'Pure-BF16' is pure_bf16 written otherwise: the hint names it alone, not beside its near miss pure_bf16_sr
     (which would leave the reader choosing between a precision and its stochastic-rounding variant)."""
