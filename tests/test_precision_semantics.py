@@ -93,6 +93,14 @@ def test_backend_flags_reads_each_switch_on_its_own():
         assert P.backend_flags()["float32_matmul_precision"] == "medium"
 
 
+def test_backend_flags_record_whether_deterministic_algorithms_are_on():
+    """metrics.json's "deterministic" is the switch in force (read from torch), on as well as off."""
+    with _switches_put_back():
+        for on in (True, False, True):
+            torch.use_deterministic_algorithms(on)
+            assert P.backend_flags()["deterministic"] is on
+
+
 def test_tf32_is_refused_on_a_pre_ampere_gpu(monkeypatch):
     """TF32 tensor cores exist from Ampere (8.0) on: on a V100 (7.0) a tf32 stage would silently be fp32."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
