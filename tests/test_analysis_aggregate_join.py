@@ -1,0 +1,147 @@
+"""Aggregation edge cases: names of switched stages, which field wins, statuses, bad inputs, table types."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from precswitch.analysis.aggregate import aggregate, build_schedules, load_runs, read_table, spec_name
+from precswitch.analysis.fakes import write_stage
+from precswitch.errors import PrecswitchError
+
+ACC = {"accuracy": 0.8, "f1": 0.8, "mcc": 0.5, "majority_accuracy": 0.5}
+
+
+def _pre(root, precision="amp_fp16", seed=1, status="ok", **metrics):
+    return write_stage(root / "pre" / precision / f"seed{seed}", run_id=f"pre-{precision}-{seed}", stage="pretrain",
+                       precision=precision, seed=seed, status=status, metrics=metrics or None)
+
+
+def _fin(root, schedule="s", precision="fp32", seed=1, status="ok", init_run_id=None, **metrics):
+    return write_stage(root / "fin" / schedule / f"seed{seed}", run_id=f"fin-{schedule}-{seed}", stage="finetune",
+                       precision=precision, seed=seed, status=status, schedule=schedule, init_run_id=init_run_id,
+                       metrics={**ACC, **metrics})
+
+
+def _edit(path, **kw):
+    m = json.loads(path.read_text())
+    m.update(kw)
+    path.write_text(json.dumps(m))
+    return path
+
+
+def test_spec_name_matches_the_workflows_directory_names():
+    """workflow/rules/common.smk names a switched stage `{precision}-to-{switch_to}-at{round(f * 100, 6):g}`:
+    0.29 is 'at29' (29.000000000000004 % truncated would be 'at28'), 0.125 'at12.5'; without both switch keys the
+    stage is its precision."""
+    assert spec_name("amp_fp16", "fp32", 0.8) == "amp_fp16-to-fp32-at80"
+    assert spec_name("amp_fp16", "fp32", 0.29) == "amp_fp16-to-fp32-at29"
+    assert spec_name("amp_bf16", "fp32", 0.125) == "amp_bf16-to-fp32-at12.5"
+    assert spec_name("amp_fp16", "fp32", None) == "amp_fp16"
+    assert spec_name("amp_fp16", None, 0.5) == "amp_fp16"
+    assert spec_name("amp_fp16", float("nan"), float("nan")) == "amp_fp16"
+
+
+def test_top_level_fields_win_over_tags_and_hparams(tmp_path):
+    """metrics.json's own schedule, sweep and init are the run's; tags/hparams only fill in missing ones."""
+    p = _fin(tmp_path, schedule="real")
+    _edit(p, sweep="top", init="/ckpt/top", tags={"schedule": "tagged", "sweep": "tag-sweep", "sweep_at": 0.5},
+          hparams={"init": "/ckpt/hp"})
+    runs = load_runs([p])
+    row = runs.iloc[0]
+    assert (row["schedule"], row["sweep"], row["init"], row["sweep_at"]) == ("real", "top", "/ckpt/top", 0.5)
+
+
+@pytest.mark.parametrize("key", ["seed", "status"])
+def test_a_metrics_file_without_seed_or_status_is_refused_naming_the_key(tmp_path, key):
+    p = _fin(tmp_path)
+    m = json.loads(p.read_text())
+    del m[key]
+    p.write_text(json.dumps(m))
+    with pytest.raises(PrecswitchError, match=f"missing required key '{key}'"):
+        load_runs([p])
+
+
+def test_an_unknown_stage_and_no_input_are_refused(tmp_path):
+    p = _edit(_fin(tmp_path), stage="eval")
+    with pytest.raises(PrecswitchError, match="stage 'eval' is not one of pretrain, finetune"):
+        load_runs([p])
+    with pytest.raises(PrecswitchError, match="no metrics files given"):
+        load_runs([])
+
+
+def test_schedule_status_is_the_worst_stage(tmp_path):
+    """diverged > skipped > ok (docs/analysis.md), and a status the severity table does not know is kept as the
+    worst: the schedule is not reported ok."""
+    a = _pre(tmp_path, seed=1, status="skipped")
+    b = _fin(tmp_path, seed=1, status="diverged", init_run_id="pre-amp_fp16-1")
+    c = _pre(tmp_path, seed=2, status="diverged")
+    d = _fin(tmp_path, seed=2, status="skipped", init_run_id="pre-amp_fp16-2")
+    e = _pre(tmp_path, seed=3)
+    f = _edit(_fin(tmp_path, seed=3, init_run_id="pre-amp_fp16-3"), status="oom")
+    sched = build_schedules(load_runs([a, b, c, d, e, f])).set_index("seed")
+    assert sched.loc[1, "status"] == "diverged" and sched.loc[2, "status"] == "diverged"
+    assert sched.loc[3, "status"] == "oom"
+
+
+def test_stage1_precision_and_spec_of_a_switched_and_a_missing_stage1(tmp_path, capsys):
+    """stage1_precision is the stage-1 run's precision, stage1_spec its directory name (with the switch); a
+    fine-tune-only row has neither, even when the finetune run names an init_precision."""
+    pre = _pre(tmp_path, switch_to="fp32", switch_at=0.8)
+    fin = _fin(tmp_path, schedule="sw", init_run_id="pre-amp_fp16-1")
+    only = _edit(_fin(tmp_path, schedule="ft"), init_precision="amp_bf16")
+    sched = build_schedules(load_runs([pre, fin, only])).set_index("schedule")
+    assert sched.loc["sw", "stage1_precision"] == "amp_fp16"
+    assert sched.loc["sw", "stage1_spec"] == "amp_fp16-to-fp32-at80"
+    assert sched.loc["ft", "stage1_precision"] == "amp_bf16" and pd.isna(sched.loc["ft", "stage1_spec"])
+
+
+def test_a_finetune_run_used_as_stage1_is_warned_about(tmp_path, capsys):
+    first = _fin(tmp_path, schedule="a")
+    second = _fin(tmp_path, schedule="b", init_run_id="fin-a-1")
+    sched = build_schedules(load_runs([first, second])).set_index("schedule")
+    assert sched.loc["b", "stage1_run_id"] == "fin-a-1"
+    assert "run 'fin-a-1' (init of 'fin-b-1') is a finetune run, used as stage 1 anyway" in capsys.readouterr().err
+
+
+def test_two_finetune_runs_of_one_schedule_and_seed_are_refused(tmp_path):
+    """Two run_ids for (schedule s, seed 1) would both enter its pairs: an error naming both runs."""
+    one = _fin(tmp_path)
+    two = _edit(_fin(tmp_path / "again"), run_id="fin-s-1-rerun")
+    with pytest.raises(PrecswitchError, match=r"more than one finetune run for the same \(schedule, seed\): "
+                                              r"s seed 1 \(fin-s-1\), s seed 1 \(fin-s-1-rerun\)"):
+        build_schedules(load_runs([one, two]))
+
+
+def test_identity_columns_lead_runs_and_numbers_stay_numbers_in_parquet(tmp_path):
+    """runs.csv starts with the run's identity; a numeric column with ints and floats (seed, skipped_steps,
+    loss_scale_min) stays numeric in parquet, only a column mixing text and numbers becomes text."""
+    pre = _pre(tmp_path, loss_scale_min=1)
+    fin = _fin(tmp_path, init_run_id="pre-amp_fp16-1", loss_scale_min=0.5)
+    _edit(fin, device_name=7)
+    runs, sched = aggregate([pre, fin], tmp_path / "out")
+    assert list(runs.columns[:5]) == ["run_id", "stage", "objective", "precision", "seed"]
+    pq = read_table(tmp_path / "out" / "runs.parquet")
+    assert pd.api.types.is_numeric_dtype(pq["loss_scale_min"]) and pd.api.types.is_numeric_dtype(pq["seed"])
+    assert sorted(pq["loss_scale_min"]) == [0.5, 1.0]
+    assert sorted(map(str, pq["device_name"])) == ["7", "Fake CPU"]
+
+
+def test_mixed_starts_of_gpu_runs_are_not_warned_about(tmp_path, capsys):
+    """A GPU run's memory is device memory, the same warm or cold: only CPU-RSS runs mixing starts warn."""
+    a = _edit(_fin(tmp_path, schedule="a"), memory_kind="cuda_max_allocated", process_start="cold")
+    b = _edit(_fin(tmp_path, schedule="b"), memory_kind="cuda_max_allocated", process_start="warm")
+    aggregate([a, b], tmp_path / "out")
+    assert "mix process starts" not in capsys.readouterr().err
+
+
+def test_cli_aggregate_reports_run_and_row_counts(tmp_path, capsys):
+    from precswitch.cli import main
+
+    pre = _pre(tmp_path)
+    fins = [_fin(tmp_path, schedule=s, init_run_id="pre-amp_fp16-1") for s in ("a", "b")]
+    assert main(["aggregate", "--metrics", str(pre), *map(str, fins), "--out-dir", str(tmp_path / "o")]) == 0
+    assert "precswitch aggregate: 3 runs, 2 (schedule, seed) rows" in capsys.readouterr().err
+    sched = read_table(tmp_path / "o" / "schedules.csv")
+    assert set(sched["stage1_run_id"]) == {"pre-amp_fp16-1"} and not math.isnan(sched["stage1_train_seconds"][0])
