@@ -293,3 +293,23 @@ def test_each_failed_seed_is_listed_with_its_outcome_and_reason():
     para = _para(render(_stats(schedules={BASE: _info("fp32"), "fp16-fp32": i})))
     assert ("2 failed run(s), excluded from the means and counted — seed 2: diverged (nan loss); seed 5: skipped"
             in para)
+
+
+def test_stage1_line_counts_the_pairs_of_what_it_reports():
+    """A stage 1 without eval metrics (eval_loss null: e.g. an eval split with no masked token) still has its
+    time and memory pairs: the line read '**amp_bf16** vs fp32 (0 paired seeds): train time ×0.74 [0.72, 0.77]
+    (26% time saved, ...)'; it now counts the pairs of the numbers it gives."""
+    nan = float("nan")
+    rows = [_stage1_row("amp_bf16", "eval_loss", nan, None, None, cls="insufficient data", n=0),
+            _stage1_row("amp_bf16", "mlm_accuracy", nan, None, None, cls="insufficient data", n=0),
+            _stage1_row("amp_bf16", "train_seconds", 0.74, 0.72, 0.77, kind="ratio", n=3),
+            _stage1_row("amp_bf16", "peak_memory_bytes", 1.10, 1.05, 1.15, kind="ratio", cls="worse", n=3)]
+    text = render(_stats(rows, stage1_baseline_precision="fp32"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **amp_bf16**"))
+    assert line.startswith("- **amp_bf16** vs fp32 (3 paired seeds): train time ×0.74 [0.72, 0.77] (26% time saved")
+    # with eval metrics the count is still the eval loss's
+    rows[0].update(mean=0.05, ci_low=0.03, ci_high=0.07, n_pairs=5, classification="worse")
+    line = next(ln for ln in render(_stats(rows, stage1_baseline_precision="fp32")).splitlines()
+                if ln.startswith("- **amp_bf16**"))
+    assert line.startswith("- **amp_bf16** vs fp32 (5 paired seeds): eval loss +0.050 nats")
+

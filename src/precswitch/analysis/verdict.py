@@ -553,7 +553,9 @@ def render(stats: dict) -> str:
                 bits.append(f"peak memory {_ratio(pm)} ({_saved(pm, 'memory')})")
             elif pm and (pm.get("n_mixed_starts") or 0) > 0:
                 bits.append(f"peak memory {MEMORY_NOT_COMPARED}")
-            n = (el or ma or {}).get("n_pairs", 0)
+            # the pairs of the first metric with a result: a stage 1 without eval metrics (eval_loss null)
+            # still has its time and memory pairs
+            n = next((r.get("n_pairs") for r in (el, ma, ts, pm) if r and _f(r.get("mean"))), 0)
             cnt = stats.get("stage1_precisions", {}).get(p, {})
             fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
             out.append(f"- **{p}** vs {b1} ({_count(n, 'paired seed')}{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
