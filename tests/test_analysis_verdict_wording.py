@@ -313,3 +313,16 @@ def test_stage1_line_counts_the_pairs_of_what_it_reports():
                 if ln.startswith("- **amp_bf16**"))
     assert line.startswith("- **amp_bf16** vs fp32 (5 paired seeds): eval loss +0.050 nats")
 
+
+def test_the_answer_says_when_a_significant_difference_is_smaller_than_the_margin():
+    """docs/analysis.md: a better/worse difference whose CI lies inside ±margin gets 'though by less than the
+    margin'. The schedule's paragraph said so, the Answer did not: 'raises accuracy (`fp16-fp32` − `fp32-fp32`:
+    +0.0040 points ...)' read as a finding about precision; it now says 'raises accuracy, though by less than
+    the ±1 point margin'."""
+    tiny = _acc("better", 0.004, 0.0021, 0.0059, 0.01, family="named", within_margin=True)
+    ans = _answer(render(_stats([tiny], named=[("fp16-fp32", BASE)])))
+    assert ("raises accuracy, though by less than the ±1 point margin (`fp16-fp32` − `fp32-fp32`: +0.0040 points"
+            in ans)
+    big = _acc("worse", -2.4, -3.7, -1.1, 0.01, family="named", within_margin=False)
+    ans = _answer(render(_stats([big], named=[("fp16-fp32", BASE)])))
+    assert "lowers accuracy (`fp16-fp32` − `fp32-fp32`: −2.40 points" in ans and "by less than" not in ans

@@ -213,13 +213,18 @@ def _question_phrase(a: str, b: str, info: dict) -> str:
 
 
 def _effect_verb(r: dict | None, margin: float) -> str:
+    """'raises accuracy'; with ', though by less than the ±1 point margin' when the whole CI lies inside it,
+    as in the schedule's paragraph (the Answer is what most readers read)."""
     c = (r or {}).get("classification", "insufficient data")
-    return {
+    s = {
         "better": "raises accuracy",
         "worse": "lowers accuracy",
         "equivalent": f"leaves accuracy unchanged within {_pm(margin)}",
         "inconclusive": "has an inconclusive effect on accuracy",
     }.get(c, "cannot be judged (fewer than 2 paired seeds with results)")
+    if c in ("better", "worse") and r and r.get("within_margin"):
+        s += f", though by less than the {_pm(margin)} margin"
+    return s
 
 
 def _failed_phrase(info: dict, names) -> str:
