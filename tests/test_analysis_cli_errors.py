@@ -1,0 +1,45 @@
+"""Error paths of the analysis sub-commands: one line naming the file or option, exit 2, nothing written."""
+
+from precswitch.analysis.aggregate import aggregate
+from precswitch.analysis.fakes import write_stage
+from precswitch.cli import main
+
+ACC = {"accuracy": 0.8, "f1": 0.8, "mcc": 0.5, "majority_accuracy": 0.5}
+
+
+def _tables(tmp_path):
+    paths = [write_stage(tmp_path / "s" / name, run_id=f"fin-{name}", stage="finetune", precision="fp32", seed=1,
+                         schedule=name, metrics=ACC) for name in ("fp32-fp32", "other")]
+    aggregate(paths, tmp_path / "t")
+    return tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv"
+
+
+def _err(capsys):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_stats_with_only_some_explicit_outputs_writes_nothing(tmp_path, capsys):
+    """--summary-csv alone (no --out-dir, no other output option) is refused before anything is computed: it
+    used to be possible to get summary.csv written and then fail on summary.md."""
+    runs, sched = _tables(tmp_path)
+    out = tmp_path / "o" / "summary.csv"
+    rc = main(["stats", "--runs", str(runs), "--schedules", str(sched), "--summary-csv", str(out)])
+    assert rc == 2
+    assert "give --out-dir DIR, or all of --summary-csv --summary-md --deltas-csv --stats-json" in _err(capsys)
+    assert not out.exists()
+
+
+def test_stats_and_verdict_name_a_missing_or_unreadable_input(tmp_path, capsys):
+    rc = main(["stats", "--runs", str(tmp_path / "runs.csv"), "--schedules", str(tmp_path / "schedules.csv"),
+               "--out-dir", str(tmp_path / "o")])
+    assert rc == 2 and f"input table not found: {tmp_path / 'runs.csv'}" in _err(capsys)
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+    rc = main(["verdict", "--stats", str(tmp_path / "stats.json"), "--out", str(tmp_path / "v.md")])
+    assert rc == 2 and f"stats file not found: {tmp_path / 'stats.json'} (run `precswitch stats` first)" in _err(capsys)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    rc = main(["verdict", "--stats", str(bad), "--out", str(tmp_path / "v.md")])
+    assert rc == 2 and f"stats file {bad} is not valid JSON" in _err(capsys)
+    assert not (tmp_path / "v.md").exists()
