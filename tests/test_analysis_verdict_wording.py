@@ -326,3 +326,16 @@ def test_the_answer_says_when_a_significant_difference_is_smaller_than_the_margi
     big = _acc("worse", -2.4, -3.7, -1.1, 0.01, family="named", within_margin=False)
     ans = _answer(render(_stats([big], named=[("fp16-fp32", BASE)])))
     assert "lowers accuracy (`fp16-fp32` − `fp32-fp32`: −2.40 points" in ans and "by less than" not in ans
+
+
+def test_a_contrast_with_different_stage1_reports_the_totals_rows():
+    """Different stage-1 runs: the Answer's time and memory are the total-time and both-stage peak rows (not the
+    stage-2 rows, whose numbers differ)."""
+    rows = [_acc("inconclusive", 0.3, -0.9, 1.5, 0.6, family="named"),
+            _rat("total_train_seconds", 0.8, 0.75, 0.85, 0.002, "better", family="named"),
+            _rat("stage2_train_seconds", 0.5, 0.45, 0.55, 0.002, "better", family="named"),
+            _rat("peak_memory_bytes", 1.1, 1.05, 1.15, 0.002, "worse", family="named"),
+            _rat("stage2_peak_memory_bytes", 0.6, 0.55, 0.65, 0.002, "better", family="named")]
+    ans = _answer(render(_stats(rows, named=[("fp16-fp32", BASE)])))
+    assert ("it takes ×0.80 [0.75, 0.85] the total training time (20% time saved, Holm p 0.002) and ×1.10 "
+            "[1.05, 1.15] the peak memory over both stages (10% more memory, Holm p 0.002).") in ans
