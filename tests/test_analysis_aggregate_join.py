@@ -145,3 +145,18 @@ def test_cli_aggregate_reports_run_and_row_counts(tmp_path, capsys):
     assert "precswitch aggregate: 3 runs, 2 (schedule, seed) rows" in capsys.readouterr().err
     sched = read_table(tmp_path / "o" / "schedules.csv")
     assert set(sched["stage1_run_id"]) == {"pre-amp_fp16-1"} and not math.isnan(sched["stage1_train_seconds"][0])
+
+
+def test_tables_do_not_depend_on_the_order_of_the_inputs(tmp_path):
+    """--metrics in any order (the docs: 'any order') gives the same runs.csv and schedules.csv: stage-1 runs first,
+    then by precision, seed and run_id; schedules by schedule and seed."""
+    pres = [_pre(tmp_path, precision=p, seed=k) for p in ("fp32", "amp_fp16") for k in (2, 1)]
+    fins = [_fin(tmp_path, schedule=s, seed=k, init_run_id=f"pre-fp32-{k}") for s in ("b", "a") for k in (2, 1)]
+    runs, sched = aggregate(fins + pres, tmp_path / "x")
+    assert list(runs["run_id"]) == ["pre-amp_fp16-1", "pre-amp_fp16-2", "pre-fp32-1", "pre-fp32-2",
+                                    "fin-a-1", "fin-b-1", "fin-a-2", "fin-b-2"]
+    assert list(zip(sched["schedule"], sched["seed"])) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    aggregate(list(reversed(fins + pres)), tmp_path / "y")
+    for t in ("runs", "schedules"):
+        x = (tmp_path / "x" / f"{t}.csv").read_text()
+        assert (tmp_path / "y" / f"{t}.csv").read_text() == x.replace(str(tmp_path / "x"), str(tmp_path / "y")), t

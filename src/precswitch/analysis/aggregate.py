@@ -162,10 +162,12 @@ def load_runs(paths: Iterable[str | os.PathLike]):
     if not rows:
         raise PrecswitchError("no metrics files given (--metrics FILE...)")
     df = pd.DataFrame(list(rows.values()))
-    first = [c for c in _IDENTITY_FIRST if c in df.columns]
-    df = df[first + [c for c in df.columns if c not in first]]
     df = df.sort_values(["stage", "precision", "seed", "run_id"],
                         key=lambda s: s.map({"pretrain": 0, "finetune": 1}) if s.name == "stage" else s)
+    # columns in the order the sorted runs name them (not the order of the --metrics arguments)
+    first = [c for c in _IDENTITY_FIRST if c in df.columns]
+    seen = dict.fromkeys(k for rid in df["run_id"] for k in rows[rid])
+    df = df[first + [c for c in seen if c not in first]]
     return df.reset_index(drop=True)
 
 
