@@ -43,3 +43,25 @@ def test_stats_and_verdict_name_a_missing_or_unreadable_input(tmp_path, capsys):
     rc = main(["verdict", "--stats", str(bad), "--out", str(tmp_path / "v.md")])
     assert rc == 2 and f"stats file {bad} is not valid JSON" in _err(capsys)
     assert not (tmp_path / "v.md").exists()
+
+
+
+def test_stats_summary_line_gives_each_schedules_label_against_the_baseline(tmp_path, capsys):
+    """The stderr line lists the vs_baseline accuracy label of each other schedule, nothing else: not the label
+    of a named contrast (fp32-fp32 vs fp16-fp16 is 'better', fp16-fp16 being 5 points worse)."""
+    import json
+
+    from precswitch.analysis.fakes import write_fake_study
+
+    paths = write_fake_study(tmp_path / "s", seeds=range(1, 6), effects={"fp16-fp16": -5.0}, sd=0.3)
+    t = tmp_path / "t"
+    aggregate(paths, t)
+    cfg = tmp_path / "a.json"
+    cfg.write_text(json.dumps({"contrasts": [["fp32-fp32", "fp16-fp16"]], "bootstrap_resamples": 0}))
+    assert main(["stats", "--runs", str(t / "runs.csv"), "--schedules", str(t / "schedules.csv"),
+                 "--settings", str(cfg), "--out-dir", str(t)]) == 0
+    deltas = json.loads((t / "stats.json").read_text())["deltas"]
+    label = {(r["family"], r["a"]): r["classification"] for r in deltas if r["metric"] == "accuracy"}
+    assert label[("named", "fp32-fp32")] == "better"
+    want = ", ".join(f"{a} {label[('vs_baseline', a)]}" for a in ("bf16-fp32", "fp16-fp16", "fp16-fp32"))
+    assert capsys.readouterr().err == f"precswitch stats: vs fp32-fp32: {want}\n"
