@@ -343,7 +343,7 @@ def test_a_contrast_with_different_stage1_reports_the_totals_rows():
 
 def test_a_percentage_saved_is_styled_by_its_printed_value():
     """×0.90 is 9.999…% less in floating point: it read '10.0% time saved' beside ×1.10's '10% more memory';
-    both now read '10%' (as 9.96% does); 9.4% keeps one decimal, below 0.1% two significant digits."""
+    both now read '10%' (as 9.96% does); 9.6% and 9.4% keep one decimal, below 0.1% two significant digits."""
     from precswitch.analysis.verdict import _saved
 
     def saved(m, what="time"):
@@ -351,5 +351,6 @@ def test_a_percentage_saved_is_styled_by_its_printed_value():
 
     assert saved(0.90) == "10% time saved" and saved(1.10, "memory") == "10% more memory"
     assert saved(0.9004) == "10% time saved" and saved(0.906) == "9.4% time saved"
+    assert saved(0.904) == "9.6% time saved" and saved(1.096, "memory") == "9.6% more memory"
     assert saved(0.999) == "0.1% time saved" and saved(0.9995) == "0.050% time saved"
     assert saved(1.25, "throughput") == "25% more throughput"

@@ -131,7 +131,7 @@ def _saved(r: dict | None, what: str) -> str:
         return not_significant(r)
     pct = abs(1 - m) * 100
     # the style by the printed value: ×0.90 is 9.999…% in floating point, '10%' like ×1.10's, not '10.0%'
-    pct_s = f"{pct:.0f}%" if pct >= 9.5 else (f"{pct:.1f}%" if pct >= 0.095 else f"{fmt_num(pct, 2, 2)}%")
+    pct_s = f"{pct:.0f}%" if pct >= 9.95 else (f"{pct:.1f}%" if pct >= 0.095 else f"{fmt_num(pct, 2, 2)}%")
     if what == "throughput":  # higher is better: nothing is "saved"
         lab = f"{pct_s} {'more' if m > 1 else 'less'} throughput"
     else:
