@@ -343,3 +343,32 @@ def test_synth_json_counts_the_pair_kinds_of_each_split(tmp_path):
     assert sum(meta["pair_kinds"]["dev"].values()) == 120 and meta["pair_kinds"]["dev"]["paraphrase"] == 60
     assert meta["vocabulary_size"] == len(S.build_lexicon().vocabulary())
     assert meta["language"] == __import__("dataclasses").asdict(S.LanguageConfig())
+
+
+# ---------------------------------------------------------------------------- identical pairs (audit 3)
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_no_pair_of_the_default_task_has_two_identical_sentences(split):
+    """A rewrite that kept every synonym and the voice made a positive of two identical strings (26 of 1,500
+    train positives of the default task): a trivial pair, not a paraphrase. It is redrawn for either label,
+    so two sentences with the same bag of words occur in neither class (a bag of words learns nothing from it)."""
+    rows = S.make_pairs(S.DEFAULT_SIZES[f"n_{split}"], seed=0, split=split)
+    assert not [r for r in rows if r["#1 String"] == r["#2 String"]]
+    same_bag = Counter(r["Quality"] for r in rows if sorted(r["#1 String"].split()) == sorted(r["#2 String"].split()))
+    assert same_bag == {}
+    assert Counter(r["Quality"] for r in rows) == {1: len(rows) // 2, 0: len(rows) // 2}
+
+
+def test_rewrites_differ_through_the_place_and_a_language_without_rewrites_still_terminates():
+    """With no synonyms and one voice a pair can differ only by the place's position; with that fixed too,
+    no rewrite is possible and positives are copies (drawn, not redrawn for ever)."""
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=0.0, p_place=1.0)
+    for r in S.make_pairs(60, seed=1, cfg=cfg):
+        assert r["#1 String"] != r["#2 String"], r
+        if r["Quality"] == 1:
+            bag = lambda s: sorted(s.replace(" ,", "").split())  # noqa: E731
+            assert bag(r["#1 String"]) == bag(r["#2 String"]), r  # the same words, the place moved
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=1.0, p_place=1.0, p_front_place=0.0)
+    pos = [r for r in S.make_pairs(20, seed=1, cfg=cfg) if r["Quality"] == 1]
+    assert pos and all(r["#1 String"] == r["#2 String"] for r in pos)

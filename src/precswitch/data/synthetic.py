@@ -11,7 +11,8 @@ Design (see docs/data.md):
   *concept* has several synonyms (different words, same meaning).
 * A task pair is one event ``agent(adj, noun) verb patient(adj, noun) [in place]`` written twice.
   Positives rewrite it without changing its meaning: active <-> passive, synonym substitution (and, when
-  ``p_place`` > 0, moving the place phrase to the front). Negatives apply the same random rewrites to a
+  ``p_place`` > 0, moving the place phrase to the front); a rewrite that changes nothing is redrawn (for either
+  label), so no pair is two identical sentences. Negatives apply the same random rewrites to a
   *changed* event: agent and patient swapped (the same words, other roles), optionally adjectives swapped
   between the two nouns, or one concept replaced by another concept of its class. Since the rewrites are drawn independently of the label,
   the bag of words of a pair has the same distribution in both classes: a bag-of-words model is at
@@ -275,6 +276,12 @@ def _negative(rng: random.Random, cfg: LanguageConfig, p: Proposition, w: Wordin
     return q, w, f"replace_{slot.split('_')[-1]}"
 
 
+def _can_reword(cfg: LanguageConfig, p: Proposition) -> bool:
+    """Whether ``_reword`` can word ``p`` differently at all (a synonym, the voice or the place's position)."""
+    synonyms = cfg.p_synonym > 0 and cfg.synonyms > 1  # adjectives and verbs always have every synonym
+    return synonyms or 0 < cfg.p_passive < 1 or (p.place >= 0 and 0 < cfg.p_front_place < 1)
+
+
 def make_pair(rng: random.Random, cfg: LanguageConfig, lex: Lexicon, label: int,
               noun_syn: int | None = None) -> tuple[str, str, str]:
     """One pair ``(sentence1, sentence2, kind)``; ``kind`` is ``paraphrase`` or the negative's kind."""
@@ -283,6 +290,14 @@ def make_pair(rng: random.Random, cfg: LanguageConfig, lex: Lexicon, label: int,
     q, w, kind = (p, w1, "paraphrase") if label == 1 else _negative(rng, cfg, p, w1)
     w2 = _reword(rng, cfg, w, noun_syn)
     s1, s2 = render(lex, p, w1), render(lex, q, w2)
+    if render(lex, q, w) == s2 and _can_reword(cfg, q):
+        # the rewrite changed nothing (every synonym kept, the same voice): for a positive, two identical
+        # sentences. Redraw it, for either label (else "sentence 2 is the changed event in sentence 1's exact
+        # words" would tell a bag of words "negative"), from a stream of its own, so the pairs after it stay.
+        sub = random.Random(f"precswitch-reword-{s1}|{s2}")
+        while render(lex, q, w2) == s2:
+            w2 = _reword(sub, cfg, w, noun_syn)
+        s2 = render(lex, q, w2)
     if rng.random() < 0.5:  # which side is the "original" carries no information
         s1, s2 = s2, s1
     return s1, s2, kind
