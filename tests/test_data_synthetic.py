@@ -372,3 +372,50 @@ def test_rewrites_differ_through_the_place_and_a_language_without_rewrites_still
     cfg = S.LanguageConfig(p_synonym=0.0, p_passive=1.0, p_place=1.0, p_front_place=0.0)
     pos = [r for r in S.make_pairs(20, seed=1, cfg=cfg) if r["Quality"] == 1]
     assert pos and all(r["#1 String"] == r["#2 String"] for r in pos)
+
+
+# ---------------------------------------------------------------------------- mutation audit (data 3)
+
+
+def test_heldout_synonyms_is_the_number_of_noun_synonyms_train_pairs_never_use():
+    """heldout_synonyms 2 of 3: train pairs use only each noun's first synonym; dev (and any split other than
+    train) uses all three. A count of 1 whatever the key said would put the second synonym in train."""
+    cfg = S.LanguageConfig(heldout_synonyms=2)
+    lex = S.build_lexicon(cfg)
+    first = {syn[0] for syn in lex.nouns}
+    nouns = {w for syn in lex.nouns for w in syn}
+    words = lambda rows: {w for r in rows for w in (r["#1 String"] + " " + r["#2 String"]).split()}  # noqa: E731
+    assert words(S.make_pairs(300, seed=0, cfg=cfg, split="train", lex=lex)) & nouns <= first
+    for split in ("dev", "test"):
+        used = words(S.make_pairs(300, seed=0, cfg=cfg, split=split, lex=lex)) & nouns
+        assert len(used - first) > len(lex.nouns), split  # most second and third synonyms occur
+
+
+def test_language_bounds_accept_the_edge_values_and_refuse_one_past_them():
+    """adj_prefs may equal n_adj_concepts (every adjective typical), one more is refused in one line (it was
+    random.sample's ValueError); probabilities 0 and 1 are allowed, just outside is refused."""
+    from precswitch.errors import PrecswitchError
+
+    S.check_language(S.LanguageConfig(n_adj_concepts=3, adj_prefs=3, p_synonym=0.0, p_passive=1.0, p_place=1.0))
+    assert len(S.make_pairs(20, seed=1, cfg=S.LanguageConfig(n_adj_concepts=3, adj_prefs=3))) == 20
+    with pytest.raises(PrecswitchError, match=r"adj_prefs \(4\) must be <= n_adj_concepts \(3\)"):
+        S.check_language(S.LanguageConfig(n_adj_concepts=3, adj_prefs=4))
+    for bad in (-0.01, 1.01):
+        with pytest.raises(PrecswitchError, match=r"p_passive is a probability"):
+            S.check_language(S.LanguageConfig(p_passive=bad))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_adj_prefs_is_the_number_of_typical_adjectives_of_each_noun_concept(k):
+    """The knowledge sentences of a concept use exactly its adj_prefs typical adjectives (p_typical 1)."""
+    cfg = S.LanguageConfig(adj_prefs=k, p_restate=0.0, p_knowledge=1.0, p_typical=1.0)
+    lex = S.build_lexicon(cfg)
+    assert all(len(set(a)) == k for a in lex.noun_adjs)
+    noun_c, adj_c = _concept_of(lex.nouns), _concept_of(lex.adjectives)
+    seen: dict[int, set[int]] = {}
+    for line in S.make_corpus(3000, seed=1, cfg=cfg, lex=lex):
+        ws = line.split()
+        (c,) = [noun_c[w] for w in ws if w in noun_c]
+        seen.setdefault(c, set()).update(adj_c[w] for w in ws if w in adj_c)
+    assert all(seen[c] <= set(lex.noun_adjs[c]) for c in seen)
+    assert sum(len(s) == k for s in seen.values()) > 0.8 * len(seen)
