@@ -105,6 +105,23 @@ def test_eval_masks_are_fixed_by_the_eval_seed_whatever_the_global_rng(tmp_path)
     assert not all(torch.equal(x["labels"], y["labels"]) for x, y in zip(first, other))
 
 
+def test_the_masked_share_follows_mlm_probability(tmp_path):
+    """train.*.mlm_probability is the share of real tokens masked (0.05 and 0.4 here, not the default 0.15),
+    still never a special or padding token."""
+    tok = _tokenizer(tmp_path)
+    special = torch.tensor(sorted(tok.all_special_ids))
+    for p in (0.05, 0.4):
+        collate = _make_collator("mlm", tok, p)
+        n_real = n_masked = 0
+        for s in range(6):
+            b = _collate(collate, _features(tok, 32, seed=s), step_seed(2, s))
+            masked = b["labels"] != -100
+            real = ~torch.isin(torch.where(masked, b["labels"], b["input_ids"]), special) & (b["attention_mask"] == 1)
+            assert not (masked & ~real).any()
+            n_real, n_masked = n_real + int(real.sum()), n_masked + int(masked.sum())
+        assert abs(n_masked / n_real - p) < 0.25 * p + 0.01, (p, n_masked / n_real)
+
+
 class _Rows(list):
     """A list of feature dicts indexable by a range like a datasets.Dataset (column -> values)."""
 

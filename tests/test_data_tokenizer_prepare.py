@@ -542,3 +542,28 @@ def test_prepare_line_pairs_truncate_the_longer_line_first(greek_tok, tmp_path):
     assert len(t) == 12 and t[0] == "[CLS]" and t[-1] == "[SEP]" and t.count("[SEP]") == 2
     a, b = t[1:t.index("[SEP]")], t[t.index("[SEP]") + 1:-1]
     assert a == GREEK[:len(a)] and b == GREEK[:len(b)] and {len(a), len(b)} == {4, 5}  # 9 tokens shared
+
+
+# ---------------------------------------------------------------------------- mutation audit (data 3)
+
+
+def test_a_word_seen_once_is_split_while_the_vocabulary_cannot_hold_every_word(tmp_path):
+    """Whole words need 2 occurrences unless every word fits: with 4 words and room for 3 tokens, the 3 words
+    seen once are split into pieces (the budget left after the one frequent word), none becomes a whole token."""
+    counts = {"abcd": 3, "bcda": 1, "cdab": 1, "dabc": 1}
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * 4  # a b c d
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 3))
+    assert len(tok) == base + 3 and tok.tokenize("abcd") == ["abcd"]
+    for w in ("bcda", "cdab", "dabc"):
+        assert tok.tokenize(w) != [w], w
+
+
+def test_one_token_short_of_the_characters_is_refused(tmp_path):
+    """The bound is exact: base = specials + each character as c and ##c fits, base - 1 is refused (it built a
+    vocabulary of base tokens, one more than asked)."""
+    base = len(SPECIAL_TOKENS) + 2 * 3  # a b c
+    assert len(load_tokenizer(build_tokenizer(["abc cab"] * 2, tmp_path / "ok", vocab_size=base))) == base
+    with pytest.raises(PrecswitchError, match=rf"vocab_size {base - 1} .* use at least {base},"):
+        build_tokenizer(["abc cab"] * 2, tmp_path / "short", vocab_size=base - 1)
+    assert not (tmp_path / "short").exists()
