@@ -567,3 +567,16 @@ def test_one_token_short_of_the_characters_is_refused(tmp_path):
     with pytest.raises(PrecswitchError, match=rf"vocab_size {base - 1} .* use at least {base},"):
         build_tokenizer(["abc cab"] * 2, tmp_path / "short", vocab_size=base - 1)
     assert not (tmp_path / "short").exists()
+
+
+@pytest.mark.parametrize("size", [0, -1, 7])
+def test_copy_pretrained_refuses_a_model_max_length_under_8_as_training_does(tmp_path, capsys, size):
+    """`tokenizer --pretrained DIR --model-max-length 0` saved model_max_length 0, which prepare reads as "no
+    bound" (any --max-length passed its check); -1 refused every --max-length. Refused now, as for a trained
+    tokenizer, before anything is written; 8 is kept."""
+    src = _saved_bert_tokenizer(tmp_path / "src", ["the", "cat"], lowercase=True)
+    out = tmp_path / "tok"
+    with pytest.raises(PrecswitchError, match=rf"^--model-max-length must be >= 8, got {size}$"):
+        copy_pretrained(str(src), out, model_max_length=size)
+    assert not out.exists()
+    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "ok", model_max_length=8)).model_max_length == 8

@@ -148,6 +148,8 @@ def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int 
     """
     from transformers import AutoTokenizer
 
+    if model_max_length is not None and model_max_length < 8:  # 0 saved as 0 left prepare's --max-length unbounded
+        raise PrecswitchError(f"--model-max-length must be >= 8, got {model_max_length}")
     rev = {"revision": revision} if revision else {}
     if rev and Path(name_or_dir).expanduser().exists():
         raise PrecswitchError(f"--revision {revision!r} is for hub models; {name_or_dir!r} is a local directory")
