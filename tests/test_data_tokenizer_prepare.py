@@ -580,3 +580,29 @@ def test_copy_pretrained_refuses_a_model_max_length_under_8_as_training_does(tmp
         copy_pretrained(str(src), out, model_max_length=size)
     assert not out.exists()
     assert load_tokenizer(copy_pretrained(str(src), tmp_path / "ok", model_max_length=8)).model_max_length == 8
+
+
+def test_model_max_length_bound_is_8(tmp_path):
+    """--model-max-length 8 is the smallest accepted (saved as 8), 7 is refused."""
+    tok = load_tokenizer(build_tokenizer(["kappa lambda"] * 2, tmp_path / "ok", vocab_size=100, model_max_length=8))
+    assert tok.model_max_length == 8
+    with pytest.raises(PrecswitchError, match="--model-max-length must be >= 8, got 7"):
+        build_tokenizer(["kappa lambda"] * 2, tmp_path / "seven", vocab_size=100, model_max_length=7)
+
+
+def test_pieces_are_ranked_by_occurrences_not_by_the_number_of_words(tmp_path):
+    """A piece's score is the count of the words it comes from: the pieces of 'abcde' (seen 10 times) outweigh
+    'fg..' (three words seen 3 times each: 9), although more words share it; among the 10s, ties by string:
+    '##bcde' ('#' sorts first) is the one piece of the budget."""
+    counts = {"qqqqqa": 50, "qqqqqb": 50, "qqqqqc": 50, "qqqqqd": 50, "abcde": 10, "fghij": 3, "fghik": 3, "fghil": 3}
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))  # 4 words + 1 piece
+    assert len(tok) == base + 5 and tok.tokenize("qqqqqa") == ["qqqqqa"]
+    assert tok.tokenize("abcde fghij") == ["a", "##bcde", "f", "##g", "##h", "##i", "##j"]
+
+
+def test_a_cased_tokenizer_keeps_accents(tmp_path):
+    """Cased: neither case nor accents are normalised away ('Café' is one token, not [UNK] or 'Cafe')."""
+    tok = load_tokenizer(build_tokenizer(["Café naïve"] * 3, tmp_path / "c", vocab_size=100, lowercase=False))
+    assert tok.tokenize("Café naïve") == ["Café", "naïve"]
