@@ -606,3 +606,20 @@ def test_a_cased_tokenizer_keeps_accents(tmp_path):
     """Cased: neither case nor accents are normalised away ('Café' is one token, not [UNK] or 'Cafe')."""
     tok = load_tokenizer(build_tokenizer(["Café naïve"] * 3, tmp_path / "c", vocab_size=100, lowercase=False))
     assert tok.tokenize("Café naïve") == ["Café", "naïve"]
+
+
+def test_prepare_line_pairs_truncate_an_odd_last_line_and_meta_counts_the_train_tokens(greek_tok, tmp_path):
+    """pairs: the odd last line, an example of its own, is truncated to max_length like every pair; meta.json's
+    train_tokens and mean_train_length describe the train split (here 9 + 10 tokens), not eval (6 tokens)."""
+    import datasets
+
+    f, ev = tmp_path / "c.txt", tmp_path / "e.txt"
+    f.write_text("alpha beta gamma\ndelta epsilon zeta\n" + " ".join(GREEK + GREEK) + "\n", encoding="utf-8")
+    ev.write_text("alpha beta\ngamma\n", encoding="utf-8")
+    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(ev)], "mlm_examples": "pairs"}, greek_tok, "mlm",
+                   10, tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    got = [tok.convert_ids_to_tokens(x) for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
+    assert got == [["[CLS]", "alpha", "beta", "gamma", "[SEP]", "delta", "epsilon", "zeta", "[SEP]"],
+                   ["[CLS]", *GREEK[:8], "[SEP]"]]
+    assert (meta["n_train"], meta["train_tokens"], meta["mean_train_length"]) == (2, 19, 9.5)
