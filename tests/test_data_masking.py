@@ -122,6 +122,24 @@ def test_the_masked_share_follows_mlm_probability(tmp_path):
         assert abs(n_masked / n_real - p) < 0.25 * p + 0.01, (p, n_masked / n_real)
 
 
+def test_padding_to_16_adds_nothing_to_a_multiple_of_16_and_pads_every_column_alike(tmp_path):
+    """An fp8 batch already 16 tokens wide is not widened (16 columns of padding would be pure waste); a wider pad
+    pads every 2-D tensor (token types too: the model needs them all the same width); classification batches of an
+    fp8 stage are padded to a multiple of 16 as well."""
+    tok = _tokenizer(tmp_path)
+    fp8 = _make_collator("mlm", tok, 0.15, pad_to_multiple_of=16)
+    exact = [f for f in _features(tok, 64, seed=4) if len(f["input_ids"]) <= 16]
+    exact = [f for f in exact if len(f["input_ids"]) == 16] + [f for f in exact if len(f["input_ids"]) < 16][:7]
+    assert len(exact[0]["input_ids"]) == 16
+    b = _collate(fp8, exact, step_seed(1, 0))
+    assert {v.shape[1] for v in b.values() if v.dim() == 2} == {16}
+    b = _collate(fp8, _features(tok, 8, seed=5), step_seed(1, 0))
+    assert len({v.shape[1] for v in b.values() if v.dim() == 2}) == 1 and b["input_ids"].shape[1] % 16 == 0
+    feats = [{**f, "labels": i % 2} for i, f in enumerate(_features(tok, 8, seed=6))]
+    c = _make_collator("classify", tok, 0.15, pad_to_multiple_of=16)(feats)
+    assert c["input_ids"].shape[1] % 16 == 0 and c["attention_mask"].shape == c["input_ids"].shape
+
+
 class _Rows(list):
     """A list of feature dicts indexable by a range like a datasets.Dataset (column -> values)."""
 
