@@ -256,3 +256,30 @@ def test_steps_csv_has_every_log_every_th_step_counted_from_the_first_and_the_la
     run_stage({"data": str(data["mlm"]), "steps": 8, "model": TINY, "log_every": 3, "save_checkpoint": False},
               tmp_path / "r")
     assert [r["step"] for r in steps_rows(tmp_path / "r")] == ["1", "4", "7", "8"]
+
+
+def _nan_from_step_4(monkeypatch, real=engine.forward_loss):
+    """Make the training loss NaN from the 4th step of the next stage on."""
+    calls = []
+
+    def nan_from_4(*a):
+        calls.append(1)
+        return real(*a) * (float("nan") if len(calls) >= 4 else 1.0)
+
+    monkeypatch.setattr(engine, "forward_loss", nan_from_4)
+
+
+def test_grad_norm_statistics_cover_every_step_whatever_log_every(data, tmp_path, monkeypatch):
+    """log_every decides which steps steps.csv shows, not metrics.json's grad_norm statistics: NaN losses from step 4
+    (max_nonfinite 3, the stage stops after step 6) give the same grad_norm with log_every 10 as with 1, three
+    non-finite norms (as nonfinite_losses) and the finite ones' mean and max over steps 1-3."""
+    _nan_from_step_4(monkeypatch)
+    hp = {"data": str(data["mlm"]), "steps": 30, "model": TINY, "max_nonfinite": 3, "save_checkpoint": False}
+    every = run_stage({**hp, "log_every": 1}, tmp_path / "every")
+    _nan_from_step_4(monkeypatch)
+    tenth = run_stage({**hp, "log_every": 10}, tmp_path / "tenth")
+    finite = [float(r["grad_norm"]) for r in steps_rows(tmp_path / "every")][:3]
+    assert every["nonfinite_losses"] == tenth["nonfinite_losses"] == 3 and every["steps_completed"] == 6
+    assert every["grad_norm"]["nonfinite"] == 3 and every["grad_norm"]["max"] == max(finite)
+    assert every["grad_norm"]["mean"] == pytest.approx(float(np.mean(finite)), rel=1e-12)
+    assert tenth["grad_norm"] == every["grad_norm"]

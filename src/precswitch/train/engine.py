@@ -712,6 +712,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "step": 0, "rows": [], "step_times": [], "train_seconds": 0.0, "nonfinite": 0, "consecutive": 0,
         "first_nonfinite": None, "skipped": 0, "scales": [], "attempts": 0, "tokens": 0, "samples": 0,
         "state_saves": 0, "state_seconds": 0.0, "status": "ok", "status_reason": None, "mlm_empty": 0,
+        "grad_norms": [],
     }
     resumed = False
     if state_path.is_file():
@@ -731,6 +732,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         scheduler.load_state_dict(saved["scheduler"])
         st = saved["loop"]
         st.setdefault("mlm_empty", 0)  # state saved before the counter existed
+        # a state saved before every step's norm was kept: the steps before it have their logged rows' norms only
+        st.setdefault("grad_norms", [r[3] for r in st["rows"] if r[1] is not None])
         scaler = active(st["step"]).make_scaler(device.type)
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
@@ -861,6 +864,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             if scale_before is not None:
                 st["scales"].append(scale_before)
             gn = float(grad_norm)
+            if not empty:  # a batch without a masked token has a zero gradient by construction: not a measured norm
+                st["grad_norms"].append(gn)
             # every skipped step gets its own row (as well as every log_every-th step), so steps.csv and
             # the loss_scale plot show each skip at its step, not only those that fall on a logged one
             if step % hp["log_every"] == 0 or step == total_steps - 1 or skipped:
@@ -963,8 +968,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     steady_steps = len(steady)
     tokens_per_step = st["tokens"] / max(len(times), 1)
     scales = st["scales"]
-    # a batch without a masked token (empty loss) has a zero gradient by construction: not a measured norm
-    gns = [r[3] for r in st["rows"] if r[3] is not None and math.isfinite(r[3]) and r[1] is not None]
+    # every step's norm (not only the steps.csv rows: with log_every 10, a tenth of them), empty batches left out
+    gns = [g for g in st["grad_norms"] if math.isfinite(g)]
     buf = io.StringIO()
     wr = csv.writer(buf)
     wr.writerow(STEP_FIELDS)
@@ -1031,7 +1036,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             "median": statistics.median(gns) if gns else None,
             "p90": float(np.percentile(gns, 90)) if gns else None,
             "max": max(gns) if gns else None,
-            "nonfinite": sum(1 for r in st["rows"] if r[3] is None or not math.isfinite(r[3])),
+            "nonfinite": len(st["grad_norms"]) - len(gns),
         },
         "eval_precision": eval_prec.name,
         "activation_telemetry": tel.summary() if tel.enabled else None,
