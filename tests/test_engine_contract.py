@@ -283,3 +283,16 @@ def test_grad_norm_statistics_cover_every_step_whatever_log_every(data, tmp_path
     assert every["grad_norm"]["nonfinite"] == 3 and every["grad_norm"]["max"] == max(finite)
     assert every["grad_norm"]["mean"] == pytest.approx(float(np.mean(finite)), rel=1e-12)
     assert tenth["grad_norm"] == every["grad_norm"]
+
+
+def test_a_stage_that_diverges_between_logged_steps_logs_the_step_it_stopped_at(data, tmp_path, monkeypatch):
+    """steps.csv has a row for every log_every-th step and the last: for a stage stopped by max_nonfinite that is the
+    step it stopped at (step 6 here, with log_every 10), so its last row and final_train_loss show the non-finite loss
+    it ended with, not step 1's finite one."""
+    _nan_from_step_4(monkeypatch)
+    m = run_stage({"data": str(data["mlm"]), "steps": 30, "model": TINY, "max_nonfinite": 3, "log_every": 10,
+                   "save_checkpoint": False}, tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
+    assert m["status"] == "diverged" and m["steps_completed"] == 6
+    assert [r["step"] for r in rows] == ["1", "6"] and rows[-1]["loss"] == "nan" and rows[-1]["grad_norm"] == "nan"
+    assert json.loads((tmp_path / "r" / "metrics.json").read_text())["final_train_loss"] is None

@@ -866,12 +866,12 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
             gn = float(grad_norm)
             if not empty:  # a batch without a masked token has a zero gradient by construction: not a measured norm
                 st["grad_norms"].append(gn)
+            # no masked token: no loss to log (an empty cell, not its zero: it would read as a perfect batch)
+            row = [step + 1, None if empty else loss_val, lr, gn, scale_before, round(dt, 6), int(skipped)]
             # every skipped step gets its own row (as well as every log_every-th step), so steps.csv and
             # the loss_scale plot show each skip at its step, not only those that fall on a logged one
             if step % hp["log_every"] == 0 or step == total_steps - 1 or skipped:
-                # no masked token: no loss to log (an empty cell, not its zero: it would read as a perfect batch)
-                st["rows"].append([step + 1, None if empty else loss_val, lr, gn, scale_before, round(dt, 6),
-                                   int(skipped)])
+                st["rows"].append(row)
             st["step"] = step + 1
             if st["step"] == hp["timing_warmup_steps"] and energy0 is not None:  # synced above: read once
                 energy_warm = measure.nvml_energy_mj(device)
@@ -888,6 +888,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                         f"{st['consecutive']} consecutive non-finite losses (max_nonfinite={hp['max_nonfinite']}); "
                         f"first at step {st['first_nonfinite']}"
                     )
+                    if not st["rows"] or st["rows"][-1] is not row:  # the step it stopped at: the last row
+                        st["rows"].append(row)
                     break
             else:
                 st["consecutive"] = 0
