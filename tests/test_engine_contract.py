@@ -296,3 +296,19 @@ def test_a_stage_that_diverges_between_logged_steps_logs_the_step_it_stopped_at(
     assert m["status"] == "diverged" and m["steps_completed"] == 6
     assert [r["step"] for r in rows] == ["1", "6"] and rows[-1]["loss"] == "nan" and rows[-1]["grad_norm"] == "nan"
     assert json.loads((tmp_path / "r" / "metrics.json").read_text())["final_train_loss"] is None
+
+
+def test_eval_masks_follow_eval_seed_not_the_runs_seed(data, tmp_path, monkeypatch):
+    """The masked-LM eval masks are drawn from eval_seed: another eval_seed masks other tokens, another seed with the
+    same eval_seed the same ones."""
+    seen, real = {}, engine.evaluate
+
+    def evaluate(model, batches, *a, **k):
+        seen[key] = torch.cat([b["labels"].flatten() for b in batches])
+        return real(model, batches, *a, **k)
+
+    monkeypatch.setattr(engine, "evaluate", evaluate)
+    for key in ((1, 7), (1, 8), (2, 7)):
+        run_stage({"data": str(data["mlm"]), "steps": 1, "seed": key[0], "eval_seed": key[1], "model": TINY,
+                   "save_checkpoint": False}, tmp_path / f"{key[0]}-{key[1]}")
+    assert torch.equal(seen[(1, 7)], seen[(2, 7)]) and not torch.equal(seen[(1, 7)], seen[(1, 8)])
