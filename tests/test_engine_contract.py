@@ -194,13 +194,16 @@ def test_the_optimizer_runs_with_the_hparams_lr_betas_and_eps(data, tmp_path):
 
 
 def test_warmup_and_epoch_step_counts_round_to_the_nearest_step(data, tmp_path):
-    """warmup_ratio 0.25 of 7 steps is 1.75: 2 warm-up steps (not 1); epochs 0.5 of 3 full batches per epoch is
+    """warmup_ratio 0.25 of 7 steps is 1.75: 2 warm-up steps (not 1), and 0 is none; epochs 0.5 of 3 full batches per epoch is
     1.5: 2 steps; 2 epochs of batch 40 over 96 rows are 2 × 2 full batches (the last 16 rows of each permutation
     are left out, no short batch)."""
     run_stage({"data": str(data["mlm"]), "steps": 7, "lr": 1e-3, "warmup_ratio": 0.25, "model": TINY,
                "save_checkpoint": False}, tmp_path / "w")
     want = [1e-3 * t / 2 if t < 2 else 1e-3 * (7 - t) / 5 for t in range(7)]
     assert [float(r["lr"]) for r in steps_rows(tmp_path / "w")] == pytest.approx(want, rel=1e-9, abs=1e-15)
+    run_stage({"data": str(data["mlm"]), "steps": 3, "lr": 1e-3, "warmup_ratio": 0, "model": TINY,
+               "save_checkpoint": False}, tmp_path / "w0")  # no warm-up: the first step runs at the full lr
+    assert [float(r["lr"]) for r in steps_rows(tmp_path / "w0")] == pytest.approx([1e-3, 2e-3 / 3, 1e-3 / 3], rel=1e-9)
     half = run_stage({"data": str(data["mlm"]), "epochs": 0.5, "model": TINY, "save_checkpoint": False},
                      tmp_path / "half")
     two = run_stage({"data": str(data["mlm"]), "epochs": 2, "batch_size": 40, "model": TINY,
