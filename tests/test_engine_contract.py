@@ -315,3 +315,18 @@ def test_eval_masks_follow_eval_seed_not_the_runs_seed(data, tmp_path, monkeypat
         run_stage({"data": str(data["mlm"]), "steps": 1, "seed": key[0], "eval_seed": key[1], "model": TINY,
                    "save_checkpoint": False}, tmp_path / f"{key[0]}-{key[1]}")
     assert torch.equal(seen[(1, 7)], seen[(2, 7)]) and not torch.equal(seen[(1, 7)], seen[(1, 8)])
+
+
+def test_hparams_tokenizer_wins_over_the_one_the_data_names(data, tmp_path):
+    """hparams tokenizer is used instead of the data's meta.json tokenizer: here one with an added token, so the
+    scratch model's vocabulary (and the checkpoint's tokenizer) has 61 entries, not the data tokenizer's 60."""
+    from transformers import AutoTokenizer
+
+    meta = json.loads((Path(data["mlm"]) / "meta.json").read_text())
+    tok = AutoTokenizer.from_pretrained(meta["tokenizer"])
+    assert tok.add_tokens(["zebra"]) == 1 and len(tok) == 61
+    tok.save_pretrained(tmp_path / "tok")
+    run_stage({"data": str(data["mlm"]), "tokenizer": str(tmp_path / "tok"), "steps": 1, "model": TINY},
+              tmp_path / "r")
+    assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["vocab_size"] == 61
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "r" / "checkpoint")) == 61
