@@ -330,3 +330,19 @@ def test_hparams_tokenizer_wins_over_the_one_the_data_names(data, tmp_path):
               tmp_path / "r")
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["vocab_size"] == 61
     assert len(AutoTokenizer.from_pretrained(tmp_path / "r" / "checkpoint")) == 61
+
+
+def test_every_step_draws_its_own_masks_and_eval_batches_have_eval_batch_size_rows(data, tmp_path, monkeypatch):
+    """Batches: each step's collator draws (the masked-LM masks) are its own, not step 0's again (in the same epoch and
+    at the same position of the next one); evaluation runs in batches of eval_batch_size rows (40 eval rows: 16, 16, 8)."""
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"input_ids": [[i] for i in range(16)]})
+    b = engine.Batches(ds, 8, 3, lambda feats: {"draw": torch.rand(len(feats))})  # draws as the masking collator
+    assert not torch.equal(b.get(0)["draw"], b.get(1)["draw"]) and not torch.equal(b.get(0)["draw"], b.get(2)["draw"])
+    sizes, real = [], engine.evaluate
+    monkeypatch.setattr(engine, "evaluate", lambda model, batches, *a, **k: sizes.extend(
+        len(x["input_ids"]) for x in batches) or real(model, batches, *a, **k))
+    run_stage({"data": str(data["mlm"]), "steps": 1, "eval_batch_size": 16, "model": TINY, "save_checkpoint": False},
+              tmp_path / "r")
+    assert sizes == [16, 16, 8]
