@@ -45,19 +45,24 @@ def _dropout_mlm():
 
 def test_evaluate_runs_without_dropout_or_autograd_and_gives_the_model_back_in_train_mode():
     """The eval loss of a model with dropout 0.5 is the dropout-free loss (the same on every call, whatever the RNG),
-    computed without recording a graph; the model is in train mode again afterwards."""
+    computed without recording a graph, and mlm_accuracy the fraction of the masked tokens predicted; the model is in
+    train mode again afterwards."""
     model, batches = _dropout_mlm(), [mlm_batch(20, seed=1), mlm_batch(12, seed=2)]
     seen = []
     model.bert.register_forward_hook(lambda mod, a, out: seen.append((mod.training, torch.is_grad_enabled())))
     model.eval()
+    total, correct = 0.0, 0
     with torch.no_grad():
-        total = sum(float(torch.nn.functional.cross_entropy(
-            model(**{k: v for k, v in b.items() if k != "labels"}).logits.view(-1, 97), b["labels"].view(-1),
-            ignore_index=-100, reduction="sum")) for b in batches)
+        for b in batches:
+            logits = model(**{k: v for k, v in b.items() if k != "labels"}).logits.view(-1, 97)
+            labels = b["labels"].view(-1)
+            total += float(torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum"))
+            correct += int((logits.argmax(-1) == labels)[labels != -100].sum())
     model.train()
     seen.clear()
     runs = [engine.evaluate(model, batches, "mlm", P.get("fp32"), CPU, {}) for _ in range(2)]
     assert runs[0]["eval_loss"] == runs[1]["eval_loss"] == pytest.approx(total / 32, rel=1e-5)
+    assert runs[0]["mlm_accuracy"] == correct / 32 and runs[0]["eval_masked_tokens"] == 32
     assert seen == [(False, False)] * 4 and model.training
 
 
@@ -330,6 +335,9 @@ def test_hparams_tokenizer_wins_over_the_one_the_data_names(data, tmp_path):
               tmp_path / "r")
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["vocab_size"] == 61
     assert len(AutoTokenizer.from_pretrained(tmp_path / "r" / "checkpoint")) == 61
+    # a model.vocab_size given in hparams sizes the vocabulary instead
+    run_stage({"data": str(data["mlm"]), "steps": 1, "model": {**TINY, "vocab_size": 80}}, tmp_path / "v")
+    assert json.loads((tmp_path / "v" / "checkpoint" / "config.json").read_text())["vocab_size"] == 80
 
 
 def test_every_step_draws_its_own_masks_and_eval_batches_have_eval_batch_size_rows(data, tmp_path, monkeypatch):
