@@ -12,10 +12,11 @@ and prints dev accuracy of both fine-tunings per seed, the paired difference, an
     .venv/bin/python benchmarks/pretrain_transfer.py                 # study defaults, seeds 1 2 3
     .venv/bin/python benchmarks/pretrain_transfer.py --seeds 1 --pretrain-steps 600 --keep /tmp/xfer
 
-Measured 2026-12-01 (2-core CPU, 1 thread, default study: stage 1 600 steps, stage 2 300 steps at lr 3e-4):
-    seed 1: pre-trained 0.660, scratch 0.500    seed 2: 0.710 vs 0.500    seed 3: 0.792 vs 0.500
-    mean paired gain +0.221 (min +0.160); stage 1 took 23-38 s; whole script 254 s.
-(On 2026-11-30, at an earlier commit: 0.792 / 0.757 / 0.843, gain +0.297.)
+Measured 2026-12-02 at 174e3fe (2-core CPU, 1 thread, default study: stage 1 600 steps, stage 2 300 steps at
+lr 3e-4; the synthetic task without identical pairs, b9fea66):
+    seed 1: pre-trained 0.771, scratch 0.500    seed 2: 0.657 vs 0.500    seed 3: 0.715 vs 0.500
+    mean paired gain +0.215 (min +0.157); stage 1 took 26-29 s; whole script 213 s.
+(Before b9fea66: 2026-12-01, 0.660 / 0.710 / 0.792, gain +0.221; 2026-11-30, 0.792 / 0.757 / 0.843, +0.297.)
 With stage 1 at 300 steps the gain was -0.013 (0.487 vs 0.500): see docs/data.md.
 """
 
