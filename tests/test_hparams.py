@@ -4,6 +4,7 @@ No data, model or training: each check is ``resolve`` on a dict."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -151,8 +152,27 @@ def test_train_cli_set_overrides_parse_json_values(monkeypatch, capsys):
                                        "tags": {"a": [1, 2]}, "run_id": "x=y", "progress": False}}
 
 
+def test_train_cli_dotted_set_changes_one_key_of_a_mapping_and_keeps_the_others(monkeypatch):
+    """``--set model.hidden_size=64`` changes that key of the --hparams file's model and keeps its other keys
+    (a plain ``--set model={...}`` replaces the whole mapping); a missing mapping is made; the file is not changed."""
+    from precswitch.cli import main
+    from precswitch.train import engine
+
+    seen = {}
+    monkeypatch.setattr(engine, "run_stage", lambda hp, out: seen.update(hp) or {"status": "ok"})
+    base = {"data": "d", "steps": 3, "model": {"hidden_size": 32, "num_hidden_layers": 2}}
+    argv = ["train", "--hparams", json.dumps(base), "--out", "o"]
+    assert main([*argv, "--set", "model.hidden_size=64", "--set", "tags.sweep.at=0.5"]) == 0
+    assert seen["model"] == {"hidden_size": 64, "num_hidden_layers": 2}
+    assert seen["tags"] == {"sweep": {"at": 0.5}}
+    seen.clear()
+    assert main([*argv, "--set", 'model={"hidden_size": 64}']) == 0
+    assert seen["model"] == {"hidden_size": 64}
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["--set", "steps"], "--set 'steps': expected KEY=VALUE"),
+    (["--set", "steps.x=1"], "--set 'steps.x=1': steps is not a mapping (it is 3)"),
     (["--set", "lr=-1"], "lr must be > 0, got -1"),  # -1 the number, not the text '-1'
     (["--set", "stepz=3"], "unknown hparams key(s) ['stepz']"),
 ])

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override one hyper-parameter (VALUE parsed as JSON, else string); repeatable",
+        help=("override one hyper-parameter (VALUE parsed as JSON, else string); a dotted KEY sets one key of a "
+              "mapping and keeps the others (model.hidden_size=256), a plain one replaces the whole value; repeatable"),
     )
     p.set_defaults(func=_run)
 
@@ -40,9 +41,19 @@ def _run(args) -> int:
             raise PrecswitchError(f"--set {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
         try:
-            hp[k] = json.loads(v)
+            value = json.loads(v)
         except json.JSONDecodeError:
-            hp[k] = v
+            value = v
+        *parents, leaf = k.split(".")
+        node = hp
+        for i, part in enumerate(parents):  # model.hidden_size: into the mapping, its other keys kept
+            child = node.get(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parents[: i + 1])
+                raise PrecswitchError(f"--set {item!r}: {where} is not a mapping (it is {child!r})")
+            node[part] = child = dict(child)
+            node = child
+        node[leaf] = value
     from .engine import Preempted, run_stage
 
     try:
