@@ -129,6 +129,11 @@ def test_verdict_reports_missing_seeds(tmp_path):
     text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
     para = [p for p in text.split("\n\n") if p.startswith("**fp16-fp32**")][0]
     assert "no result at all for seed(s) 2" in para
+    # the Answer says it too, in each sentence about fp16-fp32 (its "2 paired seeds" would otherwise be unexplained)
+    answer = text.split("## Answer")[1].split("## Per schedule")[0]
+    about = [s for s in answer.split(". ") if "`fp16-fp32` −" in s]
+    assert about and all("`fp16-fp32` has no result for seed(s) 2 (see its paragraph)" in s for s in about), answer
+    assert "`fp32-fp32` has no result" not in answer
 
 
 def test_cli_end_to_end(tmp_path, capsys):

@@ -229,7 +229,8 @@ def _effect_verb(r: dict | None, margin: float) -> str:
 
 
 def _failed_phrase(info: dict, names) -> str:
-    """'`pf16-pf16` failed in 2 of 2 seeds (2 diverged)' for the schedules among ``names`` with failed runs."""
+    """'`pf16-pf16` failed in 2 of 2 seeds (2 diverged)' for the schedules among ``names`` with failed runs, and
+    '`x` has no result for seed(s) 2 ...' for those missing a seed the others have."""
     bits = []
     for x in names:
         i = info.get(x, {})
@@ -242,6 +243,9 @@ def _failed_phrase(info: dict, names) -> str:
                 bits.append(f"`{x}` was not run in {i['n_failed']} of {i.get('n_runs')} seeds (skipped: see its paragraph)")
             else:
                 bits.append(f"`{x}` failed in {i['n_failed']} of {i.get('n_runs')} seeds ({', '.join(kinds)})")
+        if i.get("missing_seeds"):  # fewer pairs than seeds: say which, as its paragraph does
+            bits.append(f"`{x}` has no result for seed(s) {', '.join(map(str, i['missing_seeds']))} "
+                        "(see its paragraph)")
     return "; ".join(bits)
 
 
