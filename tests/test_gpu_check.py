@@ -353,13 +353,14 @@ def _timed(name, variant, warmup, seconds):
     return {**_ok(name, variant, 1.0), "warmup_seconds": warmup, "seconds": seconds}, warmup + seconds
 
 
-@pytest.mark.parametrize("budget", [200, 85])
+@pytest.mark.parametrize("budget", [200, 215, 85])
 def test_budget_skips_compiled_rows_by_their_expected_cost(gc, monkeypatch, tmp_path, budget):
     """A compiled row starts only if the time used plus its expected cost fits the budget: 60 s before any
     compiled row ran, then the largest warm-up + timed seconds of one so far. Eager rows always run. Every
     skipped row is in the JSON with its reason.
     Eager rows 10 s each (t = 40 s after 4). Budget 200: amp_bf16 at 40 (+60 fits) takes 60 s; fp32 at 100
     (+60) takes 25; amp_fp16 at 125 (+60 = 185) takes 35; pure_bf16 at 160 (+60 = 220) is skipped.
+    Budget 215: the same (pure_bf16's expected cost is amp_bf16's 50 s warm-up plus its 10 timed seconds: 220 s).
     Budget 85: the first compiled row, at 40 + 60 = 100 s, is already over: every compiled row is skipped."""
     cost = {"amp_bf16": (50, 10), "fp32": (20, 5), "amp_fp16": (30, 5), "pure_bf16": (40, 5)}
 
@@ -370,11 +371,11 @@ def test_budget_skips_compiled_rows_by_their_expected_cost(gc, monkeypatch, tmp_
                                                                "--precisions", "amp_bf16,fp32,amp_fp16,pure_bf16"])
     got = [(r["precision"], r["variant"], r["status"]) for r in res["results"]]
     names = ["amp_bf16", "fp32", "amp_fp16", "pure_bf16"]
-    ran = 3 if budget == 200 else 0
+    ran = 3 if budget > 100 else 0
     assert got == [(n, "eager", "ok") for n in names] + [
         (n, "compiled", "ok" if i < ran else "skipped") for i, n in enumerate(names)]
     skipped = [r for r in res["results"] if r["status"] == "skipped"]
-    at = 160 if budget == 200 else 40
+    at = 160 if budget > 100 else 40
     assert all(r["reason"] == f"time budget: {at} s used of --budget-seconds {budget}" for r in skipped)
     assert rc == 0 and res["complete"] is True
 
@@ -430,3 +431,148 @@ def test_mfu_note_names_the_missing_row_not_the_peak_table(gc):
     assert "no peak FLOP/s known" in c["mfu_amp_bf16"]["note"]
     _, c = _checks(gc, [_ok("amp_bf16", "eager", 10.0, 0.4)])
     assert c["mfu_amp_bf16"]["note"] is None
+
+
+# ------------------------------------------------------------------ mutation audit 2: main on a faked GPU, defaults
+def _fake_gpu_main(gc, monkeypatch, tmp_path, argv, name="NVIDIA H200", rows_of=None):
+    """main as on a CUDA machine (nothing of CUDA runs: the device's name, provenance, batches and the rows are
+    faked; checks_from sees a CUDA device): (exit code, JSON, [(precision, variant, peaks, args)] measured,
+    devices claimed)."""
+    monkeypatch.setattr(gc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gc.torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(gc.gpu, "gpu_provenance", lambda index=None: {"name": name})
+    claimed = []
+    monkeypatch.setattr(gc.gpu, "claim_device", lambda device: claimed.append(device) or device)
+    monkeypatch.setattr(gc, "host_launch_us", lambda device: 8.0)
+    monkeypatch.setattr(gc, "make_batches", lambda *a, **k: [])
+    monkeypatch.setattr(gc, "print_table", lambda res: None)
+    seen = []
+
+    def fake_measure(prec, variant, args, cfg, device, batches, peaks):
+        seen.append((prec, variant, dict(peaks), args))
+        if rows_of is not None:
+            return rows_of(prec, variant)
+        return _ok(prec, variant, 10.0 if prec == "fp32" else 30.0, None)
+
+    monkeypatch.setattr(gc, "measure_one", fake_measure)
+    out = tmp_path / "g.json"
+    rc = gc.main(["--out", str(out), *argv])
+    return rc, json.loads(out.read_text()), seen, claimed
+
+
+def test_on_a_gpu_main_runs_eager_then_compiled_rows_with_the_gpus_peaks(gc, monkeypatch, tmp_path):
+    """On CUDA (--device auto) the default is eager rows then compiled rows (CUDA graphs), SDPA attention, a
+    GPU slot claimed, and the peaks of the H200's row of the table, with --peak overriding one key; the JSON
+    records them. A GPU without a row in the table gets the --peak figures only (no MFU without them)."""
+    rc, res, seen, claimed = _fake_gpu_main(gc, monkeypatch, tmp_path,
+                                            ["--precisions", "amp_bf16,fp32", "--peak", "bf16=989"])
+    assert [(p, v) for p, v, _, _ in seen] == [("amp_bf16", "eager"), ("fp32", "eager"), ("amp_bf16", "compiled"),
+                                              ("fp32", "compiled")]
+    want = {"fp32": 67.0, "tf32": 395.0, "fp16": 790.0, "bf16": 989.0, "fp8": 1580.0}
+    assert all(peaks == want for _, _, peaks, _ in seen)
+    assert res["peaks_key"] == "H200" and res["peaks_used"] == want and res["device"] == "cuda"
+    assert seen[0][3].attn == "sdpa" and res["attn_implementation"] == "sdpa"
+    assert res["compile_mode"] == "reduce-overhead" and res["host_launch_us"] == 8.0
+    assert [d.type for d in claimed] == ["cuda"]  # one timed job per GPU, also against a running study
+    assert rc == 0  # 3x over fp32; no MFU figure from the fake rows: n/a, no failure
+    rc, res, seen, claimed = _fake_gpu_main(gc, monkeypatch, tmp_path, ["--precisions", "amp_bf16", "--no-slot",
+                                                                        "--compile", "off", "--peak", "bf16=300"],
+                                            name="NVIDIA RTX 6000 Ada Generation")
+    assert res["peaks_key"] is None and res["peaks_used"] == {"bf16": 300.0} and seen[0][2] == {"bf16": 300.0}
+    assert [(p, v) for p, v, _, _ in seen] == [("amp_bf16", "eager")] and claimed == []
+    _, res, seen, _ = _fake_gpu_main(gc, monkeypatch, tmp_path, ["--precisions", "amp_bf16", "--compile", "off"],
+                                     name="NVIDIA RTX 6000 Ada Generation")
+    assert res["peaks_used"] == {} and seen[0][2] == {}
+
+
+def test_peaks_given_on_a_cpu_reach_the_rows(gc, monkeypatch, tmp_path):
+    """A CPU has no row in the table, but --peak gives its figures (an MFU for a CPU run): they reach the rows and
+    the JSON; without --peak there are none. On a CPU --compile auto means eager rows only."""
+    seen = []
+
+    def fake_measure(name, variant, args, cfg, device, batches, peaks):
+        seen.append((name, variant, dict(peaks)))
+        return _ok(name, variant, 1.0)
+
+    monkeypatch.setattr(gc, "measure_one", fake_measure)
+    monkeypatch.setattr(gc, "print_table", lambda res: None)
+    out = tmp_path / "g.json"
+    gc.main(["--device", "cpu", "--quick", "--precisions", "fp32", "--peak", "fp32=2.5", "--out", str(out)])
+    assert seen == [("fp32", "eager", {"fp32": 2.5})]
+    res = json.loads(out.read_text())
+    assert res["peaks_used"] == {"fp32": 2.5} and res["peaks_key"] is None and res["attn_implementation"] == "eager"
+    seen.clear()
+    gc.main(["--device", "cpu", "--quick", "--precisions", "fp32", "--out", str(out)])
+    assert seen == [("fp32", "eager", {})]
+
+
+def test_compile_only_runs_the_compiled_rows_only(gc, monkeypatch, tmp_path):
+    """--compile only (device_profile.sh's batch sweep) measures no eager row; --compile on measures both."""
+    def rows_of(name, variant):
+        return _timed(name, variant, 1, 1)
+
+    _, res, _ = _run_main(gc, monkeypatch, tmp_path, rows_of, ["--compile", "only", "--precisions", "amp_bf16,fp32"])
+    assert [(r["precision"], r["variant"]) for r in res["results"]] == [("amp_bf16", "compiled"), ("fp32", "compiled")]
+    _, res, _ = _run_main(gc, monkeypatch, tmp_path, rows_of, ["--compile", "on", "--precisions", "fp32"])
+    assert [(r["precision"], r["variant"]) for r in res["results"]] == [("fp32", "eager"), ("fp32", "compiled")]
+
+
+def test_defaults_are_the_documented_ones(gc):
+    """docs/gpu.md: 50 timed steps after 10 warm-up, batch 32 x 128, a 450 s budget for compiled rows, at least
+    2 s timed where NVML energy is read, CUDA graphs, fused AdamW, the engine's step, eps 1e-8 (pure_fp16 1e-4);
+    --quick: 3 steps after 1, batch 8 x 32."""
+    a = gc.parse_args([])
+    assert (a.steps, a.warmup, a.batch, a.seq) == (50, 10, 32, 128)
+    assert (a.budget_seconds, a.min_seconds, a.compile, a.compile_mode) == (450.0, 2.0, "auto", "reduce-overhead")
+    assert (a.fused, a.step, a.adam_eps, a.pure_fp16_eps, a.mlm, a.small) == ("auto", "engine", 1e-8, 1e-4, False, False)
+    assert a.precisions.split(",") == gc.ORDER and gc.ORDER[:2] == ["amp_bf16", "fp32"]
+    q = gc.parse_args(["--quick"])
+    assert (q.steps, q.warmup, q.batch, q.seq) == (3, 1, 8, 32)
+
+
+def test_device_cuda_without_a_gpu_is_an_error_naming_the_option(gc, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gc.torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "g.json"
+    assert gc.main(["--device", "cuda:1", "--out", str(out)]) == 2
+    assert "--device cuda:1 but no CUDA GPU is visible" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_row_uses_fused_adamw_and_reports_the_last_timed_loss(gc, monkeypatch):
+    """fused_adamw in a row is what its optimizer ran (--fused off: foreach), and final_loss is the loss of the
+    last timed step, not of the first or of a warm-up step."""
+    made, k = [], {"n": 0}
+    real_adamw, real_forward = gc.torch.optim.AdamW, gc.forward_loss
+
+    def adamw(*a, **kw):
+        made.append({x: kw.get(x) for x in ("fused", "foreach", "eps")})
+        return real_adamw(*a, **kw)
+
+    def forward(model, b, objective):  # the real loss's graph, shifted to a known value: 1.0, 2.0, ...
+        k["n"] += 1
+        loss = real_forward(model, b, objective)
+        return loss - loss.detach() + float(k["n"])
+
+    monkeypatch.setattr(gc.torch.optim, "AdamW", adamw)
+    monkeypatch.setattr(gc, "forward_loss", forward)
+    row, _ = _row(gc, "fp32", extra=["--steps", "3"])  # 1 warm-up step + 3 timed
+    assert made == [{"fused": True, "foreach": None, "eps": 1e-8}] and row["fused_adamw"] is True
+    assert row["final_loss"] == 4.0 and row["loss_finite"] is True
+    made.clear()
+    k["n"] = 0
+    row, _ = _row(gc, "pure_fp16", extra=["--fused", "off"])
+    assert made == [{"fused": None, "foreach": True, "eps": 1e-4}] and row["fused_adamw"] is False
+    assert row["final_loss"] == 3.0  # 1 warm-up + 2 timed
+    # the allocator's peak and the reserved peak, each in its own field (as measure.peak_memory reads CUDA's)
+    monkeypatch.setattr(gc.measure, "peak_memory", lambda device: {
+        "peak_memory_bytes": 100, "memory_kind": "cuda_max_allocated", "cuda_max_reserved_bytes": 300})
+    row, _ = _row(gc, "fp32")
+    assert (row["peak_memory_bytes"], row["peak_reserved_bytes"], row["memory_kind"]) == (100, 300, "cuda_max_allocated")
+
+
+def test_mfu_check_without_a_peak_is_na_even_if_another_amp_bf16_row_failed(gc):
+    """amp_bf16 ran (compiled) on a GPU without a peak figure while its eager row ran out of memory: the MFU
+    check is n/a for want of a peak (the row it needs did run), not a failure; and a compiled fp32 row that
+    failed does not fail the speed-up when the eager rows decide it and amp_bf16 was skipped."""
+    oom = {"precision": "amp_bf16", "variant": "eager", "status": "failed", "reason": "OutOfMemoryError"}
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0), oom, _ok("amp_bf16", "compiled", 50.0, None)])
+    assert c["mfu_amp_bf16"]["result"] == "n/a" and "no peak FLOP/s known" in c["mfu_amp_bf16"]["note"]
