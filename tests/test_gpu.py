@@ -567,6 +567,11 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
     engine_limit = int(timeouts[2][3])
     assert "precision_throughput.py" in " ".join(timeouts[2])
     assert engine_limit <= 520 - 2  # the 2 s of the wheel install count against the budget
+    # the fixed-limit steps, each run to its limit and its kill grace, leave the engine step (run only with more
+    # than 60 s left) room inside the script's 520 s: the whole script ends inside the device's 600 s per call
+    assert all("benchmarks/gpu_check.py" in t for t in timeouts[:2]) and ["--mlm" in t for t in timeouts[:2]] == [False, True]
+    assert sum(int(t[2]) + int(t[3]) for t in timeouts[:2]) + 60 <= 520 - 10
+    assert "200" == timeouts[0][timeouts[0].index("--budget-seconds") + 1] and "off" in timeouts[1]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["engine_cuda.txt", "engine_cuda_metrics.json", "env.txt", "gpu_check.json", "gpu_check.txt",
                      "gpu_check_mlm.json", "gpu_check_mlm.txt"]
@@ -596,6 +601,9 @@ def test_device_profile_sh_dry_run_steps_and_outputs(tmp_path):
         assert "--profile-steps" in t and "--small" not in t
     engine = timeouts[-1]
     assert "benchmarks/precision_throughput.py" in engine and int(engine[3]) <= 250 - 2  # the install's 2 s
+    # the fixed steps, each run to its limit and its kill grace, fit the default BUDGET of 280 s (docs/gpu.md:
+    # device_check.sh's 520 s + 280 s in one lease)
+    assert sum(int(t[2]) + int(t[3]) for t in gpu_checks) <= 280
     assert engine[engine.index("--precisions") + 1].split(",") == \
         ["fp32", "tf32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
@@ -1299,3 +1307,135 @@ def test_a_released_slot_is_free_even_while_a_forked_child_still_holds_its_descr
     finally:
         os.close(w)
         os.waitpid(pid, 0)
+
+
+# ------------------------------------------------------------------ mutation audit 2: gpu_hours' printout, device scripts
+def test_gpu_hours_of_bert_base_mrpc_are_the_documented_figures():
+    """docs/gpu.md's GPU-hours table, from the H200 files with the default per-step and per-job costs: each
+    stage-1 precision's 10,000-step run and its 10 seeds, 342 fine-tuning steps, the stage totals and 7.4 in all."""
+    h200 = ROOT / "benchmarks" / "h200"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-base-mrpc.yaml"),
+                        str(h200 / "run1_gpu_check.json"), str(h200 / "run1_gpu_check_mlm.json"),
+                        str(h200 / "run2_prof_eager.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in r.stdout.splitlines() if line.startswith(("pretrain ", "finetune "))}
+    assert {k[1]: v for k, v in rows.items() if k[0] == "pretrain"} == {
+        "fp32": ["10000", "10.8", "1.80"], "amp_fp16": ["10000", "6.9", "1.15"], "amp_bf16": ["10000", "5.3", "0.89"],
+        "pure_fp16": ["10000", "5.1", "0.85"], "pure_bf16": ["10000", "6.1", "1.01"], "tf32": ["10000", "5.4", "0.90"]}
+    finetune = [v for k, v in rows.items() if k[0] == "finetune"]
+    assert len(finetune) == 8 and all(v[0] == "342" for v in finetune)
+    assert "pretrain: 6.6 GPU-hours" in r.stdout and "finetune: 0.7-0.8 GPU-hours" in r.stdout
+    assert "total: 7.4 GPU-hours (step overhead 2 ms; per job 25 s stage 1, 18 s stage 2)" in r.stdout
+
+
+def test_gpu_hours_prints_the_range_of_its_measurements(tmp_path, capsys):
+    """Two readings of one step time: a run, its seeds, its stage and the total print fastest-slowest."""
+    import yaml
+
+    gh = _gpu_hours()
+    cfg = {"seeds": [1, 2, 3, 4], "model": {"init": "scratch", "num_hidden_layers": 4, "hidden_size": 512},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}},
+           "train": {"pretrain": {"steps": 3600, "batch_size": 128, "max_length": 64},
+                     "finetune": {"steps": 360, "batch_size": 16, "max_length": 64}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    fast = _check_json(tmp_path / "a.json", "mlm", 128, 64, 4, 512, {"fp32": 0.998})
+    slow = _check_json(tmp_path / "b.json", "mlm", 128, 64, 4, 512, {"fp32": 1.998})
+    cls = _check_json(tmp_path / "c.json", "classify", 16, 64, 4, 512, {"fp32": 0.498})
+    assert gh.main([str(tmp_path / "c.yaml"), str(fast), str(slow), str(cls), "--stage1-job-s", "0",
+                    "--stage2-job-s", "0"]) == 0
+    out = capsys.readouterr().out
+    # stage 1: 3600 x (1 | 2) s = 60-120 min, x 4 seeds = 4-8 h; stage 2: 360 x 0.5 s = 3 min, 0.2 h
+    assert "pretrain  fp32" in out and "60.0-120.0" in out and "4.00-8.00" in out
+    assert "pretrain: 4.0-8.0 GPU-hours" in out and "finetune: 0.2 GPU-hours" in out
+    assert "total: 4.2-8.2 GPU-hours" in out
+
+
+def test_gpu_hours_rounds_a_fractional_epoch_count_as_the_engine():
+    """0.75 epochs of 10 batches: the engine trains round(7.5) = 8 steps, not 7."""
+    gh = _gpu_hours()
+    assert gh.stage_steps({"steps": None, "epochs": 0.75, "batch_size": 32}, 330, "finetune") == 8
+
+
+BENCH_SCRIPTS = ["device_check.sh", "device_profile.sh", "_device_env.sh", "device_wheels.sh", "gpu_check"]
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS)
+def test_device_scripts_parse(script):
+    """bash -n of every shell script of the GPU check: a syntax error would cost a lent GPU's time."""
+    r = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_device_env_installs_the_wheels_once_offline_with_this_checkouts_src_first(tmp_path):
+    """_device_env.sh, sourced by each device call: HF offline, the .whl/ wheels installed into the site dir once
+    per machine (a second call finds them), and this checkout's src/ first on PYTHONPATH, then the site dir."""
+    import shutil
+    import stat
+
+    repo, bin_dir, log, site = tmp_path / "repo", tmp_path / "bin", tmp_path / "calls.log", tmp_path / "site"
+    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "_device_env.sh", repo / "benchmarks")
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text(f"""#!/bin/bash
+echo "python3 $*" >> {log}
+if [[ "$1" == -m && "$2" == pip ]]; then prev=""; for a in "$@"; do [[ "$prev" == --target ]] && mkdir -p "$a"; prev="$a"; done; fi
+exit 0
+""")
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PRECSWITCH_SITE": str(site), "PYTHONPATH": "/x"}
+    show = "source benchmarks/_device_env.sh; echo \"$HF_HUB_OFFLINE $HF_DATASETS_OFFLINE $TRANSFORMERS_OFFLINE $PYTHONPATH\""
+    outs = [subprocess.run(["bash", "-c", show], cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert outs[0] == outs[1] == f"1 1 1 {repo}/src:{site}:/x\n"
+    installs = [c for c in log.read_text().splitlines() if "pip install" in c]
+    assert len(installs) == 1 and "--no-index" in installs[0] and f"--target {site}" in installs[0], installs
+
+
+def _wheels_dry_run(tmp_path, repo):
+    """benchmarks/device_wheels.sh in repo with a stub python3 whose `pip download -d DIR` makes DIR: the calls."""
+    import shutil
+    import stat
+
+    (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "benchmarks" / "device_wheels.sh", repo / "benchmarks")
+    bin_dir, log = tmp_path / "wbin", tmp_path / "wheels.log"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "python3"
+    stub.write_text(f"""#!/bin/bash
+echo "python3 $*" >> {log}
+prev=""; for a in "$@"; do [[ "$prev" == -d ]] && mkdir -p "$a"; prev="$a"; done
+exit 0
+""")
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PY_VERSION": "3.11"}
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "device_wheels.sh")], capture_output=True, text=True,
+                       timeout=60, env=env)
+    return r, (log.read_text().splitlines() if log.exists() else [])
+
+
+def _git(*args, cwd):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", *args],
+                   cwd=cwd, check=True, capture_output=True)
+
+
+def test_device_wheels_downloads_binary_wheels_only_for_the_gpu_machines_python(tmp_path):
+    """device_wheels.sh asks pip for the pinned wheels, binary only, without their dependencies, for the GPU
+    machine's Python and platform; pyarrow and fsspec into .whl/fallback; .whl/ is excluded from git once."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git("init", "-q", cwd=repo)
+    for _ in range(2):
+        r, calls = _wheels_dry_run(tmp_path, repo)
+        assert r.returncode == 0, r.stderr
+    calls = calls[len(calls) // 2:]
+    got = {c.split()[-1]: c.split() for c in calls}
+    assert set(got) == {"datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "torchao==0.18.0", "pyarrow==26.0.1",
+                        "fsspec==2026.9.0"}
+    for req, c in got.items():
+        assert c[1:4] == ["-m", "pip", "download"] and "--no-deps" in c and "--only-binary=:all:" in c
+        assert c[c.index("--python-version") + 1] == "3.11" and "manylinux2014_x86_64" in c
+        assert c[c.index("-d") + 1] == (".whl/fallback" if req.startswith(("pyarrow", "fsspec")) else ".whl")
+    assert (repo / ".git" / "info" / "exclude").read_text().splitlines().count("/.whl/") == 1
