@@ -3,12 +3,16 @@
 # scikit-learn and nvidia-ml-py but lacks what the engine and the fp8 rows need (datasets, torchao).
 # Run it, in the repository root, on a machine where pip reaches PyPI; copy the repository with .whl/
 # to the GPU machine, where benchmarks/device_check.sh installs them without any network.
-#   bash benchmarks/device_wheels.sh            # -> .whl/*.whl (ignored by git through .git/info/exclude)
+#   bash benchmarks/device_wheels.sh            # -> .whl/*.whl (ignored by git through info/exclude)
 # Versions: datasets as pinned here; torchao 0.18 is the release built for torch 2.11
 # (PY_VERSION: the GPU machine's python, default 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+# keep .whl/ out of git, in the exclude file git itself reads (in a worktree .git is a file; outside git: nothing)
+if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
+  mkdir -p "$(dirname "$exclude")"
+  grep -qxF '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
+fi
 PY=${PY_VERSION:-3.12}
 plat=()
 for n in 28 27 17; do plat+=(--platform "manylinux_2_${n}_x86_64"); done

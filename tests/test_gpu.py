@@ -1439,3 +1439,27 @@ def test_device_wheels_downloads_binary_wheels_only_for_the_gpu_machines_python(
         assert c[c.index("--python-version") + 1] == "3.11" and "manylinux2014_x86_64" in c
         assert c[c.index("-d") + 1] == (".whl/fallback" if req.startswith(("pyarrow", "fsspec")) else ".whl")
     assert (repo / ".git" / "info" / "exclude").read_text().splitlines().count("/.whl/") == 1
+
+
+def test_device_wheels_runs_in_a_git_worktree(tmp_path):
+    """In a `git worktree add` checkout .git is a file: device_wheels.sh stopped before downloading anything
+    (".git/info/exclude: Not a directory"), and outside git (a copied tree) likewise ("No such file or
+    directory"). It now adds /.whl/ to the exclude file git itself reads, and outside git just downloads."""
+    main = tmp_path / "main"
+    main.mkdir()
+    _git("init", "-q", cwd=main)
+    _git("commit", "-q", "--allow-empty", "-m", "x", cwd=main)
+    _git("worktree", "add", "-q", str(tmp_path / "wt"), cwd=main)
+    r, calls = _wheels_dry_run(tmp_path, tmp_path / "wt")
+    assert r.returncode == 0, r.stderr
+    assert len([c for c in calls if " download " in c]) == 6
+    assert "/.whl/" in (main / ".git" / "info" / "exclude").read_text().splitlines()
+    st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path / "wt",
+                        capture_output=True, text=True, check=True).stdout
+    assert ".whl" not in st  # the wheels stay out of git in the worktree too
+    plain = tmp_path / "copy"
+    plain.mkdir()
+    (tmp_path / "c").mkdir()
+    r, calls = _wheels_dry_run(tmp_path / "c", plain)
+    assert r.returncode == 0, r.stderr
+    assert len([c for c in calls if " download " in c]) == 6 and not (plain / ".git").exists()
