@@ -3,7 +3,8 @@
   python benchmarks/gpu_hours.py config/bert-base-mrpc.yaml benchmarks/h200/*gpu_check*.json benchmarks/h200/*prof*.json
 
 For every job the workflow runs (stage 1 once per distinct stage-1 spec and seed, shared by the
-schedules that start the same way; stage 2 once per schedule and seed) it takes the eager step time
+schedules that start the same way; stage 2 once per schedule and seed; a switch-point sweep's points are
+schedules too) it takes the eager step time
 measured for that objective (masked LM for stage 1, classification for stage 2), precision, batch size
 and sequence length, adds the engine's per-step extra (--step-overhead-ms: the next batch's collation,
 which on a host-bound GPU step is not hidden) and a fixed cost per job (--stage1-job-s, --stage2-job-s:
@@ -66,6 +67,23 @@ def run_key(spec) -> str:
     return json.dumps(spec, sort_keys=True)
 
 
+def sweep_schedules(cfg: dict) -> dict:
+    """The schedules of the config's switch-point sweeps, as the workflow expands them (common.smk expand_sweeps):
+    <name>-at<100 F> for each fraction F of the swept stage's steps run in its precision before switch_to (F = 1:
+    the whole stage in precision, F = 0: the whole stage in switch_to, each then the plain run of that precision)."""
+    out = {}
+    for name, sweep in (cfg.get("sweeps") or {}).items():
+        stage = next(st for st in ("pretrain", "finetune") if isinstance(sweep.get(st), dict)
+                     and sweep[st].get("switch_to") is not None and sweep[st].get("switch_at") is None)
+        first, then = sweep[stage]["precision"], sweep[stage]["switch_to"]
+        for f in sweep["switch_at"]:
+            stages = {st: sweep[st] for st in ("pretrain", "finetune") if st in sweep and st != stage}
+            stages[stage] = first if f == 1 else then if f == 0 else {"precision": first, "switch_to": then,
+                                                                         "switch_at": f}
+            out[f"{name}-at{round(f * 100, 6):g}"] = stages
+    return out
+
+
 def stage_steps(train: dict, rows: int | None, name: str) -> int:
     if train.get("steps"):
         return int(train["steps"])
@@ -92,7 +110,7 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
     jobs, missing = [], set()
     for stage, (objective, job_s, rows) in stages.items():
         specs = {}
-        for name, sched in cfg["schedules"].items():
+        for name, sched in {**cfg["schedules"], **sweep_schedules(cfg)}.items():
             if stage not in sched:  # no stage 1: the schedule fine-tunes model.init directly
                 continue
             spec = sched[stage]
@@ -143,7 +161,8 @@ def main(argv=None) -> int:
     if res["missing"]:
         print("gpu_hours: no eager measurement for: " + "; ".join(res["missing"]), file=sys.stderr)
         return 2
-    print(f"{args.config}: {len(cfg['schedules'])} schedules x {len(cfg['seeds'])} seeds")
+    n_sched = len(cfg["schedules"]) + len(sweep_schedules(cfg))  # a sweep's points are schedules of the study
+    print(f"{args.config}: {n_sched} schedules x {len(cfg['seeds'])} seeds")
     print(f"{'stage':<9} {'precision':<40} {'steps':>6} {'one run (min)':>14} {'all seeds (h)':>14}")
     tot = defaultdict(lambda: [0.0, 0.0])
     for j in res["jobs"]:

@@ -1463,3 +1463,38 @@ def test_device_wheels_runs_in_a_git_worktree(tmp_path):
     r, calls = _wheels_dry_run(tmp_path / "c", plain)
     assert r.returncode == 0, r.stderr
     assert len([c for c in calls if " download " in c]) == 6 and not (plain / ".git").exists()
+
+
+def test_gpu_hours_counts_the_schedules_of_a_switch_point_sweep(tmp_path, capsys):
+    """A sweep (config/frontier.yaml has one) expands into schedules <name>-at<100 F> in the workflow: each runs
+    its jobs. gpu_hours read `schedules` only, so a sweep's jobs were left out of the GPU-hours. Here a stage-2
+    sweep from amp_bf16 to fp32 at 0, 0.5 and 1 (3 fine-tuning jobs; its stage 1 is schedule a's), and a stage-1
+    sweep from fp32 to amp_bf16 at 0, 0.25 and 1 (F = 0 and 1 are the plain amp_bf16 and fp32 runs: one new
+    stage-1 run, the switch at 0.25)."""
+    import yaml
+
+    gh = _gpu_hours()
+    cfg = {"seeds": [1, 2], "model": {"init": "scratch", "num_hidden_layers": 4, "hidden_size": 512},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}, "b": {"pretrain": "amp_bf16", "finetune": "fp32"}},
+           "sweeps": {"ft": {"pretrain": "fp32", "finetune": {"precision": "amp_bf16", "switch_to": "fp32"},
+                             "switch_at": [0.0, 0.5, 1.0]},
+                      "pt": {"pretrain": {"precision": "fp32", "switch_to": "amp_bf16"}, "finetune": "fp32",
+                             "switch_at": [0.0, 0.25, 1.0]}},
+           "train": {"pretrain": {"steps": 100, "epochs": None, "batch_size": 128, "max_length": 64},
+                     "finetune": {"steps": 10, "epochs": None, "batch_size": 16, "max_length": 64}}}
+    meas = gh.load_measurements([
+        _check_json(tmp_path / "mlm.json", "mlm", 128, 64, 4, 512, {"fp32": 0.498, "amp_bf16": 0.198}),
+        _check_json(tmp_path / "cls.json", "classify", 16, 64, 4, 512, {"fp32": 0.098, "amp_bf16": 0.048})])
+    res = gh.estimate(cfg, meas, _hours_args())
+    assert res["missing"] == []
+    pre = sorted(round(j["run_s"][0], 6) for j in res["jobs"] if j["stage"] == "pretrain")
+    # fp32 100 x 0.5 + 25 = 75; amp_bf16 100 x 0.2 + 25 = 45; the switch 25 x 0.5 + 75 x 0.2 + 25 = 52.5
+    assert pre == [45.0, 52.5, 75.0]
+    fine = {j["spec"]: round(j["run_s"][0], 6) for j in res["jobs"] if j["stage"] == "finetune"}
+    # fp32 10 x 0.1 + 18 = 19; amp_bf16 10 x 0.05 + 18 = 18.5; half and half 18.75
+    assert fine == {"a": 19.0, "b": 19.0, "ft-at0": 19.0, "ft-at50": 18.75, "ft-at100": 18.5, "pt-at0": 19.0,
+                    "pt-at25": 19.0, "pt-at100": 19.0}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert gh.main([str(tmp_path / "c.yaml"), str(tmp_path / "mlm.json"), str(tmp_path / "cls.json")]) == 0
+    assert "8 schedules x 2 seeds" in capsys.readouterr().out
+
