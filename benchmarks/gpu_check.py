@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from precswitch import flops, gpu, measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
-from precswitch.errors import PrecisionUnsupported  # noqa: E402
+from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
 from precswitch.train.engine import (  # noqa: E402
     HEAD_KEYS,
     clip_grad_norm,
@@ -553,7 +553,7 @@ def parse_args(argv=None):
     p.add_argument("--adam-eps", type=float, default=1e-8, help="AdamW eps of every precision but pure_fp16")
     p.add_argument("--pure-fp16-eps", type=float, default=1e-4, help="AdamW eps of pure_fp16 (1e-8 is 0 in fp16)")
     p.add_argument("--peak", action="append", default=[], metavar="KEY=TFLOPS",
-                   help="override/add a peak (keys fp32, tf32, fp16, bf16), e.g. --peak bf16=989")
+                   help="override/add a peak (keys fp32, tf32, fp16, bf16, fp8), e.g. --peak bf16=989")
     p.add_argument("--budget-seconds", type=float, default=450.0,
                    help="skip compiled variants that would start after this many seconds (default 450)")
     p.add_argument("--profile-steps", type=int, default=0,
@@ -573,8 +573,38 @@ def parse_args(argv=None):
     return a
 
 
+def parse_peaks(items: list[str]) -> dict[str, float]:
+    """--peak KEY=TFLOPS items -> {key: TFLOP/s}; a key outside the table's (a typo would leave the table's figure
+    in place, silently) or a value that is not a positive number raises ValueError naming the item."""
+    out = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        k = k.strip()
+        if not eq:
+            raise ValueError(f"--peak {item!r}: expected KEY=TFLOPS, e.g. --peak bf16=989")
+        if k not in PEAK_LABELS:
+            raise ValueError(f"--peak {item!r}: unknown key {k!r}; allowed: {', '.join(PEAK_LABELS)} "
+                             "(KEY=TFLOPS, e.g. --peak bf16=989)")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            out[k] = float("nan")
+        if not out[k] > 0 or math.isinf(out[k]):
+            raise ValueError(f"--peak {item!r}: {k}'s peak must be a positive number of TFLOP/s")
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # the options are checked before anything waits for a GPU slot or builds a model
+    names = [n.strip() for n in args.precisions.split(",") if n.strip()]
+    try:
+        for n in names:
+            P.get(n)
+        overrides = parse_peaks(args.peak)
+    except (ValueError, PrecswitchError) as e:
+        print(f"gpu_check: error: {'--precisions: ' if isinstance(e, PrecswitchError) else ''}{e}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if args.threads:
@@ -589,13 +619,6 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not args.no_slot:
         device = gpu.claim_device(device)  # one timed job per GPU, also against a running study
     args.attn = args.attn or ("sdpa" if device.type == "cuda" else "eager")
-    names = [n.strip() for n in args.precisions.split(",") if n.strip()]
-    for n in names:
-        P.get(n)
-    overrides = {}
-    for item in args.peak:
-        k, _, v = item.partition("=")
-        overrides[k.strip()] = float(v)
     if device.type == "cuda":
         dev_name = torch.cuda.get_device_name(device)
         prov = gpu.gpu_provenance(device.index)

@@ -576,3 +576,23 @@ def test_mfu_check_without_a_peak_is_na_even_if_another_amp_bf16_row_failed(gc):
     oom = {"precision": "amp_bf16", "variant": "eager", "status": "failed", "reason": "OutOfMemoryError"}
     _, c = _checks(gc, [_ok("fp32", "eager", 10.0), oom, _ok("amp_bf16", "compiled", 50.0, None)])
     assert c["mfu_amp_bf16"]["result"] == "n/a" and "no peak FLOP/s known" in c["mfu_amp_bf16"]["note"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--peak", "bf61=989"], "--peak 'bf61=989': unknown key 'bf61'; allowed: fp32, tf32, fp16, bf16, fp8"),
+    (["--peak", "bf16"], "--peak 'bf16': expected KEY=TFLOPS, e.g. --peak bf16=989"),
+    (["--peak", "bf16=fast"], "--peak 'bf16=fast': bf16's peak must be a positive number of TFLOP/s"),
+    (["--peak", "fp32=0"], "--peak 'fp32=0': fp32's peak must be a positive number of TFLOP/s"),
+    (["--precisions", "fp32,amp_bf61"], "--precisions: unknown precision 'amp_bf61' (did you mean"),
+])
+def test_bad_peak_or_precision_is_one_line_exit_2_before_anything_runs(gc, monkeypatch, tmp_path, capsys, argv, message):
+    """A --peak key outside the table was accepted and ignored (`--peak bf61=989` left bf16's MFU against 790 on a
+    GPU, silently), a --peak without '=' or with a word for its value ended in a traceback, and so did an unknown
+    --precisions name; each is now one line naming the option, exit 2, before a GPU slot, a model or the JSON."""
+    monkeypatch.setattr(gc, "measure_one", lambda *a, **k: pytest.fail("measured despite a bad option"))
+    monkeypatch.setattr(gc.gpu, "claim_device", lambda device: pytest.fail("claimed a GPU despite a bad option"))
+    out = tmp_path / "g.json"
+    assert gc.main(["--device", "cpu", "--quick", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu_check: error: {message}") and err.count("\n") == 1 and not out.exists()
+    assert gc.parse_peaks(["bf16=989", "fp8=1979.5"]) == {"bf16": 989.0, "fp8": 1979.5}
