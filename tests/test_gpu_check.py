@@ -596,3 +596,62 @@ def test_bad_peak_or_precision_is_one_line_exit_2_before_anything_runs(gc, monke
     err = capsys.readouterr().err
     assert err.startswith(f"gpu_check: error: {message}") and err.count("\n") == 1 and not out.exists()
     assert gc.parse_peaks(["bf16=989", "fp8=1979.5"]) == {"bf16": 989.0, "fp8": 1979.5}
+
+
+@pytest.mark.parametrize("name, param, autocast, scaled, compensation", [
+    ("fp32", torch.float32, None, False, None),
+    ("amp_bf16", torch.float32, torch.bfloat16, False, None),
+    ("amp_fp16", torch.float32, torch.float16, True, None),
+    ("pure_bf16", torch.bfloat16, None, False, None),
+    ("pure_bf16_kahan", torch.bfloat16, None, False, "kahan"),
+])
+def test_each_row_trains_in_its_own_precision(gc, monkeypatch, name, param, autocast, scaled, compensation):
+    """A row's steps run the study's code of its precision: the weights in its dtype, the forward under its autocast,
+    fresh gradients every step, a loss scaler's gradients unscaled before clipping at 1.0 (the engine's order: clipping scaled gradients would
+    clip nearly every step), the update compensation of the compensated pure-bf16 variants; the row records the
+    backend flags (TF32 off)."""
+    import precswitch.optim
+
+    seen, norms, wrapped = [], [], []
+    real_forward, real_clip, real_wrap = gc.forward_loss, gc.clip_grad_norm, precswitch.optim.wrap_optimizer
+
+    def forward(model, b, objective):
+        on = torch.is_autocast_enabled("cpu")
+        seen.append((next(model.parameters()).dtype, torch.get_autocast_dtype("cpu") if on else None,
+                     all(p.grad is None for p in model.parameters())))  # each step's gradients are its own
+        return real_forward(model, b, objective)
+
+    def clip(params, max_norm):
+        params = list(params)
+        norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params]))))
+        return real_clip(params, max_norm)
+
+    def wrap(kind, optimizer, seed):
+        wrapped.append(kind)
+        return real_wrap(kind, optimizer, seed=seed)
+
+    monkeypatch.setattr(gc, "forward_loss", forward)
+    monkeypatch.setattr(gc, "clip_grad_norm", clip)
+    monkeypatch.setattr(precswitch.optim, "wrap_optimizer", wrap)
+    row, _ = _row(gc, name)
+    assert set(seen) == {(param, autocast, True)}
+    assert (row["loss_scale_end"] is not None) == scaled
+    assert len(norms) == 3 and max(norms) < 1e3, norms  # a scale of 65536 would multiply them by that much
+    assert wrapped == ([compensation] if compensation else [])
+    assert row["tf32_matmul"] is False
+
+
+def test_printed_table_shows_mfu_and_the_checks_in_percent(gc, capsys):
+    """What a lent GPU's run prints: MFU in percent in each row and in the MFU check, the speed-up as a ratio."""
+    rows = [{**_ok("fp32", "eager", 10.0, 0.5), "peak_tflops": 67.0},
+            {**_ok("amp_bf16", "eager", 30.0, 0.355), "peak_tflops": 790.0}]
+    ratios, checks = gc.checks_from(rows, CUDA)
+    gc.print_table({"device_name": "NVIDIA H200", "device": "cuda", "objective": "classify", "batch": 32, "seq_len": 128,
+                    "steps": 50, "warmup": 10, "min_seconds": 2.0, "results": rows, "ratios": ratios, "checks": checks,
+                    "host_launch_us": None, "peaks_key": "H200", "peaks_used": {"bf16": 790.0}})
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith(("fp32 ", "amp_bf16 "))}
+    assert lines["fp32"][3:4] == ["10.00"] and "50.0" in lines["fp32"] and "35.5" in lines["amp_bf16"]
+    assert "amp_bf16/fp32 (eager)        3.00x" in out
+    assert [ln.split()[:2] + ln.split()[-1:] for ln in out.splitlines() if ln.strip().startswith(("speedup_", "mfu_"))] == [
+        ["speedup_amp_bf16_over_fp32", "3.00x", "PASS"], ["mfu_amp_bf16", "35.5%", "PASS"]]
