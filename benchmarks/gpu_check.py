@@ -555,7 +555,8 @@ def parse_args(argv=None):
     p.add_argument("--peak", action="append", default=[], metavar="KEY=TFLOPS",
                    help="override/add a peak (keys fp32, tf32, fp16, bf16, fp8), e.g. --peak bf16=989")
     p.add_argument("--budget-seconds", type=float, default=450.0,
-                   help="skip compiled variants that would start after this many seconds (default 450)")
+                   help="skip a compiled variant that would end after this many seconds, judged by the costliest compiled "
+                        "row so far (60 s before the first) (default 450)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed window, profile this many more steps: kernels, GPU kernel time and host "
                         "synchronizations per step, GPU-busy fraction (default 0: off)")
