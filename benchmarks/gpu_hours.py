@@ -94,16 +94,40 @@ def stage_steps(train: dict, rows: int | None, name: str) -> int:
     return max(1, int(round(float(train["epochs"]) * (rows // int(train["batch_size"])))))
 
 
+#: (layers, hidden) of hub model families known without a download, by the start of the repo name
+KNOWN_SHAPES = {"bert-base": (12, 768), "bert-large": (24, 1024)}
+
+
 def model_shape(cfg: dict) -> tuple[int, int]:
-    m = cfg.get("model", {})
+    """(layers, hidden) of the model the study trains: model.* for a model built from scratch; for a pretrained
+    model.init its own sizes (a local directory's config.json, else a known hub family); the config's model.*
+    sizes do not apply there (the workflow passes them only to stages built from scratch)."""
+    m = cfg.get("model") or {}
     init = m.get("init") or "scratch"
-    if init != "scratch":  # a pretrained checkpoint: its own sizes; the configs here use BERT-base ones
-        return (12, 768) if "base" in str(init) else (m.get("num_hidden_layers"), m.get("hidden_size"))
-    return (m.get("num_hidden_layers"), m.get("hidden_size"))
+    if init == "scratch":
+        return (m.get("num_hidden_layers"), m.get("hidden_size"))
+    local = Path(str(init)) / "config.json"
+    if local.is_file():
+        c = json.loads(local.read_text())
+        return (c.get("num_hidden_layers"), c.get("hidden_size"))
+    name = str(init).rstrip("/").rsplit("/", 1)[-1].lower()
+    for family, shape in KNOWN_SHAPES.items():
+        if name.startswith(family):
+            return shape
+    raise SystemExit(f"gpu_hours: model.init {init!r}: its sizes are unknown here (no {local}, not a "
+                     f"{' or '.join(KNOWN_SHAPES)} name): give --shape LAYERS,HIDDEN")
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        layers, hidden = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYERS,HIDDEN (e.g. 12,768), got {text!r}") from None
+    return layers, hidden
 
 
 def estimate(cfg: dict, meas: dict, args) -> dict:
-    layers, hidden = model_shape(cfg)
+    layers, hidden = getattr(args, "shape", None) or model_shape(cfg)
     seeds = cfg["seeds"]
     stages = {"pretrain": ("mlm", args.stage1_job_s, args.pretrain_rows),
               "finetune": ("classify", args.stage2_job_s, args.finetune_rows)}
@@ -155,6 +179,8 @@ def main(argv=None) -> int:
                    help="fixed seconds per stage-2 job (default 18: benchmarks/job_overhead.py)")
     p.add_argument("--pretrain-rows", type=int, default=None, help="stage-1 training sequences (epochs configs)")
     p.add_argument("--finetune-rows", type=int, default=3668, help="stage-2 training examples (default 3668: MRPC)")
+    p.add_argument("--shape", type=_shape, default=None, metavar="LAYERS,HIDDEN",
+                   help="the model's layers and hidden size (default: from the config, see model_shape)")
     args = p.parse_args(argv)
     cfg = yaml.safe_load(args.config.read_text())
     res = estimate(cfg, load_measurements(args.measured), args)

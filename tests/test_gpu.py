@@ -1498,3 +1498,31 @@ def test_gpu_hours_counts_the_schedules_of_a_switch_point_sweep(tmp_path, capsys
     assert gh.main([str(tmp_path / "c.yaml"), str(tmp_path / "mlm.json"), str(tmp_path / "cls.json")]) == 0
     assert "8 schedules x 2 seeds" in capsys.readouterr().out
 
+
+
+def test_gpu_hours_model_shape_of_a_pretrained_init(tmp_path, capsys):
+    """A pretrained model.init has its own sizes: a local directory's config.json, a bert-base / bert-large hub
+    name by its family (whatever the path holds: 'base' in a folder name is not BERT-base); anything else is named
+    and --shape given instead. (It used to be 12 x 768 whenever 'base' occurred anywhere in the init.)"""
+    gh = _gpu_hours()
+    local = tmp_path / "base_models" / "my-bert"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text(json.dumps({"num_hidden_layers": 6, "hidden_size": 512}))
+    assert gh.model_shape({"model": {"init": str(local), "num_hidden_layers": 2}}) == (6, 512)
+    assert gh.model_shape({"model": {"init": "google-bert/bert-large-cased"}}) == (24, 1024)
+    assert gh.model_shape({"model": {"init": str(tmp_path / "base_models" / "bert-large-uncased")}}) == (24, 1024)
+    assert gh.model_shape({"model": {"init": "bert-base-cased"}}) == (12, 768)
+    assert gh.model_shape({"model": {"init": None, "num_hidden_layers": 4, "hidden_size": 512}}) == (4, 512)
+    with pytest.raises(SystemExit, match=r"model.init 'distilbert-base-uncased': its sizes are unknown.*--shape"):
+        gh.model_shape({"model": {"init": "distilbert-base-uncased"}})
+    # --shape sets them, for any init
+    cfg = {"seeds": [1], "model": {"init": "distilbert-base-uncased"},
+           "schedules": {"a": {"finetune": "fp32"}},
+           "train": {"finetune": {"batch_size": 32, "max_length": 128, "steps": 10}}}
+    (tmp_path / "c.yaml").write_text(json.dumps(cfg))
+    cls = _fake_check(tmp_path / "cls.json", "classify", 32, {"fp32": 0.048})
+    assert gh.main([str(tmp_path / "c.yaml"), str(cls), "--shape", "12,768"]) == 0
+    assert "finetune" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gh.main([str(tmp_path / "c.yaml"), str(cls), "--shape", "12x768"])
+    assert "--shape: expected LAYERS,HIDDEN (e.g. 12,768), got '12x768'" in capsys.readouterr().err
