@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from precswitch.sweeps import expand as expand_sweeps
+
 
 def load_measurements(paths: list[Path]) -> dict[tuple, list[float]]:
     """(objective, precision, batch, seq, layers, hidden) -> eager step seconds, one per measurement."""
@@ -65,23 +67,6 @@ def run_key(spec) -> str:
     if "switch_to" not in spec or spec["switch_at"] == 1:
         return spec["precision"]
     return json.dumps(spec, sort_keys=True)
-
-
-def sweep_schedules(cfg: dict) -> dict:
-    """The schedules of the config's switch-point sweeps, as the workflow expands them (common.smk expand_sweeps):
-    <name>-at<100 F> for each fraction F of the swept stage's steps run in its precision before switch_to (F = 1:
-    the whole stage in precision, F = 0: the whole stage in switch_to, each then the plain run of that precision)."""
-    out = {}
-    for name, sweep in (cfg.get("sweeps") or {}).items():
-        stage = next(st for st in ("pretrain", "finetune") if isinstance(sweep.get(st), dict)
-                     and sweep[st].get("switch_to") is not None and sweep[st].get("switch_at") is None)
-        first, then = sweep[stage]["precision"], sweep[stage]["switch_to"]
-        for f in sweep["switch_at"]:
-            stages = {st: sweep[st] for st in ("pretrain", "finetune") if st in sweep and st != stage}
-            stages[stage] = first if f == 1 else then if f == 0 else {"precision": first, "switch_to": then,
-                                                                         "switch_at": f}
-            out[f"{name}-at{round(f * 100, 6):g}"] = stages
-    return out
 
 
 def stage_steps(train: dict, rows: int | None, name: str) -> int:
@@ -134,7 +119,7 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
     jobs, missing = [], set()
     for stage, (objective, job_s, rows) in stages.items():
         specs = {}
-        for name, sched in {**cfg["schedules"], **sweep_schedules(cfg)}.items():
+        for name, sched in {**cfg["schedules"], **expand_sweeps(cfg.get("sweeps"))}.items():
             if stage not in sched:  # no stage 1: the schedule fine-tunes model.init directly
                 continue
             spec = sched[stage]
@@ -187,7 +172,7 @@ def main(argv=None) -> int:
     if res["missing"]:
         print("gpu_hours: no eager measurement for: " + "; ".join(res["missing"]), file=sys.stderr)
         return 2
-    n_sched = len(cfg["schedules"]) + len(sweep_schedules(cfg))  # a sweep's points are schedules of the study
+    n_sched = len(cfg["schedules"]) + len(expand_sweeps(cfg.get("sweeps")))  # a sweep's points are schedules of the study
     print(f"{args.config}: {n_sched} schedules x {len(cfg['seeds'])} seeds")
     print(f"{'stage':<9} {'precision':<40} {'steps':>6} {'one run (min)':>14} {'all seeds (h)':>14}")
     tot = defaultdict(lambda: [0.0, 0.0])

@@ -21,6 +21,7 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 import precswitch.gpu as precswitch_gpu
 import precswitch.warm as precswitch_warm
+import precswitch.sweeps as precswitch_sweeps
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
 from precswitch.train.config import DEFAULTS as HP_DEFAULTS
 from precswitch.train.config import switch_step as precswitch_switch_step
@@ -304,13 +305,7 @@ def expand_sweeps(cfg):
     meta = {}
     for name, sweep in sweeps.items():
         key = f"sweeps.{name}"
-        swept = [
-            st
-            for st in STAGES
-            if isinstance(sweep.get(st), dict)
-            and sweep[st].get("switch_to") is not None
-            and sweep[st].get("switch_at") is None
-        ]
+        swept = precswitch_sweeps.swept_stages(sweep)
         if len(swept) != 1:
             raise config_error(
                 key,
@@ -328,21 +323,14 @@ def expand_sweeps(cfg):
                     f"{key}.switch_at[{i}]",
                     f"{f} is outside [0, 1] (fraction in {first})",
                 )
-            schedule = f"{name}-at{_percent(f)}"
+            schedule = precswitch_sweeps.point_name(name, f)
             if schedule in cfg["schedules"]:
                 raise config_error(
                     key,
                     f"schedule {schedule!r} (sweep point {f}) is already a schedule; "
                     "rename the sweep or the schedule",
                 )
-            stages = {st: sweep[st] for st in STAGES if st in sweep and st != stage}
-            if f == 1:
-                stages[stage] = first
-            elif f == 0:
-                stages[stage] = then
-            else:
-                stages[stage] = {"precision": first, "switch_to": then, "switch_at": f}
-            cfg["schedules"][schedule] = stages
+            cfg["schedules"][schedule] = precswitch_sweeps.point_stages(sweep, stage, f)
             meta[schedule] = {"sweep": name, "sweep_at": f, "sweep_stage": stage}
     return meta
 
