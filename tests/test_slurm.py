@@ -93,9 +93,12 @@ def run_env(**extra: str) -> dict:
     return env
 
 
-def write_test_config(path: Path) -> Path:
-    """The tiny study of tests/configs/tiny.yaml cut to 1 seed and 2 schedules sharing stage 1."""
+def write_test_config(path: Path, device: str = "auto") -> Path:
+    """The tiny study of tests/configs/tiny.yaml cut to 1 seed and 2 schedules sharing stage 1. `device: auto`:
+    its training jobs ask SLURM for a GPU (the rules' gpu resource), and run on the CPU where none is visible
+    (the local cluster's GPUs are fake)."""
     cfg = yaml.safe_load(TINY_CONFIG.read_text())
+    cfg["device"] = device
     cfg["schedules"] = {
         "fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"},
         "fp32-bf16": {"pretrain": "fp32", "finetune": "amp_bf16"},
@@ -132,7 +135,8 @@ def test_cluster_profile_contents():
     rules = set(re.findall(r"^rule (\w+):", (ROOT / "workflow" / "rules" / "train.smk").read_text(), re.M))
     assert {"pretrain", "finetune"} <= rules
     for rule in ("pretrain", "finetune"):
-        assert profile["set-resources"][rule]["gpu"] == 1
+        # the rules ask for their GPU (gpu=0 for a device: cpu study): a `gpu:` here would override them
+        assert "gpu" not in profile["set-resources"][rule]
         assert profile["set-resources"][rule]["cpus_per_gpu"] >= 1
     assert set(profile["set-resources"]) <= rules | set(
         re.findall(r"^rule (\w+):", "\n".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk")), re.M)
@@ -203,6 +207,12 @@ def test_documented_command_replaces_workflow_profile(tmp_path):
     study = {"mem_mb": 4000, "runtime": 60, **yaml.safe_load(cfg.read_text()).get("resources", {})}
     resources = dict(kv.split("=", 1) for kv in re.search(r"^    resources: (.*)$", block, re.M).group(1).split(", "))
     assert (resources["runtime"], resources["mem_mb"]) == (str(study["runtime"]), str(study["mem_mb"])), resources
+    # a device: cpu study through the same profile asks for no GPU (the rules' gpu resource is 0)
+    cpu = subprocess.run(cmd[:-2] + [str(write_test_config(tmp_path / "tiny-cpu.yaml", "cpu")), "--dry-run"],
+                         cwd=tmp_path, env=run_env(), capture_output=True, text=True)
+    train = re.findall(r"^rule (?:pretrain|finetune):.*?^    resources: ([^\n]*)", cpu.stdout + cpu.stderr, re.S | re.M)
+    assert cpu.returncode == 0 and len(train) == 3, (cpu.stdout + cpu.stderr)[-3000:]
+    assert all("gpu=0" in r and "cpus_per_gpu=8" in r for r in train), train
     # the pitfall docs/slurm.md warns about: with --profile, profiles/default is applied on top
     cmd[cmd.index("--workflow-profile")] = "--profile"
     proc = subprocess.run(cmd, cwd=tmp_path, env=run_env(), capture_output=True, text=True)

@@ -180,6 +180,25 @@ def test_gpu_resource_only_off_cpu(tmp_path):
     assert train_jobs and all("gpu=1" in r for r in train_jobs)
 
 
+def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
+    """device auto trains on the CPU where torch sees no CUDA GPU: a local run's training jobs then claim
+    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use) and fork from the
+    warm-start server like any CPU job. A dry run plans gpu=1 (the GPU may be on the machine that runs it),
+    as a cluster run does. --touch plans and 'runs' the jobs as a real local run does, without training."""
+    import torch
+
+    cfg = {"device": "auto", "seeds": [1], "schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"}},
+           "analysis": {"contrasts": []}}
+    planned = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", dry_run(tmp_path, cfg).stdout, re.S)
+    assert len(planned) == 2 and all("gpu=1" in r for r in planned), planned
+    proc = snakemake(tmp_path, "--touch", "-c1", "--configfile", tmp_path / "study.yaml")
+    out = proc.stdout + proc.stderr
+    ran = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
+    here = "gpu=1" if torch.cuda.is_available() else "gpu=0"
+    assert proc.returncode == 0 and len(ran) == 2 and all(here in r for r in ran), out[-3000:]
+    assert ("warm start: server pid" in out) != torch.cuda.is_available(), out[:3000]
+
+
 def _touch_study(tmp_path, cfg):
     """Mark every output of cfg's study as made: `--touch` records each job's params (it does so for
     outputs that do not exist yet), then the outputs are made as empty files/dirs of one mtime."""

@@ -574,7 +574,29 @@ STAGE1 = {
     if "pretrain" in s
 }
 STAGE1_PRECISIONS = sorted(STAGE1)
-GPU_PER_JOB = 0 if config["device"] == "cpu" else 1
+
+
+def training_gpus(wildcards):
+    """A training job's `gpu` resource: 1 (a GPU of its own; profiles/default's gpu: 1 then runs one timed
+    job at a time) unless the job trains on the CPU: device cpu, or device auto in a local run on a
+    machine where torch sees no CUDA GPU, whose jobs need not queue for a GPU slot they never use.
+    Evaluated when the jobs are planned, not at parse time: only then is the executor known (at parse
+    every run looks local). A cluster run (the GPU is on the node, not on the submit host) and a dry run
+    (a plan, maybe for another machine) keep 1 for auto."""
+    return 0 if trains_on_cpu_here() else 1
+
+
+def trains_on_cpu_here():
+    """The training jobs of this run train on the CPU: device cpu, or device auto in a local run (not a
+    dry run) on a machine where torch sees no CUDA GPU."""
+    device = str(config["device"])
+    if device == "cpu":
+        return True
+    if device != "auto" or not workflow.local_exec or workflow.dryrun:
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 wildcard_constraints:
@@ -883,7 +905,7 @@ def _warm_off_reason():
     if not sys.platform.startswith("linux"):
         # fork after importing torch is only safe where it is tested (macOS frameworks object to it)
         return f"platform {sys.platform}: jobs start cold"
-    if config["device"] != "cpu":
+    if not trains_on_cpu_here():
         # a child forked after the parent touched CUDA cannot use it; a GPU job is long anyway
         return f"device {config['device']}: GPU jobs start cold"
     if not workflow.local_exec:

@@ -29,7 +29,7 @@ rule pretrain:
     resources:
         mem_mb=config["resources"]["mem_mb"],
         runtime=config["resources"]["runtime"],
-        gpu=GPU_PER_JOB,
+        gpu=training_gpus,
     params:
         offline=OFFLINE_ENV,
         hparams=pretrain_hparams,
@@ -57,7 +57,7 @@ rule finetune:
     resources:
         mem_mb=config["resources"]["mem_mb"],
         runtime=config["resources"]["runtime"],
-        gpu=GPU_PER_JOB,
+        gpu=training_gpus,
     params:
         offline=OFFLINE_ENV,
         hparams=finetune_hparams,
