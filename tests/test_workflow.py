@@ -908,7 +908,8 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     equal to alpha); boundary values are accepted (max_length equal to the position embeddings); YAML's
     `compile: off` (false) is off, also beside telemetry; a sweep over stage 1 tags its schedules with that stage;
     the tokenizer is trained for model.max_position_embeddings (not a stage's max_length), cased when asked; a
-    local model.init needs no fetch; jobs that may use a GPU (device auto) start cold."""
+    local model.init needs no fetch; GPU jobs start cold (device cuda:N, and auto where torch sees a GPU), CPU
+    jobs warm (device auto without a GPU trains on the CPU)."""
     init = tmp_path / "init"
     init.mkdir()
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
@@ -930,6 +931,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
         ({"model": {"hidden_size": 100, "num_attention_heads": 3}},
          "config key model.num_attention_heads: 3 does not divide model.hidden_size (100)"),
         ({"analysis": {"alpha": 0.5, "power": 0.5}}, "config key analysis.power: 0.5 must exceed analysis.alpha (0.5)"),
+        ({"device": "cuda:1"}, None),
         ({"model": {"max_position_embeddings": 64}, "train": {"pretrain": {"max_length": 64}}}, None),
         ({"train": {"pretrain": {"compile": False, "telemetry_every": 5}},
           "tokenizer": {"vocab_size": 5000, "cased": True}, "model": {"max_position_embeddings": 96}}, None),
@@ -954,5 +956,9 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     assert results[-3]["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
     assert results[-4]["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
     assert results[-2]["fetch"] is False and results[-2]["tokenizer"] == f"--pretrained {init}"
-    # warm start forks jobs from one process: not where they may use a GPU (a fork cannot use CUDA)
-    assert results[-2]["warm"] == "device auto: GPU jobs start cold" and results[-1]["warm"] is None
+    # warm start forks jobs from one process: not where they use a GPU (a fork cannot use CUDA)
+    import torch
+
+    auto = "device auto: GPU jobs start cold" if torch.cuda.is_available() else None
+    assert results[-2]["warm"] == auto and results[-1]["warm"] is None
+    assert results[-5]["ok"] and results[-5]["warm"] == "device cuda:1: GPU jobs start cold"
