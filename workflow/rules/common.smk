@@ -525,11 +525,11 @@ SWEEPS = expand_sweeps(config)
 check_config(config)
 
 
-def threads_note(threads, cores, local):
+def threads_note(threads, cores):
     """A training job pins torch to `threads` CPU threads (its hparams; results depend on it), but
     Snakemake scales a job's threads down to --cores: more threads than cores oversubscribes them.
     """
-    if not local or not cores or threads <= cores:
+    if not cores or threads <= cores:
         return None
     return (
         f"precswitch: warning: threads {threads} is more than --cores {cores}: Snakemake gives each "
@@ -539,16 +539,17 @@ def threads_note(threads, cores, local):
 
 
 def _local_cores():
-    """--cores of a local run; None for cluster executors, where reading it raises (no total set)."""
-    if not workflow.local_exec:
-        return None
+    """--cores of the run; None when no total is set (a cluster executor's real run: reading it raises). Read
+    at parse time, when workflow.local_exec is still True for every run (the executor is set later), so the
+    raise is what tells a cluster run apart here. A dry run without --cores gets 1 from Snakemake, also
+    under profiles/slurm: its plan then shows each job scaled down to 1 thread, and the note says so."""
     try:
         return workflow.cores
     except WorkflowError:
         return None
 
 
-_THREADS_NOTE = threads_note(config["threads"], _local_cores(), workflow.local_exec)
+_THREADS_NOTE = threads_note(config["threads"], _local_cores())
 if _THREADS_NOTE:
     print(_THREADS_NOTE, file=sys.stderr)
 
