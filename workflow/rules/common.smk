@@ -542,7 +542,8 @@ def _local_cores():
     """--cores of the run; None when no total is set (a cluster executor's real run: reading it raises). Read
     at parse time, when workflow.local_exec is still True for every run (the executor is set later), so the
     raise is what tells a cluster run apart here. A dry run without --cores gets 1 from Snakemake, also
-    under profiles/slurm: its plan then shows each job scaled down to 1 thread, and the note says so."""
+    under profiles/slurm: its plan then shows each job scaled down to 1 thread, and the note says so.
+    """
     try:
         return workflow.cores
     except WorkflowError:
