@@ -496,3 +496,162 @@ def test_transformers_offline_alone_gives_the_offline_message_for_a_dataset(tmp_
         fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.finetune")
     with pytest.raises(PrecswitchError, match=r"TRANSFORMERS_OFFLINE is set and it is not in the local cache"):
         load_source({"kind": "hub", "name": "acme/d", "text_column": "text"}, "mlm")
+
+
+# --------------------------------------------------------------------------- mutation audit 4 (fetch)
+
+
+def test_requirements_take_the_configured_splits_once_and_need_a_file_for_a_file_kind():
+    """The splits fetched are the config's train_split/eval_split (what prepare reads later), each once when both
+    name the same split; a file kind without a file is refused naming the key, not resolved to nothing."""
+    src = {"kind": "hub", "name": "acme/sst", "train_split": "train[:50%]", "eval_split": "dev"}
+    assert fetch.requirements({"data": {"finetune": src}})[1]["splits"] == ["train[:50%]", "dev"]
+    same = {**src, "train_split": "train", "eval_split": "train"}
+    assert fetch.requirements({"data": {"finetune": same}})[1]["splits"] == ["train"]
+    with pytest.raises(PrecswitchError, match=r"^config key data.finetune.train: kind tsv takes one file path, not a "
+                                              r"list$"):
+        fetch.requirements({"data": {"finetune": {"kind": "tsv", "train": ["a.tsv"], "eval": "b.tsv"}}})
+    for stage, kind, src in (("finetune", "tsv", {"kind": "tsv"}), ("pretrain", "text", {"kind": "text", "train": []})):
+        with pytest.raises(PrecswitchError, match=rf"^config key data.{stage}.train: required for kind {kind} \(file "
+                                                  r"path\)$"):
+            fetch.requirements({"data": {stage: src}})
+
+
+def test_a_missing_relative_data_file_says_what_it_is_relative_to(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PrecswitchError, match=rf"^data.pretrain: file 'c.txt' does not exist \(relative paths are "
+                                              rf"relative to {tmp_path}\)$"):
+        fetch.resolve_local_files(["c.txt"], "data.pretrain")
+
+
+def _online(monkeypatch):
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_an_online_download_failure_is_not_called_offline(monkeypatch):
+    """huggingface_hub raises LocalEntryNotFoundError online too (network down, no cached copy): that is a
+    download failure of the named model and revision, not 'not available offline (HF_HUB_OFFLINE=1)'."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def snapshot_download(name, **kw):
+        raise LocalEntryNotFoundError("An error happened while trying to locate the files on the Hub.")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(fetch, "_weights_patterns", lambda name, rev: [])
+    _online(monkeypatch)
+    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/m' \(revision 'v1'\) could not be "
+                                              r"downloaded: An error happened") as e:
+        fetch.resolve_hub_model("acme/m", revision="v1", verify=False)
+    assert "offline" not in str(e.value)
+
+
+def test_a_cached_model_without_its_tokenizer_fails_verification_naming_the_model(tmp_path, monkeypatch):
+    """Weights and config in the cache, tokenizer files not: AutoTokenizer fails. Offline that is 'not available
+    offline' with the loader's reason and the way out (precswitch fetch); online, 'downloaded but does not load'."""
+    import huggingface_hub
+    import transformers
+
+    snap = tmp_path / "snapshots" / "c0ffee"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_bytes(b"x")
+
+    def no_tokenizer(name, *a, **kw):
+        raise OSError(f"Can't load tokenizer for '{name}'.")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda name, **kw: str(snap))
+    monkeypatch.setattr(fetch, "_weights_patterns", lambda name, rev: [])
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **kw: None)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_tokenizer)
+    _online(monkeypatch)
+    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/m' was downloaded but does not load: "
+                                              r"Can't load tokenizer for 'acme/m'.$"):
+        fetch.resolve_hub_model("acme/m")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/m' is not available offline: loading it "
+                                              r"failed: Can't load tokenizer for 'acme/m'. \(HF_HUB_OFFLINE=1; .*Run "
+                                              r"`precswitch fetch`"):
+        fetch.resolve_hub_model("acme/m")
+
+
+def test_offline_a_bin_only_model_missing_a_shard_is_incomplete_not_accepted(tmp_path, monkeypatch):
+    """A .bin-only repo (no safetensors) whose cached snapshot lost one of its two shards: the offline check asks for
+    the .bin files against the repo's file list and names the snapshot incomplete; one shard is not a model."""
+    hf_home = _hub_cache_here(monkeypatch, tmp_path)
+    tree = ["config.json", "vocab.txt", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
+            "pytorch_model.bin.index.json"]
+    snap = _fake_hub_snapshot(hf_home, "acme/sharded", tree, tree=tree)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert fetch.resolve_hub_model("acme/sharded", verify=False)["weights"] == tree[2:4]
+    (snap / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/sharded' is not available offline: the "
+                                              r"cached snapshot is incomplete .*pytorch_model-00002-of-00002.bin"):
+        fetch.resolve_hub_model("acme/sharded", verify=False)
+
+
+def test_hub_dataset_offline_switch_alone_and_online(monkeypatch):
+    """HF_DATASETS_OFFLINE=1 alone (the hub online) makes a dataset missing from the cache 'not available offline'
+    with the way out, in fetch and in the loader; with no switch set, it is a load failure without that hint."""
+    import datasets
+
+    from precswitch.data.loading import load_source
+
+    def load_dataset(*a, **kw):
+        raise ConnectionError("Couldn't find 'acme/d' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    _online(monkeypatch)
+    spec = {"kind": "hub", "name": "acme/d", "text_column": "text"}
+    with pytest.raises(PrecswitchError, match=r"^data.pretrain: hub dataset 'acme/d' split 'train' could not be "
+                                              r"loaded: Couldn't find"):
+        fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.pretrain")
+    with pytest.raises(PrecswitchError, match=r"^source: cannot load hub dataset 'acme/d' config None split 'train': "
+                                              r"Couldn't find"):
+        load_source(spec, "mlm")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(PrecswitchError, match=r"^data.pretrain: hub dataset 'acme/d' split 'train' is not available "
+                                              r"offline .*Run `precswitch fetch`"):
+        fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.pretrain")
+    with pytest.raises(PrecswitchError, match=r"split 'train' \(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE/TRANSFORMERS_OFFLINE "
+                                              r"is set and it is not in the local cache"):
+        load_source(spec, "mlm")
+
+
+def test_a_local_dataset_folder_is_not_looked_up_on_the_hub(tmp_path, monkeypatch):
+    """Online, a hub dataset's commit is asked of the hub; a local dataset folder given as the name is not (no
+    network call with a path as the repo id), and has no commit."""
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda self, name, revision=None: asked.append(name))
+    assert fetch._dataset_commit(str(tmp_path), None, offline=False) is None and asked == []
+
+
+def test_commit_of_a_cached_revision_whose_file_is_known_missing_is_unknown(tmp_path, monkeypatch):
+    """The cache records files a repo lacks (.no_exist/<commit>/README.md for a dataset without a README):
+    the commit is then unknown (None), not a crash on huggingface_hub's 'known missing' marker."""
+    hf_home = _hub_cache_here(monkeypatch, tmp_path)
+    sha = "fedcba9876543210fedcba9876543210fedcba98"
+    repo = hf_home / "hub" / "datasets--acme--d"
+    (repo / ".no_exist" / sha).mkdir(parents=True)
+    (repo / ".no_exist" / sha / "README.md").touch()
+    (repo / "snapshots" / sha).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    assert fetch.hub_commit("acme/d", repo_type="dataset") is None
+
+
+def test_dataset_manifest_records_the_cache_folders_of_each_split(monkeypatch):
+    import datasets
+
+    class DS(list):
+        column_names = ["text"]
+        cache_files = [{"filename": "/c/acme___d/default/0.0.0/abc/d-train-00000-of-00002.arrow"},
+                       {"filename": "/c/acme___d/default/0.0.0/abc/d-train-00001-of-00002.arrow"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: DS(["x", "y"]))
+    monkeypatch.setattr(fetch, "_dataset_commit", lambda name, rev, offline: None)
+    split = fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.pretrain")["splits"]["train"]
+    assert split["rows"] == 2 and split["cache_dirs"] == ["/c/acme___d/default/0.0.0/abc"]
