@@ -486,3 +486,87 @@ def test_a_table_source_given_a_list_of_files_is_refused_in_one_line(tmp_path):
         fetch.requirements({"data": {"finetune": {"kind": "tsv", "train": "a.tsv", "eval": ["b.tsv", "c.tsv"]}}})
     assert fetch.requirements({"data": {"pretrain": {"kind": "text", "train": ["a.txt", "b.txt"]}}})[0]["files"] == [
         "a.txt", "b.txt"]
+
+
+# --------------------------------------------------------------------------- mutation audit 4 (fetch/loading)
+
+
+@pytest.mark.parametrize("kind", ["tsv", "csv", "jsonl"])
+def test_header_check_leaves_an_empty_table_to_the_loader_which_names_it(tmp_path, kind):
+    """An empty file has no header to check the mapping against: the config check says nothing (it used to be
+    'column(s) not found ...; columns found: ['']'), and the loader names the file and says it is empty."""
+    f = tmp_path / f"t.{kind}"
+    f.write_text("", encoding="utf-8")
+    spec = {"kind": kind, "train": str(f), "eval": str(f), "columns": PAIRS}
+    assert check_table_headers(spec) is None
+    with pytest.raises(PrecswitchError, match=rf"^source: cannot read {kind} file {f}: the file is empty"):
+        load_source(spec, "classify")
+
+
+def test_a_short_line_is_not_blamed_for_a_long_one(tmp_path):
+    """A line with fewer fields than the header is read (its missing cells empty); when the parser fails, the line
+    named is the one with more fields, not an earlier short one."""
+    f = tmp_path / "t.tsv"
+    f.write_text("s1\ts2\ty\na\tb\t0\nc\td\n" + "".join(f"e{i}\tf\t1\n" for i in range(3)) + "g\th\t1\textra\n",
+                 encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=r"^source: cannot read tsv file .*t.tsv: line 7 has 4 fields, the header "
+                                              r"has 3 \(a stray tab in a text\?\)"):
+        load_source({"kind": "tsv", "train": str(f), "eval": str(f), "columns": PAIRS}, "classify")
+
+
+def test_header_check_reads_the_eval_file_too(tmp_path):
+    """The config check names a mapped column the eval file lacks (a dev file with another header), not only the
+    training file's."""
+    train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
+    train.write_text("s1,s2,y\na,b,0\n", encoding="utf-8")
+    dev.write_text("s1,s2,label\na,b,0\n", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=r"^source: .*dev.csv: column\(s\) not found: label='y'; columns found: "
+                                              r"\['s1', 's2', 'label'\]$"):
+        check_table_headers({"kind": "csv", "train": str(train), "eval": str(dev), "columns": PAIRS})
+
+
+def test_source_hash_changes_when_a_line_moves_from_train_to_eval(tmp_path):
+    """The hash (which decides whether prepare reruns) covers each file on its own: moving the last training line
+    to the front of the eval file leaves the bytes read in order the same, and must still change it."""
+    from precswitch.data.loading import source_hash
+
+    train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
+    spec = {"kind": "text", "train": [str(train)], "eval": [str(dev)]}
+    train.write_text("one\ntwo\n", encoding="utf-8")
+    dev.write_text("three\n", encoding="utf-8")
+    h = source_hash(spec, "mlm")
+    train.write_text("one\n", encoding="utf-8")
+    dev.write_text("two\nthree\n", encoding="utf-8")
+    assert source_hash(spec, "mlm") != h
+
+
+def test_a_held_out_tail_shortened_to_keep_line_pairs_is_not_called_capped(tmp_path):
+    """30 lines x 10% = 3 lines would leave 27 for training and split a line pair: 2 are held out. That is not
+    the 2000-line cap: nothing is logged, and meta.json's 'capped' stays false."""
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"line number {i} here\n" for i in range(30)), encoding="utf-8")
+    src = load_source({"kind": "text", "train": [str(f)], "eval_fraction": 0.1}, "mlm")
+    assert (len(src.train), len(src.eval)) == (28, 2)
+    assert (src.held_out["eval_lines_requested"], src.held_out["eval_lines"], src.held_out["capped"]) == (3, 2, False)
+    assert src.notes() == []
+
+
+def test_a_text_file_of_headings_only_says_why_its_split_is_empty(tmp_path):
+    ok, f = tmp_path / "ok.txt", tmp_path / "h.txt"
+    ok.write_text("a line\n", encoding="utf-8")
+    f.write_text(" = Title = \n \n = = Section = = \n", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=r"^source: eval split is empty after filtering \(.*h.txt\): no line left "
+                                              r"once blank and ' = Heading = ' lines are dropped$"):
+        load_source({"kind": "text", "train": [str(ok)], "eval": [str(f)]}, "mlm")
+
+
+def test_header_check_leaves_a_jsonl_file_of_arrays_to_the_loader(tmp_path):
+    """A JSONL file whose first line is an array has no column names: the config check says nothing, the loader
+    names the line."""
+    f = tmp_path / "t.jsonl"
+    f.write_text('["a", "b", 0]\n["c", "d", 1]\n', encoding="utf-8")
+    spec = {"kind": "jsonl", "train": str(f), "eval": str(f), "columns": PAIRS}
+    assert check_table_headers(spec) is None
+    with pytest.raises(PrecswitchError, match=r"^source: cannot read jsonl file .*t.jsonl: line 1 is an array, not a "
+                                              r"JSON object"):
+        load_source(spec, "classify")
