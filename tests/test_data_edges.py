@@ -570,3 +570,27 @@ def test_header_check_leaves_a_jsonl_file_of_arrays_to_the_loader(tmp_path):
     with pytest.raises(PrecswitchError, match=r"^source: cannot read jsonl file .*t.jsonl: line 1 is an array, not a "
                                               r"JSON object"):
         load_source(spec, "classify")
+
+
+@pytest.mark.parametrize("kind", ["tsv", "csv"])
+def test_a_mapped_column_named_twice_in_the_header_is_refused(tmp_path, kind):
+    """A header 's1,s1,s2,y' loaded the first 's1' as text_a silently (pandas renames the second 's1.1', which the
+    header check then called missing); the header check and the loader now name the repeated column. A repeated
+    column that no key maps is no problem."""
+    import re
+
+    sep = "\t" if kind == "tsv" else ","
+    f = tmp_path / f"t.{kind}"
+    f.write_text("".join(sep.join(r) + "\n" for r in (["s1", "s1", "s2", "y"], ["a", "b", "c", "0"],
+                                                       ["d", "e", "f", "1"])), encoding="utf-8")
+    spec = {"kind": kind, "train": str(f), "eval": str(f), "columns": PAIRS}
+    msg = rf"^source: {re.escape(str(f))}: column 's1' \(text_a\) appears 2 times in the header; which one is meant"
+    with pytest.raises(PrecswitchError, match=msg):
+        check_table_headers(spec)
+    with pytest.raises(PrecswitchError, match=msg):
+        load_source(spec, "classify")
+    with pytest.raises(PrecswitchError, match=r"column 's1' \(text_column\) appears 2 times in the header"):
+        load_source({**spec, "text_column": "s1"}, "mlm")
+    other = {**spec, "columns": {"text_a": "s2", "text_b": None, "label": "y"}}
+    check_table_headers(other)
+    assert load_source(other, "classify").train["text_a"] == ["c", "f"]

@@ -155,6 +155,7 @@ def check_table_headers(spec: dict) -> None:
         names = _header(kind, f) if f.is_file() else None
         if names is not None:
             _require_column_names(names, _columns(spec), str(f))
+            _require_unique_header_columns(names, _columns(spec), str(f))
 
 
 def _header(kind: str, f: Path) -> list[str] | None:
@@ -429,6 +430,15 @@ def _require_distinct_columns(cols: dict) -> None:
         seen.append((k, c))
 
 
+def _require_unique_header_columns(names: list[str], wanted: dict[str, str | None], where: str) -> None:
+    """A mapped column that a CSV/TSV header names twice: pandas reads the first and renames the second 's1.1',
+    so the loader silently took one of two columns (and the header check called 's1.1' missing)."""
+    for k, c in wanted.items():
+        if c is not None and names.count(c) > 1:
+            raise PrecswitchError(f"source: {where}: column {c!r} ({k}) appears {names.count(c)} times in the header; "
+                                  "which one is meant is ambiguous: give each column its own name")
+
+
 def _require_columns(ds, wanted: dict[str, str], where: str) -> None:
     _require_column_names(ds.column_names, wanted, where)
 
@@ -618,6 +628,12 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
     else:
         cols = _columns(spec)
         convert = lambda ds, w: _to_classify(ds, cols, w)  # noqa: E731
+    if kind in ("tsv", "csv"):  # the header as written: pandas renamed a repeated name ('s1' twice: 's1', 's1.1')
+        wanted = {"text_column": col} if objective == "mlm" else cols
+        for f in (spec["train"], spec["eval"]):
+            names = _header(kind, Path(f))
+            if names is not None:
+                _require_unique_header_columns(names, wanted, str(f))
     read = {"train": len(train), "eval": len(eval_)}
     train, eval_ = convert(train, where[0]), convert(eval_, where[1])
     # rows with an empty text (or label) cell are dropped: the prepare log and meta.json say how many;
