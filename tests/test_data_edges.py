@@ -594,3 +594,28 @@ def test_a_mapped_column_named_twice_in_the_header_is_refused(tmp_path, kind):
     other = {**spec, "columns": {"text_a": "s2", "text_b": None, "label": "y"}}
     check_table_headers(other)
     assert load_source(other, "classify").train["text_a"] == ["c", "f"]
+
+
+def test_header_check_reads_a_quoted_csv_header_as_the_loader_does(tmp_path):
+    """A CSV header may quote its names ('"s1","s2","y"', a name with a comma): read as CSV, not split on commas."""
+    f = tmp_path / "t.csv"
+    f.write_text('"s1","s2","y, label"\n"a, b",c,0\nd,e,1\n', encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {**PAIRS, "label": "y, label"}}
+    check_table_headers(spec)
+    assert load_source(spec, "classify").train["text_a"] == ["a, b", "d"]
+
+
+def test_hub_source_passes_its_config_name_to_load_dataset(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def load_dataset(name, config=None, **kw):
+        calls.append((name, config))
+        return datasets.Dataset.from_dict({"sentence": ["a b", "c d"], "label": [0, 1]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    spec = {"kind": "hub", "name": "nyu-mll/glue", "config": "sst2",
+            "columns": {"text_a": "sentence", "text_b": None, "label": "label"}}
+    load_source(spec, "classify")
+    assert calls == [("nyu-mll/glue", "sst2")] * 2
