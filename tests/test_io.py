@@ -345,3 +345,37 @@ def test_atomic_path_flushes_the_contents_to_disk_before_the_rename_and_the_rena
     events.clear()
     io.atomic_write_text(tmp_path / "metrics.json", "{}")
     assert events[-2:] == [("replace", str(tmp_path / "metrics.json")), ("fsync", str(tmp_path))]
+
+
+# ------------------------------------------------------------------ mutation audit 4 (gpu): durable IO
+def test_a_directory_swapped_in_by_rename_exchange_has_its_rename_flushed_too(tmp_path, monkeypatch):
+    """renameat2(RENAME_EXCHANGE), the one-step replace of a checkpoint dir on Linux, is a rename like the
+    two-step one: the parent directory must be fsynced after it (it used to return before that fsync, so a
+    machine crash could bring the old checkpoint back after the run had moved on)."""
+    from precswitch import io
+
+    events = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def exchange(a, b):  # the swap renameat2 makes, on any file system
+        middle = b.parent / ".swap"
+        os.rename(b, middle)
+        os.rename(a, b)
+        os.rename(middle, a)
+        events.append(("exchange", str(b)))
+        return True
+
+    monkeypatch.setattr(io.os, "fsync", fsync)
+    monkeypatch.setattr(io, "_exchange", exchange)
+    target = tmp_path / "checkpoint"
+    _write_checkpoint(target, "dir", "old")
+    with io.atomic_path(target) as tmp:
+        _write_checkpoint(tmp, "dir", "new")
+    assert _read_checkpoint(target, "dir") == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # the old one (swapped to tmp) is gone
+    swapped = events.index(("exchange", str(target)))
+    assert ("fsync", str(tmp_path)) in events[swapped + 1:], events

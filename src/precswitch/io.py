@@ -99,16 +99,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         _fsync_tree(tmp)  # the contents reach the disk before the rename makes them the result
         if path.is_dir() and not path.is_symlink():
-            if _exchange(tmp, path):  # one atomic step: tmp now holds the old directory (removed below)
-                return
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, old)
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                os.replace(old, path)  # the new one could not go in: put the old one back
-                raise
-            shutil.rmtree(old, ignore_errors=True)
+            # one atomic step where it can: tmp then holds the old directory (removed below)
+            if not _exchange(tmp, path):
+                old = path.parent / f".{path.name}.old-{os.getpid()}"
+                os.replace(path, old)
+                try:
+                    os.replace(tmp, path)
+                except BaseException:
+                    os.replace(old, path)  # the new one could not go in: put the old one back
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
         elif path.is_symlink() and tmp.is_dir() and not tmp.is_symlink():
             # a directory cannot be renamed over a link (ENOTDIR): swap the two (tmp then holds the link,
             # removed below; the directory it points to is left alone), else unlink it first
