@@ -379,3 +379,39 @@ def test_a_directory_swapped_in_by_rename_exchange_has_its_rename_flushed_too(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # the old one (swapped to tmp) is gone
     swapped = events.index(("exchange", str(target)))
     assert ("fsync", str(tmp_path)) in events[swapped + 1:], events
+
+
+def test_a_link_inside_a_saved_directory_is_not_followed_by_the_flush(tmp_path):
+    """The flush before the rename does not follow links: a checkpoint dir holding a link whose target is
+    gone (a cache file on a disk not mounted) is saved, link and all, instead of failing after the training."""
+    from precswitch import io
+
+    target = tmp_path / "checkpoint"
+    with io.atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("new")
+        (tmp / "tokenizer.json").symlink_to(tmp_path / "unmounted" / "tokenizer.json")
+    assert (target / "w").read_text() == "new" and (target / "tokenizer.json").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_file_system_that_cannot_fsync_a_directory_still_gets_the_write(tmp_path, monkeypatch):
+    """Some network and FUSE file systems refuse fsync on a directory (EINVAL): the file itself was flushed
+    and renamed, so the write stands, and no error reaches the run."""
+    import errno
+
+    from precswitch import io
+
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(io.os, "fsync", fsync)
+    io.atomic_write_text(tmp_path / "metrics.json", "{}\n")
+    with io.atomic_path(tmp_path / "checkpoint") as tmp:
+        _write_checkpoint(tmp, "dir", "new")
+    assert (tmp_path / "metrics.json").read_text() == "{}\n" and _read_checkpoint(tmp_path / "checkpoint", "dir") == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.json"]
