@@ -1526,3 +1526,22 @@ def test_gpu_hours_model_shape_of_a_pretrained_init(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gh.main([str(tmp_path / "c.yaml"), str(cls), "--shape", "12x768"])
     assert "--shape: expected LAYERS,HIDDEN (e.g. 12,768), got '12x768'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ mutation audit 4 (gpu): slots, claims, provenance
+def test_a_timeout_names_who_holds_the_gpus_and_where_the_locks_are(tmp_path, no_cvd):
+    """A timeout shorter than WAIT_NOTICE_S printed no holder anywhere ('holders are named in each file'): the
+    error itself names each GPU's holder (pid and host, from its lock file) and the lock dir."""
+    q = CTX.Queue()
+    a = CTX.Process(target=_hold_forever, args=(tmp_path, 1, q))
+    a.start()
+    try:
+        assert q.get(timeout=30) == 0
+        with pytest.raises(gpu.GpuSlotTimeout) as e:
+            with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.2, poll=0.05):
+                pass
+        msg = str(e.value)
+        assert f"gpu-0: pid={a.pid} host=" in msg and f"lock files in {str(tmp_path)!r}" in msg, msg
+    finally:
+        os.kill(a.pid, signal.SIGKILL)
+        a.join(30)

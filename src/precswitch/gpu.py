@@ -215,16 +215,21 @@ def _acquire(
                 return i, fd, time.monotonic() - t0
         waited = time.monotonic() - t0
         if not said and waited >= WAIT_NOTICE_S:  # a job waiting for a GPU says so in its log, once
-            holders = "; ".join(f"gpu-{ids[i]}: {lock_holder(d / f'gpu-{ids[i]}.lock')}" for i in candidates)
-            print(f"precswitch: waiting for a free GPU ({holders}); lock files in {str(d)!r}", file=sys.stderr,
-                  flush=True)
+            print(f"precswitch: waiting for a free GPU ({_holders(d, ids, candidates)}); lock files in {str(d)!r}",
+                  file=sys.stderr, flush=True)
             said = True
         if timeout is not None and waited >= timeout:
+            # the holders again: a timeout shorter than WAIT_NOTICE_S has named them nowhere else
             raise GpuSlotTimeout(
                 f"no free GPU slot after {waited:.0f} s: all of GPU(s) {[ids[i] for i in candidates]} are held "
-                f"by other jobs (lock files in {str(d)!r}; holders are named in each file)"
+                f"by other jobs ({_holders(d, ids, candidates)}; lock files in {str(d)!r})"
             )
         time.sleep(poll if timeout is None else max(0.0, min(poll, timeout - waited)))
+
+
+def _holders(d: Path, ids: list[str], candidates: Sequence[int]) -> str:
+    """Who holds each candidate GPU, as its lock file says (``gpu-0: pid=... host=... since=...; ...``)."""
+    return "; ".join(f"gpu-{ids[i]}: {lock_holder(d / f'gpu-{ids[i]}.lock')}" for i in candidates)
 
 
 @contextlib.contextmanager
