@@ -1545,3 +1545,103 @@ def test_a_timeout_names_who_holds_the_gpus_and_where_the_locks_are(tmp_path, no
     finally:
         os.kill(a.pid, signal.SIGKILL)
         a.join(30)
+
+
+def test_a_wait_shorter_than_the_notice_time_says_nothing(tmp_path, no_cvd, capsys):
+    """The 'waiting for a free GPU' line is for a job that really waits (WAIT_NOTICE_S): a short wait for a slot
+    another job is about to release leaves the log alone."""
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1):
+        with pytest.raises(gpu.GpuSlotTimeout):
+            with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=0.2, poll=0.05):
+                pass
+    assert "waiting for a free GPU" not in capsys.readouterr().err
+
+
+def test_a_claim_gives_up_after_its_timeout_and_claims_nothing(tmp_path, no_cvd):
+    """claim_device(timeout=...) on a GPU another job holds raises GpuSlotTimeout in time (not a wait for ever),
+    and leaves no claim behind: a later claim of the freed GPU gets it."""
+    with gpu.acquire_gpu_slot(tmp_path, n_devices=1, timeout=1):
+        t0 = time.monotonic()
+        with pytest.raises(gpu.GpuSlotTimeout):
+            gpu.claim_device("cuda", lock_dir=tmp_path, n_devices=1, timeout=0.2, poll=0.05)
+        assert time.monotonic() - t0 < 5
+        assert gpu.claim_info()["gpu_slot_index"] is None
+    try:
+        assert str(gpu.claim_device("cuda", lock_dir=tmp_path, n_devices=1, timeout=1)) == "cuda:0"
+    finally:
+        gpu.release_claim()
+
+
+def test_a_claim_without_a_device_count_names_the_physical_gpu_torch_counts(tmp_path, monkeypatch):
+    """The engine calls claim_device(device) without n_devices: the count (and so the physical id of cuda:1
+    under CUDA_VISIBLE_DEVICES=5,7) comes from torch."""
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    try:
+        assert gpu.claim_device("cuda:1", lock_dir=tmp_path, timeout=1) == torch.device("cuda", 1)
+        assert gpu.claim_info()["gpu_slot_physical_id"] == "7" and (tmp_path / "gpu-7.lock").is_file()
+    finally:
+        gpu.release_claim()
+
+
+def test_a_lock_dir_the_caller_names_is_kept_even_where_it_is_the_jobs_own(tmp_path, no_cvd, monkeypatch):
+    """Only a slot taken in the default lock dir tidies the SLURM job's dir away; a caller who names that same
+    dir (other processes of the job may be about to lock there) keeps it."""
+    monkeypatch.setenv(gpu.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "55")
+    named = gpu.default_lock_dir()
+    with gpu.acquire_gpu_slot(named, n_devices=1, timeout=1):
+        pass
+    assert [f.name for f in named.iterdir()] == ["gpu-0.lock"]
+
+
+def test_gpu_provenance_without_an_index_describes_the_current_device(monkeypatch):
+    """After claim_device set cuda:1 as the current device, gpu_provenance() describes cuda:1, not cuda:0."""
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    _fake_cuda(monkeypatch, [_props("Fake V100", 7, "aaaa", 0x17), _props("Fake A100", 8, "cccc", 0x65)])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    _fake_nvml(monkeypatch, by_index={})
+    info = gpu.gpu_provenance()
+    assert (info["gpu_index"], info["gpu_physical_id"], info["name"], info["uuid"]) == (1, "6", "Fake A100", "GPU-cccc")
+
+
+def test_gpu_provenance_keeps_what_nvml_gave_when_some_readings_fail(monkeypatch):
+    """An older driver's NVML lacks the CUDA driver version call, and a GPU may refuse one reading (power limit
+    not supported): those fields are None, every other one is still recorded, and nothing raises."""
+    _fake_cuda(monkeypatch, [_props("Fake A100", 8, "cccc", 0x65)])
+    _fake_nvml(monkeypatch, by_index={})
+    nvml = sys.modules["pynvml"]
+
+    def not_supported(*a):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(nvml, "nvmlSystemGetCudaDriverVersion", not_supported, raising=False)
+    monkeypatch.setattr(nvml, "nvmlDeviceGetEnforcedPowerLimit", not_supported, raising=False)
+    info = gpu.gpu_provenance(0)
+    assert (info["driver_version"], info["nvml_cuda_driver_version"]) == ("550.54", None)
+    assert (info["uuid"], info["power_limit_watts"], info["max_sm_clock_mhz"], info["max_mem_clock_mhz"]) == (
+        "GPU-cccc", None, 1410, 1215)
+    # no NVML at all (nvidia-ml-py not installed): the CUDA fields, every NVML one None
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    info = gpu.gpu_provenance(0)
+    assert info["name"] == "Fake A100" and info["compute_capability"] == "8.0"
+    assert all(info[k] is None for k in ("driver_version", "nvml_cuda_driver_version", "uuid", "power_limit_watts",
+                                         "max_sm_clock_mhz", "max_mem_clock_mhz"))
+
+
+def test_nvml_finds_a_gpu_without_a_uuid_by_its_pci_bus_id(monkeypatch):
+    """Where torch gives no UUID, NVML finds the GPU by its PCI bus id, in NVML's own form (8-digit domain,
+    upper-case hex: '00000000:65:00.0'), before falling back to an index."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    _fake_cuda(monkeypatch, [_props("Fake V100", 7, None, 0x17), _props("Fake A100", 8, None, 0xAB)])
+    _fake_nvml(monkeypatch, by_index={})  # by index: nothing
+    monkeypatch.setattr(sys.modules["pynvml"], "nvmlDeviceGetHandleByPciBusId",
+                        lambda bus: {"00000000:17:00.0": "hA", "00000000:AB:00.0": "hC"}[bus])
+    assert gpu.gpu_provenance(1)["uuid"] == "GPU-cccc"
+    assert gpu.gpu_provenance(0)["uuid"] == "GPU-aaaa"
