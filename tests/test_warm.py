@@ -370,6 +370,8 @@ def main(argv):
         raise SystemExit(rest[0])
     if cmd == "exit-int":
         raise SystemExit(int(rest[0]))
+    if cmd == "exit-none":
+        sys.exit()
     if cmd == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if cmd == "slow-stop":  # like a training stage: SIGTERM saves its state (here: until rest[0] exists), exits 75
@@ -462,6 +464,8 @@ def test_a_warm_child_is_the_clients_process(fake_server, tmp_path):
     (["exit", "no such file: x.yaml"], 1, "no such file: x.yaml"),  # sys.exit("message"): 1, the message on stderr
     (["exit-int", "3"], 3, ""),
     (["kill"], 128 + signal.SIGKILL, ""),  # killed by a signal: 128 + its number, as a shell reports it
+    (["exit-none"], 0, ""),  # sys.exit(): 0
+    (["no-such-fake-command"], 42, ""),  # main's return value is the status
 ])
 def test_a_warm_childs_exit_status_is_a_fresh_processs(fake_server, args, code, err):
     r = _client(fake_server, args)
@@ -687,3 +691,53 @@ def _catches(pid: int, sig: int) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
     return False
+
+
+# ------------------------------------------------------------------ mutation audit 4 (gpu): declines, pid files
+@pytest.mark.parametrize("var", ["TORCH_HOME", "PYTORCH_CUDA_ALLOC_CONF", "PYTHONHASHSEED", "TRANSFORMERS_CACHE",
+                                 "HF_HOME", "DATASETS_VERBOSITY", "MKL_ENABLE_INSTRUCTIONS", "KMP_AFFINITY",
+                                 "LD_PRELOAD"])
+def test_any_import_time_variable_the_client_sets_and_the_server_has_not_is_declined(monkeypatch, var):
+    """Each family of variables read while torch, transformers, datasets or MKL are imported declines a warm start
+    when only the client sets it (the child would run without it), naming the variable; nothing is forked."""
+    import socket as socketlib
+
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked a request that must be declined"))
+    host = socketlib.gethostname()
+    r, server_end, client_end = _request(host, {"PATH": "/bin", var: "x"})
+    try:
+        assert warm._accept(server_end, {}, {}, host) is None
+        assert warm._recv(client_end)[0] == {"decline": f"environment differs from the server's in {var}"}
+    finally:
+        os.close(r)
+        client_end.close()
+
+
+def test_a_pid_file_without_a_number_means_no_server(tmp_path):
+    """A pid file that names no process (empty, or not a number) is no server starting: the client starts cold at
+    once, and `warm stop` has nothing to stop."""
+    sock = tmp_path / "s"
+    for text in ("", "not-a-pid\n"):
+        Path(str(sock) + ".pid").write_text(text)
+        assert warm.server_pid(str(sock)) is None
+        t = time.monotonic()
+        assert not warm._wait_until_listening(str(sock))
+        assert time.monotonic() - t < 1
+        assert warm.stop_server(str(sock), timeout=1)
+
+
+def test_stop_reports_a_server_that_does_not_go(tmp_path):
+    """`precswitch warm stop` tells the truth: a server that outlives its timeout (stuck, ignoring SIGTERM) is a
+    failed stop (False: exit 1), not a stopped one."""
+    sock = tmp_path / "s"
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)", str(sock)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert stuck.stdout.readline() == "ready\n"  # its SIGTERM handler is set
+        warm.write_pid(str(sock), stuck.pid)  # its command line names the socket, as a server's does
+        assert warm.stop_server(str(sock), timeout=0.3) is False
+        assert stuck.poll() is None
+    finally:
+        stuck.kill()
+        stuck.wait()
