@@ -741,3 +741,208 @@ def test_load_steps_tags_each_row_with_its_own_runs_identity(tmp_path):
                    "ft-bad": {"stage": {"finetune"}, "precision": {"fp32"}, "seed": {3}, "status": {"diverged"},
                               "schedule": {"s-b"}}}
     assert st["regular"].all() and len(st) == 4
+
+
+# ---------------------------------------------------------------------------- mutation audit 4
+def _run_dir(root, name, steps=None, acts=None, log_every=1):
+    """A run directory with metrics.json (hparams.log_every), and steps.csv / activations.csv if given."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"hparams": {"log_every": log_every}}))
+    if steps is not None:
+        pd.DataFrame(steps).to_csv(d / "steps.csv", index=False)
+    if acts is not None:
+        pd.DataFrame(acts).to_csv(d / "activations.csv", index=False)
+    return d / "metrics.json"
+
+
+def test_make_plots_reads_relative_metrics_paths_beside_runs_csv(tmp_path, monkeypatch, capsys):
+    """A relative metrics_path in runs.csv is read relative to runs.csv's directory when it is not found from the
+    working directory (docs/analysis.md): the loss curve and the activation line of the run are drawn, no warning."""
+    from plot_helpers import figures
+
+    study = tmp_path / "study"
+    _run_dir(study / "runs", "pre-1", steps={"step": [1, 2, 3], "loss": [6.0, 5.0, 4.5]},
+             acts={"step": [0, 0], "layer": ["l0", "l1"], "max_abs": [3.0, 70000.0]})
+    pd.DataFrame([{"run_id": "pre-1", "stage": "pretrain", "precision": "fp32", "seed": 1, "status": "ok",
+                   "metrics_path": "runs/pre-1/metrics.json"}]).to_csv(study / "runs.csv", index=False)
+    pd.DataFrame({"schedule": ["a"], "seed": [1], "status": ["ok"], "accuracy": [0.8],
+                  "stage1_precision": ["fp32"]}).to_csv(study / "schedules.csv", index=False)
+    (study / "stats.json").write_text(json.dumps({"baseline": "a", "settings": {"alpha": 0.05}}))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    figs = figures(monkeypatch, study, ["loss_curves", "overflow"])
+    (curve,) = [ln for ln in figs["loss_curves"].axes[0].get_lines() if ln.get_label().startswith("fp32 (")]
+    assert list(curve.get_ydata()) == [6.0, 5.0, 4.5]
+    (line,) = [ln for ln in figs["overflow"].axes[0].get_lines() if ln.get_label() == "fp32"]
+    assert list(line.get_ydata()) == [3.0, 70000.0]
+    assert "no steps.csv" not in capsys.readouterr().err
+
+
+def test_load_steps_regular_rows_are_the_log_every_grid_and_the_last_step(tmp_path):
+    """With log_every 3 the engine logs steps 1, 4, 7, ... and the last (8), plus a row for a skipped step in
+    between (5): only the extra row is irregular."""
+    mp = _run_dir(tmp_path, "r", steps={"step": [1, 4, 5, 7, 8], "loss": [5.0, 4.0, 3.9, 3.0, 2.9]}, log_every=3)
+    st = plots.load_steps(pd.DataFrame([{"run_id": "r", "stage": "pretrain", "precision": "fp32", "seed": 1,
+                                         "status": "ok", "metrics_path": str(mp)}]))
+    assert dict(zip(st["step"], st["regular"])) == {1: True, 4: True, 5: False, 7: True, 8: True}
+
+
+def test_accuracy_single_run_gets_a_diamond_without_bar_and_no_eval_counts_as_failed(mpl):
+    """A schedule with one usable seed still shows its mean (the diamond at that value, no interval exists); a run
+    that finished without an accuracy (no_eval) is no data point and is counted as failed over its column."""
+    df = pd.DataFrame([{"schedule": "base", "seed": s, "status": "ok", "accuracy": a}
+                       for s, a in ((1, 0.80), (2, 0.84))]
+                      + [{"schedule": "one", "seed": 1, "status": "ok", "accuracy": 0.70},
+                         {"schedule": "one", "seed": 2, "status": "ok", "accuracy": math.nan}])
+    df["majority_accuracy"] = 0.5
+    ax = plots.plot_accuracy(df, {"baseline": "base", "settings": {"alpha": 0.05}}, *mpl).axes[0]
+    from matplotlib.container import ErrorbarContainer
+
+    means = {}
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            data_line, _, bars = c.lines
+            means[round(float(data_line.get_xdata()[0]), 6)] = (float(data_line.get_ydata()[0]), len(bars))
+    assert means[1.3] == (pytest.approx(70.0), 0)  # no bar: one value has no t interval
+    assert means[0.3][0] == pytest.approx(82.0) and means[0.3][1] == 1
+    assert _by_column(_points(ax), ["base", "one"]) == {"base": [80.0, 84.0], "one": [70.0]}
+    assert _failed_notes(ax) == {1.0: "1 failed"}
+
+
+def test_forest_defaults_partial_bootstrap_note_and_bottom_row_in_view(mpl):
+    """Without settings the band is the documented default margin ±1 point and the bars 95% t CIs; when only some
+    rows have a bootstrap CI the note under the axes says why the others have none; the lowest row's thin
+    bootstrap bar (drawn below its dot) stays inside the axes."""
+    deltas = [_delta("vs_baseline", "a-one", "zz-base", 0.5, 0.1, 0.9, "inconclusive", n=3),
+              _delta("vs_baseline", "m-two", "zz-base", -2.0, -3.0, -1.0, "worse", n=9, blo=-2.8, bhi=-1.2)]
+    fig = plots.plot_forest({"deltas": deltas, "bootstrap_min_pairs": 8}, *mpl)
+    ax = fig.axes[0]
+    (band,) = [p for p in ax.patches if p.get_label().startswith("equivalence band")]
+    assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((-1.0, 1.0))
+    assert "95% t CI" in ax.get_title() and "bootstrap CI where ≥ 8 pairs" in ax.get_title()
+    assert [t.get_text() for t in fig.texts] == ["no bootstrap CI below 8 paired seeds (too few distinct resamples)"]
+    (thin,) = [ln for ln in ax.get_lines() if list(ln.get_xdata()) == pytest.approx([-2.8, -1.2])]
+    lo, hi = ax.get_ylim()
+    assert lo < thin.get_ydata()[0] < hi and min(ax.get_yticks()) == thin.get_ydata()[0] + 0.18
+
+
+def test_loss_curves_stage1_legend_lists_baseline_first_and_a_skipped_run_is_not_averaged(mpl):
+    """The stage-1 legend names the schedules sharing a precision in plot order (the baseline first, as on every
+    axis); a stage-1 run that did not finish (status skipped, with a partial log) is a failed run, not data."""
+    rows = [("pretrain", "fp32", None, f"pre-{s}", s, "ok", i, v) for s, vals in ((1, [6.0, 5.0]), (2, [7.0, 6.0]))
+            for i, v in zip((1, 2), vals)]
+    rows += [("pretrain", "fp32", None, "pre-3", 3, "skipped", 1, 50.0)]
+    sched = pd.DataFrame({"schedule": ["a-other", "zz-base"], "stage1_precision": ["fp32", "fp32"]})
+    ax = plots.plot_loss_curves(pd.DataFrame(), sched, _steps(rows), {"baseline": "zz-base"}, *mpl).axes[0]
+    (curve,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("fp32 (")]
+    assert " ".join(curve.get_label().split()) == "fp32 (zz-base, a-other)"
+    assert list(curve.get_ydata()) == pytest.approx([6.5, 5.5])
+    (bad,) = [ln for ln in ax.get_lines() if ln.get_label() == FAILED_RUN_LABEL]
+    assert list(bad.get_ydata()) == [50.0]
+
+
+def test_curves_coincide_by_their_drawn_means_not_medians(mpl):
+    """The 'lines overlap' note compares the curves as drawn (means over seeds): seeds 1, 2, 9 and 1, 2, 3 have
+    the same median but means 4 and 2, two lines far apart."""
+    vals = {"fp32": [1.0, 2.0, 3.0], "amp_bf16": [1.0, 2.0, 9.0]}
+    rows = [("pretrain", p, None, f"pre-{p}-{s}", s, "ok", i, v + 0.1 * i) for p, vs in vals.items()
+            for s, v in enumerate(vs, 1) for i in (1, 2, 3)]
+    sched = pd.DataFrame({"schedule": ["a", "b"], "stage1_precision": ["fp32", "amp_bf16"]})
+    ax = plots.plot_loss_curves(pd.DataFrame(), sched, _steps(rows), {"baseline": "a"}, *mpl).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not any(t.startswith("lines overlap") for t in legend), legend
+
+
+def test_overflow_exactly_65504_does_not_exceed_and_inf_sits_above_a_larger_finite_peak(mpl):
+    """65504 is fp16's largest finite value: a peak of exactly 65504 does not exceed the range. An inf peak is
+    drawn above every finite one, also a finite peak far above 4 × 65504 (1e7)."""
+    rows = [{"step": 0, "layer": layer, "max_abs": v, "spec": "amp_bf16", "seed": 1, "status": "ok"}
+            for layer, v in zip(LAYERS, [1.0, FP16_MAX, 2.0])]
+    ax = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0]
+    assert ax.get_title().endswith("— none exceeds it")
+    rows = [{"step": 0, "layer": layer, "max_abs": v, "spec": spec, "seed": 1, "status": "ok"}
+            for spec, vals in (("fp32", [10.0, 1e7, 5.0]), ("pure_fp16", [12.0, 3.0, math.inf]))
+            for layer, v in zip(LAYERS, vals)]
+    ax = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0]
+    (mark,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("inf")]
+    assert mark.get_ydata()[0] > 1e7 and ax.get_ylim()[1] >= mark.get_ydata()[0]
+
+
+def test_plot_targets_dedupe_accept_upper_case_suffixes_and_missing_inputs_are_named(tmp_path):
+    """A file named by --out and also in --out-dir is drawn once; 'accuracy.PNG' is a PNG; a missing input names
+    the file and writes nothing."""
+    from precswitch.errors import PrecswitchError
+
+    d = tmp_path / "p"
+    assert plots._targets(d, [d / "accuracy.png"])["accuracy"] == [d / "accuracy.png", d / "accuracy.svg"]
+    assert plots._targets(None, [tmp_path / "accuracy.PNG"]) == {"accuracy": [tmp_path / "accuracy.PNG"]}
+    for name in ("schedules.csv", "stats.json"):
+        (tmp_path / name).write_text("x")
+    with pytest.raises(PrecswitchError, match="plots input not found: .*runs.csv"):
+        plots.make_plots(tmp_path / "runs.csv", tmp_path / "schedules.csv", tmp_path / "stats.json", out_dir=d)
+    assert not d.exists()
+
+
+def test_a_figure_that_fails_to_save_leaves_the_old_file_and_no_partial_one(tmp_path, mpl):
+    """Plots are written atomically: a savefig that fails half-way leaves an existing file as it was, a new path
+    absent, and no temporary beside them."""
+    plt, _ = mpl
+    fig, _ = plt.subplots()
+
+    def broken(target, **kw):
+        with open(target, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    fig.savefig = broken
+    old = tmp_path / "accuracy.png"
+    old.write_bytes(b"old figure")
+    for path in (old, tmp_path / "forest.png"):
+        with pytest.raises(OSError, match="disk full"):
+            plots._save(fig, path)
+    assert old.read_bytes() == b"old figure" and not (tmp_path / "forest.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.png"]
+
+
+def test_stage1_precision_colours_agree_whatever_order_the_runs_come_in(mpl):
+    """Colours per stage-1 precision are fixed by the sorted precisions, not by the order of the rows: steps
+    listing fp32 before amp_bf16 and activations sorted by precision give each its one colour in both plots."""
+    specs = ["fp32", "amp_bf16"]
+    acts = pd.DataFrame([{"step": 0, "layer": layer, "max_abs": 10.0 * (k + 1) + j, "spec": p, "seed": 1,
+                          "status": "ok"} for k, p in enumerate(specs) for j, layer in enumerate(LAYERS)])
+    over = plots.plot_overflow(acts, *mpl).axes[0]
+    st = _steps([("pretrain", p, None, f"pre-{p}", 1, "ok", i, 5.0 + k + i) for k, p in enumerate(specs)
+                 for i in (1, 2)])
+    sched = pd.DataFrame({"schedule": [f"{p}-x" for p in specs], "stage1_precision": specs})
+    curves = plots.plot_loss_curves(pd.DataFrame(), sched, st, {}, *mpl).axes[0]
+    for p in specs:
+        (a,) = [ln for ln in over.get_lines() if ln.get_label() == p]
+        (b,) = [ln for ln in curves.get_lines() if ln.get_label().startswith(p + " (")]
+        assert to_hex(a.get_color()) == to_hex(b.get_color()), p
+
+
+def test_time_memory_a_schedule_without_status_does_not_leave_its_runs_out(mpl):
+    """An empty schedule status reads as ok (as in the statistics): its stage-2 run is drawn, not counted failed."""
+    runs = pd.DataFrame([{"run_id": f"ft-{s}", "stage": "finetune", "precision": "fp32", "status": "ok",
+                          "train_seconds": 2.0 * s, "peak_memory_bytes": MIB} for s in (1, 2)])
+    schedules = pd.DataFrame({"schedule": ["a", "a"], "stage2_run_id": ["ft-1", "ft-2"], "status": [math.nan, "ok"],
+                              "stage2_status": ["ok", "ok"]})
+    t_ax = plots.plot_time_memory(runs, *mpl, schedules).axes[0]
+    assert _bars(t_ax) == [(0.0, pytest.approx(3.0))] and not _failed_notes(t_ax)
+
+
+def test_accuracy_failed_note_sits_above_the_highest_dot(mpl):
+    """'k failed' is written at the top of its column: the axes leave room for it, so it does not cover the
+    column's highest seed."""
+    df = pd.DataFrame([{"schedule": "base", "seed": s, "status": "ok", "accuracy": a}
+                       for s, a in ((1, 0.60), (2, 0.70), (3, 0.95))]
+                      + [{"schedule": "base", "seed": 4, "status": "diverged", "accuracy": math.nan}])
+    df["majority_accuracy"] = 0.5
+    fig = plots.plot_accuracy(df, {"baseline": "base"}, *mpl)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    (note,) = [t for t in ax.texts if t.get_text() == "1 failed"]
+    top = max(ax.transData.transform((x, y))[1] for x, y, _ in _points(ax))
+    assert top + 3 < note.get_window_extent(r).y0  # 3 px under the note, the dot's radius included
