@@ -935,9 +935,9 @@ def test_time_memory_a_schedule_without_status_does_not_leave_its_runs_out(mpl):
 def test_accuracy_failed_note_sits_above_the_highest_dot(mpl):
     """'k failed' is written at the top of its column: the axes leave room for it, so it does not cover the
     column's highest seed."""
-    df = pd.DataFrame([{"schedule": "base", "seed": s, "status": "ok", "accuracy": a}
-                       for s, a in ((1, 0.60), (2, 0.70), (3, 0.95))]
-                      + [{"schedule": "base", "seed": 4, "status": "diverged", "accuracy": math.nan}])
+    accs = [0.60] * 10 + [0.95]  # the one high seed, not the mean's interval, tops the axis
+    df = pd.DataFrame([{"schedule": "base", "seed": s, "status": "ok", "accuracy": a} for s, a in enumerate(accs, 1)]
+                      + [{"schedule": "base", "seed": 12, "status": "diverged", "accuracy": math.nan}])
     df["majority_accuracy"] = 0.5
     fig = plots.plot_accuracy(df, {"baseline": "base"}, *mpl)
     ax = fig.axes[0]
@@ -946,3 +946,72 @@ def test_accuracy_failed_note_sits_above_the_highest_dot(mpl):
     (note,) = [t for t in ax.texts if t.get_text() == "1 failed"]
     top = max(ax.transData.transform((x, y))[1] for x, y, _ in _points(ax))
     assert top + 3 < note.get_window_extent(r).y0  # 3 px under the note, the dot's radius included
+
+
+def test_saved_figures_are_130_dpi_pngs_and_byte_identical_when_saved_again(tmp_path, mpl):
+    """PNGs at 130 dpi (docs/analysis.md); saving the same figure twice gives the same bytes in both formats
+    (no date or software stamp, fixed SVG ids), so an unchanged plot does not show up as a changed output."""
+    from PIL import Image
+
+    plt, _ = mpl
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2, 3], [3, 1, 2], label="x")
+    ax.legend()
+    for ext in ("png", "svg"):
+        a, b = tmp_path / f"a.{ext}", tmp_path / "again" / f"a.{ext}"
+        plots._save(fig, a)
+        plots._save(fig, b)
+        assert a.read_bytes() == b.read_bytes(), ext
+    assert b"<dc:date>" not in (tmp_path / "a.svg").read_bytes()
+    with Image.open(tmp_path / "a.png") as im:
+        assert im.info["dpi"] == pytest.approx((130, 130), abs=0.01)
+
+
+def test_axis_labels_name_each_panels_quantity_and_unit(mpl):
+    """Stage 2's loss is a classification cross-entropy (not stage 1's nats per masked token); the switch-point x axis
+    says what its percent is of."""
+    rows = [(stage, "fp32", sched, f"{stage}-{s}", s, "ok", i, 2.0 - 0.1 * i + s)
+            for stage, sched in (("pretrain", None), ("finetune", "a")) for s in (1, 2) for i in (1, 2)]
+    sched = pd.DataFrame({"schedule": ["a"], "stage1_precision": ["fp32"]})
+    ax1, ax2 = plots.plot_loss_curves(pd.DataFrame(), sched, _steps(rows), {"baseline": "a"}, *mpl).axes[:2]
+    assert (ax1.get_ylabel(), ax2.get_ylabel()) == ("training loss (nats/token)", "training loss (cross-entropy, nats)")
+    df = pd.DataFrame([{"schedule": f"sw-at{int(at * 100)}", "seed": s, "status": "ok", "accuracy": 0.7 + 0.01 * s,
+                        "majority_accuracy": 0.5, "sweep": "sw", "sweep_at": at, "sweep_stage": "finetune",
+                        "stage2_train_seconds": 3.0 + s} for at in (0.0, 1.0) for s in (1, 2)])
+    for ax in plots.plot_switch_point(df, {}, *mpl).axes[:2]:
+        assert ax.get_xlabel() == "switch point\n(% of the swept stage's steps in its first precision)"
+
+
+def test_overflow_draws_peaks_below_1_at_their_value(mpl):
+    """Small activations (a peak of 0.25) are drawn where they are on the log axis, not lifted to 1."""
+    rows = [{"step": 0, "layer": layer, "max_abs": v, "spec": "fp32", "seed": 1, "status": "ok"}
+            for layer, v in zip(LAYERS, [0.25, 0.003, 40.0])]
+    ax = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "fp32"]
+    assert list(line.get_ydata()) == pytest.approx([0.25, 0.003, 40.0])
+
+
+def test_load_steps_warns_with_the_number_of_runs_without_a_readable_log(tmp_path, capsys):
+    """A run without steps.csv and one with an empty steps.csv are both counted in the warning; a readable one is
+    read."""
+    runs = []
+    for name, text in (("good", "step,loss\n1,2.0\n"), ("empty", ""), ("none", None)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.json").write_text("{}")
+        if text is not None:
+            (d / "steps.csv").write_text(text)
+        runs.append({"run_id": name, "stage": "pretrain", "precision": "fp32", "seed": 1, "status": "ok",
+                     "metrics_path": str(d / "metrics.json")})
+    st = plots.load_steps(pd.DataFrame(runs))
+    assert st["run_id"].tolist() == ["good"]
+    assert "no steps.csv for 2 run(s)" in capsys.readouterr().err
+
+
+def test_stage1_a_run_without_status_is_a_finished_run(mpl):
+    """An empty status reads as ok, as in the statistics (stats.mark_outcomes): its point is drawn, not counted
+    failed."""
+    rows = [{"stage": "pretrain", "precision": "fp32", "seed": s, "status": st, "eval_loss": 2.0 + s,
+             "mlm_accuracy": 0.3} for s, st in ((1, "ok"), (2, math.nan))]
+    ax = plots.plot_stage1(pd.DataFrame(rows), {"stage1_baseline_precision": "fp32"}, *mpl).axes[0]
+    assert _by_column(_points(ax), ["fp32"]) == {"fp32": [3.0, 4.0]} and not _failed_notes(ax)
