@@ -1015,3 +1015,27 @@ def test_stage1_a_run_without_status_is_a_finished_run(mpl):
              "mlm_accuracy": 0.3} for s, st in ((1, "ok"), (2, math.nan))]
     ax = plots.plot_stage1(pd.DataFrame(rows), {"stage1_baseline_precision": "fp32"}, *mpl).axes[0]
     assert _by_column(_points(ax), ["fp32"]) == {"fp32": [3.0, 4.0]} and not _failed_notes(ax)
+
+
+def test_stage1_mean_diamond_is_drawn_even_without_an_interval(mpl):
+    """The caption's diamond is the mean over the finished runs: a precision with one finished run (its others
+    diverged) or with equal values (no t interval below the sign test's minimum) still gets its diamond, without a
+    bar, as in the accuracy plot; before, such a column showed no mean at all."""
+    rows = [{"stage": "pretrain", "precision": p, "seed": s, "status": st, "eval_loss": v, "mlm_accuracy": 0.3}
+            for p, vals in (("fp32", [(2.0, "ok"), (2.2, "ok"), (2.3, "ok")]),
+                            ("amp_fp16", [(2.5, "ok"), (9.0, "diverged"), (9.0, "diverged")]),
+                            ("pure_bf16", [(2.4, "ok"), (2.4, "ok"), (2.4, "ok")]))
+            for s, (v, st) in enumerate(vals, 1)]
+    ax = plots.plot_stage1(pd.DataFrame(rows), {"stage1_baseline_precision": "fp32"}, *mpl).axes[0]
+    from matplotlib.container import ErrorbarContainer
+
+    diamonds = {}
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            data_line, _, bars = c.lines
+            diamonds[round(float(data_line.get_xdata()[0]), 6)] = (float(data_line.get_ydata()[0]), len(bars))
+    # columns: fp32 (baseline), amp_fp16, pure_bf16
+    assert diamonds[0.25] == (pytest.approx(np.mean([2.0, 2.2, 2.3])), 1)
+    assert diamonds[1.25] == (pytest.approx(2.5), 0)
+    assert diamonds[2.25] == (pytest.approx(2.4), 0)
+    assert _failed_notes(ax) == {1.0: "2 failed"}

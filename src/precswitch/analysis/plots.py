@@ -692,9 +692,10 @@ def plot_stage1(runs, stats: dict, plt, sns):
         sns.stripplot(data=pre, x="precision", y=col, order=order, jitter=0.1, size=6, alpha=0.75, ax=ax)
         for i, p in enumerate(order):
             d = describe(pre.loc[pre["precision"] == p, col], alpha)
-            if d["n"] and math.isfinite(d["ci_low"]):
-                ax.errorbar(i + 0.25, d["mean"], yerr=[[d["mean"] - d["ci_low"]], [d["ci_high"] - d["mean"]]],
-                            fmt="D", color="black", capsize=5, ms=5)
+            if d["n"]:  # the mean of every precision with a finished run; its bar only where a t CI exists
+                yerr = ([[d["mean"] - d["ci_low"]], [d["ci_high"] - d["mean"]]]
+                        if math.isfinite(d["ci_low"]) else None)
+                ax.errorbar(i + 0.25, d["mean"], yerr=yerr, fmt="D", color="black", capsize=5, ms=5)
         _category_axis(ax, order, failed)
         ax.set_xlabel("stage-1 (pre-training) precision")
         ax.set_ylabel(ylabel)
