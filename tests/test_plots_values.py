@@ -1039,3 +1039,15 @@ def test_stage1_mean_diamond_is_drawn_even_without_an_interval(mpl):
     assert diamonds[1.25] == (pytest.approx(2.5), 0)
     assert diamonds[2.25] == (pytest.approx(2.4), 0)
     assert _failed_notes(ax) == {1.0: "2 failed"}
+
+
+def test_overflow_title_counts_diverged_runs_not_rows_and_names_three(mpl):
+    """Five diverged stage-1 runs, each with several sampled layers and steps: the title counts runs (5), names the
+    first three by precision and seed and says how many more."""
+    rows = [{"step": st, "layer": layer, "max_abs": 5.0, "spec": spec, "seed": seed, "status": "diverged"}
+            for spec, seed in (("amp_fp16", 1), ("amp_fp16", 2), ("pure_fp16", 1), ("pure_fp16", 3), ("pure_fp16", 4))
+            for st in (0, 10) for layer in LAYERS]
+    rows += [{"step": 0, "layer": layer, "max_abs": 4.0, "spec": "fp32", "seed": 1, "status": "ok"} for layer in LAYERS]
+    title = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0].get_title()
+    assert title.split("\n")[1] == ("5 run(s) diverged (amp_fp16 seed 1, amp_fp16 seed 2, pure_fp16 seed 1, 2 more): "
+                                    "the samples (every telemetry_every steps) may miss it")
