@@ -1051,3 +1051,11 @@ def test_overflow_title_counts_diverged_runs_not_rows_and_names_three(mpl):
     title = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0].get_title()
     assert title.split("\n")[1] == ("5 run(s) diverged (amp_fp16 seed 1, amp_fp16 seed 2, pure_fp16 seed 1, 2 more): "
                                     "the samples (every telemetry_every steps) may miss it")
+
+
+def test_curves_exactly_one_percent_of_the_range_apart_coincide():
+    """'at most COINCIDE_FRACTION of the range': 1 apart on a 0..100 range still coincides; curves without a shared
+    x never do."""
+    s = lambda v, x=(0, 1): pd.Series(v, index=list(x))  # noqa: E731
+    assert plots._coinciding({"a": s([0.0, 100.0]), "b": s([1.0, 100.0])}) == [["a", "b"]]
+    assert plots._coinciding({"a": s([0.0, 100.0]), "b": s([0.0, 100.0], x=(2, 3))}) == []
