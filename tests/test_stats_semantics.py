@@ -419,3 +419,186 @@ def test_seeds_for_equivalence_are_the_t_intervals_fewest_pairs():
     assert r["mean"] == pytest.approx(0.0, abs=1e-12) and r["sd"] == pytest.approx(2.0)
     want = next(n for n in range(2, 1000) if st.t.ppf(0.975, n - 1) * 2.0 / math.sqrt(n) < 1.0)
     assert r["seeds_needed_equivalence"] == want == 18
+
+
+# ---------------------------------------------------------------------------- mutation audit 4
+def test_describe_of_equal_values_gives_the_sign_tests_interval_only_from_its_minimum():
+    """n equal values (a schedule whose accuracy is the same k/N on every seed): no t interval; [v, v] covers with
+    probability 1 − 2 · 0.5^n, so a (1 − alpha) interval exists from 6 values at alpha 0.05 (5 at alpha 0.1, where
+    2 · 0.5^5 = 0.0625 < 0.1), none below: a point read as 'the mean is exactly v' from 3 seeds."""
+    from precswitch.analysis.stats import describe
+
+    for n, alpha, point in ((5, 0.05, False), (6, 0.05, True), (4, 0.1, False), (5, 0.1, True), (2, 0.05, False)):
+        d = describe([0.75] * n, alpha)
+        assert d["n"] == n and d["mean"] == 0.75 and d["std"] == 0.0 and d["min"] == d["max"] == 0.75, (n, alpha)
+        if point:
+            assert d["ci_low"] == d["ci_high"] == 0.75, (n, alpha)
+        else:
+            assert math.isnan(d["ci_low"]) and math.isnan(d["ci_high"]), (n, alpha)
+    one = describe([0.75, float("nan")])  # one finite value: a mean, no SD, no interval
+    assert one["n"] == 1 and one["mean"] == 0.75 and math.isnan(one["std"]) and math.isnan(one["ci_low"])
+
+
+def test_no_seeds_for_equivalence_when_the_mean_sits_exactly_on_the_margin():
+    """|mean| = margin: no CI, however narrow, fits inside the open band (analysis.md: none when |mean| ≥ margin),
+    so the count is missing, not infinite (which reads as 'more seeds than any study could run')."""
+    b = np.array([80.0, 75.0, 70.0])
+    for d in (np.array([0.5, 1.5, 1.0]), -np.array([0.5, 1.5, 1.0])):  # mean exactly ±1.0, SD 0.5
+        r = paired_contrast(b + d, b, margin=1.0)
+        assert abs(r["mean"]) == 1.0 and r["sd"] == pytest.approx(0.5)
+        assert math.isnan(r["seeds_needed_equivalence"])
+    near = paired_contrast(b + np.array([0.49, 1.49, 0.99]), b, margin=1.0)  # mean 0.99: reachable, if far off
+    assert math.isfinite(near["seeds_needed_equivalence"]) and near["seeds_needed_equivalence"] > 1000
+
+
+def test_a_ratio_row_has_no_power_figures_nor_equivalence_test():
+    """Time, throughput and memory have no margin (analysis.md): their rows carry no TOST p, no detectable
+    difference and no seed counts; an mde on the log scale would read as a ratio."""
+    a = np.array([50.0, 90.0, 60.0, 40.0, 70.0])
+    b = np.array([100.0, 100.0, 50.0, 80.0, 75.0])
+    r = paired_contrast(a, b, kind="ratio", margin=None)
+    assert r["kind"] == "ratio" and math.isfinite(r["p_t"])
+    for k in ("tost_p", "mde", "seeds_needed", "seeds_needed_equivalence", "margin"):
+        assert math.isnan(r[k]), k
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.2])
+def test_three_and_ten_pairs_match_the_two_sided_t_test_at_any_alpha(alpha):
+    """n = 3 by hand (d = +1, −0.5, +2.5: mean 1, SD 1.5) and n = 10 against scipy, at alpha 0.01 (99% interval) and
+    0.2 (80%): the interval is mean ± t(1 − alpha/2, n − 1) · SD/√n, p the two-sided paired t-test's (not half of
+    it), TOST the larger one-sided p against ±margin (statsmodels' ttost_paired), Wilcoxon the exact signed-rank p."""
+    from statsmodels.stats.weightstats import ttost_paired
+
+    a, b = np.array([81.0, 78.5, 83.0]), np.array([80.0, 79.0, 80.5])
+    r = paired_contrast(a, b, margin=2.0, alpha=alpha)
+    half = st.t.ppf(1 - alpha / 2, 2) * 1.5 / math.sqrt(3)
+    assert (r["mean"], r["sd"], r["n_pairs"]) == pytest.approx((1.0, 1.5, 3))
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((1.0 - half, 1.0 + half))
+    assert r["p_t"] == pytest.approx(2 * st.t.sf(1.0 / (1.5 / math.sqrt(3)), 2)) == pytest.approx(0.36754, abs=1e-5)
+    assert r["tost_p"] == pytest.approx(ttost_paired(a, b, -2.0, 2.0)[0]) == pytest.approx(st.t.sf(1 / (1.5 / math.sqrt(3)), 2))
+    assert r["p_wilcoxon"] == pytest.approx(0.5)  # ranks 2, 1, 3 with the 1 negative: 2 · P(W− ≤ 1) = 2 · 2/8
+    rng = np.random.default_rng(21)
+    b10 = rng.normal(80, 2, 10)
+    a10 = b10 + rng.normal(0.8, 1.0, 10)
+    r = paired_contrast(a10, b10, margin=1.0, alpha=alpha)
+    tt = st.ttest_rel(a10, b10)
+    ci = tt.confidence_interval(1 - alpha)
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((ci.low, ci.high)) and r["p_t"] == pytest.approx(tt.pvalue)
+    assert r["p_wilcoxon"] == pytest.approx(st.wilcoxon(a10 - b10).pvalue)
+    assert r["tost_p"] == pytest.approx(ttost_paired(a10, b10, -1.0, 1.0)[0])
+    # time ratios: the same t machinery on log(A/B), the interval reported back as ratios
+    t = paired_contrast(np.exp(a / 50), np.exp(b / 50), kind="ratio", alpha=alpha)
+    assert (t["mean"], t["ci_low"], t["ci_high"]) == pytest.approx(
+        (math.exp(1 / 50), math.exp((1 - half) / 50), math.exp((1 + half) / 50)))
+    assert t["p_t"] == pytest.approx(0.36754, abs=1e-5) and t["sd"] == pytest.approx(1.5 / 50)
+
+
+def test_holm_is_capped_at_1_monotone_in_the_raw_p_and_ignores_missing_ones():
+    """Holm's step-down: the i-th smallest of m p-values × (m − i + 1), running maximum, at most 1; a comparison
+    without a p (NaN) is not one of the m."""
+    from statsmodels.stats.multitest import multipletests
+
+    from precswitch.analysis.stats import holm
+
+    ps = [0.5, 0.01, 0.6, 0.02]
+    got = holm(ps)
+    assert got == pytest.approx([1.0, 0.04, 1.0, 0.06])
+    assert got == pytest.approx(list(multipletests(ps, method="holm")[1]))
+    order = np.argsort(ps)
+    assert all(got[i] <= got[j] for i, j in zip(order, order[1:]))  # a smaller raw p never gets a larger adjusted one
+    assert max(holm([0.9, 0.95, 0.99])) == 1.0
+    with_nan = holm([0.5, float("nan"), 0.01, 0.6, 0.02])
+    assert math.isnan(with_nan[1]) and [with_nan[i] for i in (0, 2, 3, 4)] == pytest.approx(got)
+    assert holm([0.03], alpha=0.01) == [0.03]  # one comparison: unchanged, whatever alpha
+
+
+def test_number_formatting_at_its_boundaries():
+    """analysis.md, number formatting: scientific notation only *below* 0.001; zero carries no sign; large values keep
+    their decimals; a CI triple without sign is plain; p below 0.001 reads '< 0.001', 0.001 itself is printed."""
+    from precswitch.analysis.stats import _pfmt, fmt_num, fmt_triple
+
+    assert fmt_num(0.001) == "0.0010" and fmt_num(-0.001) == "−0.0010"
+    assert fmt_num(0.00099) == "9.9e−4" and fmt_num(1e-12, sign=True) == "+1.0e−12"
+    assert fmt_num(0.0, sign=True) == "0.00" and fmt_num(-0.0, sign=True) == "0.00"
+    assert fmt_num(-0.04999) == "−0.050" and fmt_num(9.996, sign=True) == "+10.00"
+    assert fmt_num(123456.789) == "123456.79" and fmt_num(-2.5e7) == "−25000000.00"
+    assert fmt_triple(0.001, 0.0005, 0.0015) == ("+0.0010", "+0.0005", "+0.0015")
+    assert fmt_triple(0.4, 0.1, 0.7, sign=False) == ("0.40", "0.10", "0.70")
+    assert fmt_triple(12345.6, 12000.0, 13000.4) == ("+12345.60", "+12000.00", "+13000.40")
+    assert fmt_triple(float("nan"), 0.1, 0.2) == ("n/a", "+0.10", "+0.20")
+    assert (_pfmt(0.001), _pfmt(0.00099), _pfmt(float("nan")), _pfmt(None)) == ("0.001", "< 0.001", "n/a", "n/a")
+
+
+def test_not_significant_names_the_null_of_the_rows_kind():
+    """The note 'only the unadjusted CI excludes …' names ×1 for a ratio and 0 for a difference, and only when the
+    interval excludes it on either side."""
+    from precswitch.analysis.stats import not_significant
+
+    r = {"classification": "inconclusive", "p_holm": 0.08, "kind": "ratio", "ci_low": 0.8, "ci_high": 0.95}
+    assert not_significant(r) == "not significant after Holm, p 0.080; only the unadjusted CI excludes ×1"
+    assert not_significant({**r, "ci_low": 1.02, "ci_high": 1.2}).endswith("excludes ×1")
+    assert not_significant({**r, "ci_low": 0.9, "ci_high": 1.1}) == "not significant after Holm, p 0.080"
+    d = {**r, "kind": "difference", "ci_low": 0.2, "ci_high": 0.95}  # inside (0, 1): excludes 0, not a ratio's 1
+    assert not_significant(d).endswith("only the unadjusted CI excludes 0")
+    assert not_significant({**d, "ci_low": -1.3, "ci_high": -0.1}).endswith("excludes 0")
+    assert not_significant({**d, "ci_low": -0.2}) == "not significant after Holm, p 0.080"
+    assert not_significant({**r, "classification": "insufficient data"}) == "too few paired seeds to test"
+
+
+def test_classify_direction_of_a_metric_without_one_and_of_ratios():
+    """A metric with no better direction (higher_is_better None) is called higher/lower; a ratio's null is ×1, so a
+    time ratio of 0.8 [0.7, 0.9] is lower (better for time) and 1.2 [1.1, 1.3] higher."""
+    t = {"kind": "ratio", "n_pairs": 6, "mean": 0.8, "ci_low": 0.7, "ci_high": 0.9, "p_holm": 0.01}
+    assert classify(t, 0.05, higher_is_better=None) == "lower"
+    assert classify({**t, "mean": 1.2, "ci_low": 1.1, "ci_high": 1.3}, 0.05, higher_is_better=None) == "higher"
+    # a ratio whose interval holds ×1 is not significant whatever p says (its log-scale CI includes 0)
+    assert classify({**t, "mean": 0.95, "ci_low": 0.9, "ci_high": 1.01}, 0.05, higher_is_better=False) == "inconclusive"
+    d = {"kind": "difference", "n_pairs": 6, "mean": -0.8, "ci_low": -1.2, "ci_high": -0.4, "p_holm": 0.01}
+    assert classify(d, 0.05, higher_is_better=None) == "lower"
+
+
+@pytest.fixture(scope="module")
+def computed(study):
+    runs, sched = study
+    return compute(runs, sched, load_settings(**S0))
+
+
+def test_only_accuracy_and_f1_have_the_equivalence_margin(computed):
+    """analysis.md: TOST (bounds ±margin) for accuracy and F1; MCC, losses, masked-token accuracy, time and memory
+    have no margin, so no TOST p, no seeds_needed and no 'equivalent' label."""
+    _, deltas, _ = computed
+    has = deltas[deltas["margin"].notna()]
+    assert set(has["metric"]) == {"accuracy", "f1"} and (has["margin"] == 1.0).all()
+    assert has["tost_p"].notna().all() and has["seeds_needed"].notna().all()
+    rest = deltas[deltas["margin"].isna()]
+    assert {"mcc", "stage1_mlm_accuracy", "mlm_accuracy", "eval_loss", "stage1_eval_loss"} <= set(rest["metric"])
+    assert rest["tost_p"].isna().all() and rest["seeds_needed"].isna().all()
+    assert not (rest["classification"] == "equivalent").any()
+    assert rest.loc[rest["kind"] == "ratio", "mde"].isna().all()  # no power figures for a ratio
+    assert rest.loc[rest["kind"] == "difference", "mde"].notna().all()
+
+
+def test_wilcoxon_p_is_holm_adjusted_in_the_same_family(computed):
+    """p_wilcoxon_holm is Holm over the distinct schedule comparisons' Wilcoxon p (per metric), as p_holm is over
+    their t-test p; the stage-1 rows over the stage-1 precisions."""
+    _, deltas, _ = computed
+    for fam in (["vs_baseline", "named"], ["stage1"]):
+        for metric, g in deltas[deltas["family"].isin(fam)].groupby("metric"):
+            g = g.drop_duplicates(["a", "b"])
+            g = g[g["metric"].isin(["accuracy", "total_train_seconds", "eval_loss", "train_seconds"])]
+            if g.empty:
+                continue
+            assert list(g["p_wilcoxon_holm"]) == pytest.approx(_holm(list(g["p_wilcoxon"]))), metric
+            assert (g["p_wilcoxon_holm"] > g["p_wilcoxon"]).any(), metric
+
+
+def test_summary_memory_is_in_mib_and_accuracy_a_fraction(computed, study):
+    _, sched = study
+    summary, _, _ = computed
+    row = summary[(summary["level"] == "schedule") & (summary["group"] == "fp32-fp32")
+                  & (summary["metric"] == "peak_memory_bytes")].iloc[0]
+    want = sched[sched["schedule"] == "fp32-fp32"]["peak_memory_bytes"] / 2 ** 20
+    assert row["unit"] == "MiB" and row["mean"] == pytest.approx(want.mean()) and row["max"] == pytest.approx(want.max())
+    acc = summary[(summary["level"] == "schedule") & (summary["group"] == "fp32-fp32")
+                  & (summary["metric"] == "accuracy")].iloc[0]
+    assert acc["unit"] == "fraction" and acc["mean"] == pytest.approx(sched[sched["schedule"] == "fp32-fp32"]["accuracy"].mean())
