@@ -602,3 +602,124 @@ def test_summary_memory_is_in_mib_and_accuracy_a_fraction(computed, study):
     acc = summary[(summary["level"] == "schedule") & (summary["group"] == "fp32-fp32")
                   & (summary["metric"] == "accuracy")].iloc[0]
     assert acc["unit"] == "fraction" and acc["mean"] == pytest.approx(sched[sched["schedule"] == "fp32-fp32"]["accuracy"].mean())
+
+
+def test_failed_runs_are_reported_with_their_stage_and_reason_and_missing_seeds_apart(study):
+    """stats.json per schedule: each failed seed with its outcome and 'stage N <status>: <reason>' (the reason only
+    when recorded), 'no finite accuracy' for no_eval; a seed with no row at all is missing, not failed; the
+    accuracy summary and the loss-scale minimum are over the schedule's rows (accuracy: the used ones)."""
+    runs, sched = study
+    sched = sched.copy()
+    s = sched["schedule"] == "fp16-fp32"
+    sched.loc[s & (sched["seed"] == 2), ["status", "stage1_status", "stage1_status_reason"]] = [
+        "diverged", "diverged", "non-finite loss at step 40"]
+    sched.loc[s & (sched["seed"] == 3), "accuracy"] = np.nan
+    sched.loc[s & (sched["seed"] == 4), ["status", "stage2_status", "stage2_status_reason"]] = ["skipped", "skipped", ""]
+    sched.loc[s & (sched["seed"] == 5), "stage1_loss_scale_min"] = 0.125
+    used = sched[s & sched["seed"].isin([1, 5, 6])]["accuracy"] * 100
+    sched = sched[~((sched["schedule"] == "bf16-fp32") & (sched["seed"] == 6))]
+    _, _, st_ = compute(runs, sched, load_settings(**S0))
+    info = st_["schedules"]["fp16-fp32"]
+    assert info["failed"] == [
+        {"seed": 2, "outcome": "diverged", "reason": "stage 1 diverged: non-finite loss at step 40"},
+        {"seed": 3, "outcome": "no_eval", "reason": "no finite accuracy"},
+        {"seed": 4, "outcome": "skipped", "reason": "stage 2 skipped"},
+    ]
+    assert info["missing_seeds"] == [] and info["seeds"] == [1, 2, 3, 4, 5, 6]
+    assert info["accuracy_points"]["n"] == 3 and info["accuracy_points"]["mean"] == pytest.approx(used.mean())
+    assert info["stage1_loss_scale_min"] == 0.125
+    assert st_["schedules"]["bf16-fp32"]["missing_seeds"] == [6] and st_["schedules"]["bf16-fp32"]["n_failed"] == 0
+    assert st_["schedules"]["fp32-fp32"]["missing_seeds"] == []
+
+
+def test_stage1_summary_and_comparisons_use_only_finished_stage1_runs(study):
+    """A diverged stage-1 run is counted under its precision and left out of its mean (stats.json stage1_summary)
+    and of the paired stage-1 rows, which compare each precision with the baseline's (A − fp32, not fp32 − A; fp32
+    when the baseline schedule has no stage-1 spec of its own)."""
+    runs, sched = study
+    runs = runs.copy()
+    sel = (runs["stage"] == "pretrain") & (runs["precision"] == "amp_fp16") & (runs["seed"] == 3)
+    runs.loc[sel, ["status", "eval_loss"]] = ["diverged", 99.0]
+    # the baseline's own stage-1 spec unknown (a finetune-only baseline): the stage-1 rows compare against fp32
+    sched = sched.copy()
+    sched.loc[sched["schedule"] == "fp32-fp32", ["stage1_spec", "stage1_precision"]] = None
+    _, deltas, st_ = compute(runs, sched, load_settings(**S0))
+    assert st_["stage1_baseline_precision"] == "fp32"
+    ok = runs[(runs["stage"] == "pretrain") & (runs["precision"] == "amp_fp16") & ~sel]
+    summ = st_["stage1_summary"]["amp_fp16"]["eval_loss"]
+    assert summ["n"] == 5 and summ["mean"] == pytest.approx(ok["eval_loss"].mean()) and summ["max"] < 99
+    assert st_["stage1_precisions"]["amp_fp16"]["n_diverged"] == 1
+    r = _get(deltas, "amp_fp16", "fp32", family="stage1", metric="eval_loss")
+    fp32 = runs[(runs["stage"] == "pretrain") & (runs["precision"] == "fp32")].set_index("seed")["eval_loss"]
+    want = (ok.set_index("seed")["eval_loss"] - fp32.loc[ok["seed"]]).mean()
+    assert r["n_pairs"] == 5 and r["seeds"] == "1 2 4 5 6" and r["mean"] == pytest.approx(want)
+
+
+def test_load_check_counts_cpu_runs_with_a_known_cpu_count_only():
+    """The oversubscription check reads the larger of the two load averages of each CPU run against its own CPU
+    count; a GPU run (however loaded) and a run with an unknown or zero CPU count are not checked, nor in max_load."""
+    import pandas as pd
+
+    from precswitch.analysis.stats import _load_check
+
+    runs = pd.DataFrame({
+        "run_id": ["a", "b", "c", "d", "e"],
+        "device": ["cpu", "cpu", "cuda:0", "cpu", "cpu"],
+        "load_avg_1m_start": [1.0, 5.5, 40.0, 30.0, 2.0],
+        "load_avg_1m_end": [2.6, 1.0, 40.0, 30.0, None],
+        "cpu_count": [2, 4, 2, 0, 2],
+    })
+    load = _load_check(runs)
+    assert load["n_runs_checked"] == 3 and load["n_oversubscribed"] == 2
+    assert load["oversubscribed_runs"] == ["a", "b"] and load["max_load"] == 5.5 and load["cpu_count"] == [2, 4]
+    assert _load_check(runs.assign(cpu_count=0)) is None
+
+
+def test_stage1_relation_is_decided_on_the_seeds_both_schedules_have():
+    """shared: every common seed starts from the very same stage-1 run; different: one differs, or no seed in
+    common (nothing shows a shared stage 1); none: one side has no stage-1 run; an older table without run ids
+    compares the stage-1 specs."""
+    import pandas as pd
+
+    from precswitch.analysis.stats import _stage1_relation
+
+    def sched(rows):
+        return pd.DataFrame(rows, columns=["schedule", "seed", "stage1_run_id", "stage1_spec"])
+
+    both = [("A", 1, "p1", "amp_fp16"), ("A", 2, "p2", "amp_fp16"), ("B", 1, "p1", "amp_fp16"), ("B", 2, "p2", "amp_fp16"),
+            ("B", 3, "q3", "amp_fp16")]
+    assert _stage1_relation(sched(both), "A", "B") == "shared"  # B's extra seed 3 has no partner
+    one_off = both[:3] + [("B", 2, "x2", "amp_fp16")]
+    assert _stage1_relation(sched(one_off), "A", "B") == "different"
+    apart = [("A", 1, "p1", "amp_fp16"), ("B", 2, "p2", "amp_fp16")]
+    assert _stage1_relation(sched(apart), "A", "B") == "different"
+    none = both[:2] + [("B", 1, None, None), ("B", 2, "", None)]
+    assert _stage1_relation(sched(none), "A", "B") == _stage1_relation(sched(none), "B", "A") == "none"
+    old = sched(both).drop(columns="stage1_run_id").assign(stage1_train_seconds=10.0)
+    assert _stage1_relation(old, "A", "B") == "shared"
+    old.loc[old["schedule"] == "B", "stage1_spec"] = "amp_bf16"
+    assert _stage1_relation(old, "A", "B") == "different"
+
+
+def test_settings_aliases_and_contrast_spellings():
+    """n_boot / bootstrap and equivalence_margin are the documented keys' aliases; 'A - B' is a contrast like
+    'A vs B' and 'A,B'; a command-line value of None leaves the file's."""
+    s = load_settings(n_boot=7, equivalence_margin=0.5,
+                      contrasts=["fp16-fp32 - fp32-fp32", "a,b", {"a": "c", "b": "d"}])
+    assert s["bootstrap_resamples"] == 7 and s["margin"] == 0.5
+    assert s["contrasts"] == [["fp16-fp32", "fp32-fp32"], ["a", "b"], ["c", "d"]]
+    assert load_settings(bootstrap=0, alpha=None)["bootstrap_resamples"] == 0
+
+
+def test_power_settings_reach_the_power_figures():
+    """seeds_needed follows the configured power, seeds_needed_equivalence the configured alpha (its interval is the
+    (1 − alpha) one): 0.9 power needs more seeds than 0.8; a 90% interval fits inside the margin with fewer seeds."""
+    b = np.array([80.0, 75.0, 70.0, 82.0, 79.0])
+    a = b + np.array([1.0, -0.8, 1.2, -0.5, 0.6])
+    r8 = paired_contrast(a, b, margin=1.0, power=0.8)
+    r9 = paired_contrast(a, b, margin=1.0, power=0.9)
+    assert r9["seeds_needed"] == power_analysis(r8["sd"], 5, 0.05, 0.9, 1.0)["seeds_needed"] > r8["seeds_needed"]
+    assert r9["mde"] > r8["mde"]
+    r10 = paired_contrast(a, b, margin=1.0, alpha=0.1)
+    want = next(n for n in range(2, 100) if st.t.ppf(0.95, n - 1) * r8["sd"] / math.sqrt(n) < 1.0 - abs(r8["mean"]))
+    assert r10["seeds_needed_equivalence"] == want < r8["seeds_needed_equivalence"]
