@@ -723,3 +723,22 @@ def test_power_settings_reach_the_power_figures():
     r10 = paired_contrast(a, b, margin=1.0, alpha=0.1)
     want = next(n for n in range(2, 100) if st.t.ppf(0.95, n - 1) * r8["sd"] / math.sqrt(n) < 1.0 - abs(r8["mean"]))
     assert r10["seeds_needed_equivalence"] == want < r8["seeds_needed_equivalence"]
+
+
+def test_every_delta_row_has_its_metrics_direction_and_unit(computed):
+    """analysis.md: accuracy, F1, MCC and masked-token accuracy are better higher (in points, MCC × 100); eval loss
+    better lower (nats); time and memory better lower, throughput higher (ratios); stage 1 on its own alike."""
+    _, deltas, _ = computed
+    want = {"accuracy": (True, "points"), "f1": (True, "points"), "mcc": (True, "MCC x 100"),
+            "stage1_mlm_accuracy": (True, "points"), "mlm_accuracy": (True, "points"),
+            "stage1_eval_loss": (False, "nats"), "eval_loss": (False, "nats"),
+            "stage1_samples_per_second": (True, "ratio"), "stage2_samples_per_second": (True, "ratio"),
+            "samples_per_second": (True, "ratio")}
+    for m in ("stage1_train_seconds", "stage2_train_seconds", "total_train_seconds", "train_seconds",
+              "stage1_peak_memory_bytes", "stage2_peak_memory_bytes", "peak_memory_bytes"):
+        want[m] = (False, "ratio")
+    got = {m: (bool(g["higher_is_better"].iloc[0]), g["unit"].iloc[0]) for m, g in deltas.groupby("metric")}
+    assert got == want
+    for m, g in deltas.groupby("metric"):
+        assert g["higher_is_better"].nunique() == 1 and g["unit"].nunique() == 1, m
+        assert set(g["kind"]) == {"ratio" if want[m][1] == "ratio" else "difference"}, m
