@@ -65,3 +65,22 @@ def test_stats_summary_line_gives_each_schedules_label_against_the_baseline(tmp_
     assert label[("named", "fp32-fp32")] == "better"
     want = ", ".join(f"{a} {label[('vs_baseline', a)]}" for a in ("bf16-fp32", "fp16-fp16", "fp16-fp32"))
     assert capsys.readouterr().err == f"precswitch stats: vs fp32-fp32: {want}\n"
+
+
+def test_stats_settings_contrasts_that_are_not_a_list_are_named(tmp_path, capsys):
+    """analysis setting 'contrasts' is a list of pairs. `contrasts: 5` ended in a traceback ('int' object is not
+    iterable) and a bare `contrasts: A vs B` was read letter by letter ("entry 'f' is not a pair"); each is now one
+    line naming the setting and what it got, exit 2, nothing written."""
+    runs, sched = _tables(tmp_path)
+    for text, got in (("contrasts: 5\n", "got int 5"),
+                      ("analysis:\n  contrasts: fp16-fp32 vs fp32-fp32\n", "got str 'fp16-fp32 vs fp32-fp32'"),
+                      ("contrasts: {a: fp16-fp32, b: fp32-fp32}\n", "got dict {'a': 'fp16-fp32', 'b': 'fp32-fp32'}")):
+        cfg = tmp_path / "a.yaml"
+        cfg.write_text(text)
+        out = tmp_path / "o"
+        rc = main(["stats", "--runs", str(runs), "--schedules", str(sched), "--settings", str(cfg), "--out-dir", str(out)])
+        err = _err(capsys)
+        assert rc == 2, text
+        assert ("analysis setting 'contrasts' must be a list of contrasts ([A, B], 'A vs B' or {a: A, b: B}); "
+                f"{got}") in err, err
+        assert err.count("\n") == 1 and not out.exists()

@@ -220,8 +220,13 @@ def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> di
                 f"unknown analysis setting '{k}'; allowed: {', '.join(sorted(DEFAULT_SETTINGS))}"
             )
         settings[k] = v
+    contrasts = settings["contrasts"] or []
+    if not isinstance(contrasts, (list, tuple)):  # a bare 'A vs B' was read letter by letter, a number crashed
+        raise PrecswitchError(
+            "analysis setting 'contrasts' must be a list of contrasts ([A, B], 'A vs B' or {a: A, b: B}); "
+            f"got {type(contrasts).__name__} {contrasts!r}")
     # a pair given twice is one comparison (one row per metric, one Holm slot)
-    settings["contrasts"] = [list(c) for c in dict.fromkeys(_parse_contrast(c) for c in (settings["contrasts"] or []))]
+    settings["contrasts"] = [list(c) for c in dict.fromkeys(_parse_contrast(c) for c in contrasts)]
     try:
         settings["margin"] = float(settings["margin"])
         settings["alpha"] = float(settings["alpha"])
