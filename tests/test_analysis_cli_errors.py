@@ -84,3 +84,27 @@ def test_stats_settings_contrasts_that_are_not_a_list_are_named(tmp_path, capsys
         assert ("analysis setting 'contrasts' must be a list of contrasts ([A, B], 'A vs B' or {a: A, b: B}); "
                 f"{got}") in err, err
         assert err.count("\n") == 1 and not out.exists()
+
+
+def test_stats_settings_numbers_that_are_not_numbers_name_their_key(tmp_path, capsys):
+    """A numeric analysis setting that is not one names its key and value: 'margin: abc' said only 'a numeric
+    setting is not a number (could not convert string to float: 'abc')', 'bootstrap_resamples: .inf' ended in a
+    traceback (OverflowError) and 'bootstrap_resamples: 1.5' silently ran 1 resample."""
+    runs, sched = _tables(tmp_path)
+    for text, want in (("margin: abc\n", "analysis setting 'margin' must be a number, got 'abc'"),
+                       ("bootstrap_resamples: .inf\n", "analysis setting 'bootstrap_resamples' must be a whole number, got inf"),
+                       ("bootstrap_resamples: 1.5\n", "analysis setting 'bootstrap_resamples' must be a whole number, got 1.5"),
+                       ("seed: x\n", "analysis setting 'seed' must be a whole number, got 'x'"),
+                       ("power: [0.8]\n", "analysis setting 'power' must be a number, got [0.8]"),
+                       ("alpha: true\n", "analysis setting 'alpha' must be a number, got True")):
+        cfg = tmp_path / "a.yaml"
+        cfg.write_text(text)
+        out = tmp_path / "o"
+        rc = main(["stats", "--runs", str(runs), "--schedules", str(sched), "--settings", str(cfg), "--out-dir", str(out)])
+        err = _err(capsys)
+        assert rc == 2 and want in err and err.count("\n") == 1 and not out.exists(), (text, err)
+    cfg.write_text("bootstrap_resamples: 200.0\nseed: 3\nmargin: 2\n")  # whole numbers written as floats are fine
+    from precswitch.analysis.stats import load_settings
+
+    s = load_settings(cfg)
+    assert (s["bootstrap_resamples"], s["seed"], s["margin"]) == (200, 3, 2.0) and type(s["bootstrap_resamples"]) is int

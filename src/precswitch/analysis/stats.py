@@ -227,14 +227,20 @@ def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> di
             f"got {type(contrasts).__name__} {contrasts!r}")
     # a pair given twice is one comparison (one row per metric, one Holm slot)
     settings["contrasts"] = [list(c) for c in dict.fromkeys(_parse_contrast(c) for c in contrasts)]
-    try:
-        settings["margin"] = float(settings["margin"])
-        settings["alpha"] = float(settings["alpha"])
-        settings["power"] = float(settings["power"])
-        settings["bootstrap_resamples"] = int(settings["bootstrap_resamples"])
-        settings["seed"] = int(settings["seed"])
-    except (TypeError, ValueError) as e:
-        raise PrecswitchError(f"analysis settings: a numeric setting is not a number ({e})") from None
+    for key, whole in (("margin", False), ("alpha", False), ("power", False), ("bootstrap_resamples", True),
+                       ("seed", True)):
+        # named, and a count a whole number: 'bootstrap_resamples: .inf' raised OverflowError, 1.5 ran 1 resample
+        v = settings[key]
+        try:
+            if isinstance(v, bool):
+                raise ValueError(v)
+            x = float(v)
+            if whole and not x.is_integer():
+                raise ValueError(v)
+        except (TypeError, ValueError, OverflowError):
+            raise PrecswitchError(
+                f"analysis setting '{key}' must be {'a whole number' if whole else 'a number'}, got {v!r}") from None
+        settings[key] = int(x) if whole else x
     if not 0 < settings["alpha"] < 1:
         raise PrecswitchError(f"analysis setting 'alpha' must be in (0, 1), got {settings['alpha']}")
     if not 0 < settings["power"] < 1:
