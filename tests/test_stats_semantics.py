@@ -742,3 +742,21 @@ def test_every_delta_row_has_its_metrics_direction_and_unit(computed):
     for m, g in deltas.groupby("metric"):
         assert g["higher_is_better"].nunique() == 1 and g["unit"].nunique() == 1, m
         assert set(g["kind"]) == {"ratio" if want[m][1] == "ratio" else "difference"}, m
+
+
+def test_summary_counters_unknown_everywhere_are_missing_not_zero():
+    """A counter (skipped steps) no run of a group recorded sums to nothing ('–' in summary.md), not to 0, which
+    would read as 'no step was skipped'; one recorded value sums as itself, failed rows included."""
+    import pandas as pd
+
+    from precswitch.analysis.stats import SCHEDULE_COUNTERS, _counts, _summary_rows
+
+    df = mark_outcomes(pd.DataFrame({
+        "schedule": ["A", "A", "B", "B"], "seed": [1, 2, 1, 2], "status": ["ok", "ok", "ok", "diverged"],
+        "accuracy": [0.8, 0.7, 0.8, 0.9], "majority_accuracy": 0.5,
+        "skipped_steps": [np.nan, np.nan, 0.0, 12.0], "nonfinite_losses": [np.nan, np.nan, np.nan, 3.0]}))
+    rows = {(r["group"], r["metric"]): r for r in _summary_rows(df, "schedule", "schedule", SCHEDULE_COUNTERS, 0.05,
+                                                                _counts(df, "schedule"))}
+    assert math.isnan(rows[("A", "skipped_steps")]["sum"]) and math.isnan(rows[("A", "nonfinite_losses")]["sum"])
+    assert rows[("B", "skipped_steps")]["sum"] == 12.0 and rows[("B", "nonfinite_losses")]["sum"] == 3.0
+    assert rows[("B", "skipped_steps")]["n_failed"] == 1 and rows[("B", "skipped_steps")]["n_used"] == 1
