@@ -760,3 +760,17 @@ def test_summary_counters_unknown_everywhere_are_missing_not_zero():
     assert math.isnan(rows[("A", "skipped_steps")]["sum"]) and math.isnan(rows[("A", "nonfinite_losses")]["sum"])
     assert rows[("B", "skipped_steps")]["sum"] == 12.0 and rows[("B", "nonfinite_losses")]["sum"] == 3.0
     assert rows[("B", "skipped_steps")]["n_failed"] == 1 and rows[("B", "skipped_steps")]["n_used"] == 1
+
+
+def test_null_simulation_follows_its_alpha_and_margin():
+    """simulate_false_positive_rate runs the study's own rule at the alpha and margin given: at alpha 0.2 about a
+    fifth of the null pairs are called different; with a margin of 100 points every other pair is equivalent, with
+    0.01 none; the rate sits inside its Wilson interval and the same seed gives the same answer."""
+    from precswitch.analysis.stats import simulate_false_positive_rate
+
+    wide = simulate_false_positive_rate(n_sims=150, n_seeds=5, alpha=0.2, seed=3, margin=100.0)
+    assert 0.1 < wide["false_positive_rate"] < 0.3 and wide["alpha"] == 0.2
+    assert wide["ci_low"] < wide["false_positive_rate"] < wide["ci_high"]
+    assert wide["equivalent_rate"] == pytest.approx(1 - wide["false_positive_rate"])
+    narrow = simulate_false_positive_rate(n_sims=150, n_seeds=5, alpha=0.2, seed=3, margin=0.01)
+    assert narrow["equivalent_rate"] == 0 and narrow["false_positive_rate"] == wide["false_positive_rate"]
