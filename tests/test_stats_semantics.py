@@ -617,8 +617,8 @@ def test_failed_runs_are_reported_with_their_stage_and_reason_and_missing_seeds_
     sched.loc[s & (sched["seed"] == 4), ["status", "stage2_status", "stage2_status_reason"]] = ["skipped", "skipped", ""]
     sched.loc[s & (sched["seed"] == 5), "stage1_loss_scale_min"] = 0.125
     used = sched[s & sched["seed"].isin([1, 5, 6])]["accuracy"] * 100
-    sched = sched[~((sched["schedule"] == "bf16-fp32") & (sched["seed"] == 6))]
-    _, _, st_ = compute(runs, sched, load_settings(**S0))
+    sched = sched[~((sched["schedule"] == "bf16-fp32") & (sched["seed"] == 3))]
+    _, deltas, st_ = compute(runs, sched, load_settings(**S0))
     info = st_["schedules"]["fp16-fp32"]
     assert info["failed"] == [
         {"seed": 2, "outcome": "diverged", "reason": "stage 1 diverged: non-finite loss at step 40"},
@@ -628,8 +628,12 @@ def test_failed_runs_are_reported_with_their_stage_and_reason_and_missing_seeds_
     assert info["missing_seeds"] == [] and info["seeds"] == [1, 2, 3, 4, 5, 6]
     assert info["accuracy_points"]["n"] == 3 and info["accuracy_points"]["mean"] == pytest.approx(used.mean())
     assert info["stage1_loss_scale_min"] == 0.125
-    assert st_["schedules"]["bf16-fp32"]["missing_seeds"] == [6] and st_["schedules"]["bf16-fp32"]["n_failed"] == 0
+    assert st_["schedules"]["bf16-fp32"]["missing_seeds"] == [3] and st_["schedules"]["bf16-fp32"]["n_failed"] == 0
     assert st_["schedules"]["fp32-fp32"]["missing_seeds"] == []
+    # the missing seed cannot pair: the other five pair seed by seed, not by position
+    r = _get(deltas, "bf16-fp32")
+    a, b = (sched[sched["schedule"] == x].set_index("seed")["accuracy"] for x in ("bf16-fp32", "fp32-fp32"))
+    assert r["seeds"] == "1 2 4 5 6" and r["mean"] == pytest.approx(((a - b.loc[a.index]) * 100).mean())
 
 
 def test_stage1_summary_and_comparisons_use_only_finished_stage1_runs(study):
