@@ -778,3 +778,10 @@ def test_null_simulation_follows_its_alpha_and_margin():
     assert wide["equivalent_rate"] == pytest.approx(1 - wide["false_positive_rate"])
     narrow = simulate_false_positive_rate(n_sims=150, n_seeds=5, alpha=0.2, seed=3, margin=0.01)
     assert narrow["equivalent_rate"] == 0 and narrow["false_positive_rate"] == wide["false_positive_rate"]
+
+
+def test_confidence_level_keeps_every_digit_alpha_has():
+    """alpha 0.0005 is a 99.95% interval, 0.0125 (0.05 over a Holm family of 4) 98.75%: not rounded to 100 or 98.8."""
+    from precswitch.analysis.stats import conf_level
+
+    assert [conf_level(a) for a in (0.0005, 0.0125, 0.1, 0.2)] == ["99.95", "98.75", "90", "80"]
