@@ -1163,10 +1163,24 @@ def not_significant(r: dict) -> str:
     return s
 
 
-def _pfmt(v: Any) -> str:
-    if not isinstance(v, (int, float)) or not math.isfinite(v):
+def fmt_p(v: Any) -> str:
+    """A p-value to 3 decimals ('< 0.001' below), with more digits where rounding up would reach a round
+    threshold that p is below: Holm p 0.0496 prints '0.0496', not '0.050' beside the label 'better', which
+    says p < 0.05 (any alpha of up to 3 decimals that is a multiple of 0.005: 0.1, 0.05, 0.01, 0.2 ...)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
         return "n/a"
-    return "< 0.001" if v < 0.001 else f"{v:.3f}"
+    if v < 0.001:
+        return "< 0.001"
+    s = f"{v:.3f}"
+    if float(s) > v and round(float(s) * 1000) % 5 == 0:
+        for nd in range(4, 10):
+            s = f"{v:.{nd}f}"
+            if float(s) < float(f"{v:.3f}"):
+                break
+    return s
+
+
+_pfmt = fmt_p
 
 
 def _fmt(v: Any, nd: int = 2, sig: int | None = None) -> str:

@@ -19,6 +19,7 @@ from .stats import (
     conf_level,
     diff_label,
     fmt_num,
+    fmt_p,
     fmt_triple,
     loss_negligible,
     not_significant,
@@ -89,10 +90,7 @@ def _pt(v: Any, nd: int = 2, sign: bool = True) -> str:
     return s.replace("-", "−")
 
 
-def _p(v: Any) -> str:
-    if not _f(v):
-        return "n/a"
-    return "< 0.001" if v < 0.001 else f"{v:.3f}"
+_p = fmt_p
 
 
 def _n(v: Any, nd: int = 2, sig: int = 2, sign: bool = True) -> str:
