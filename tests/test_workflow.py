@@ -512,6 +512,11 @@ def test_more_threads_than_cores_is_said_before_the_run(tmp_path):
             "but torch runs 2 threads in it") in warned.stderr
     quiet = dry_run(tmp_path, {"threads": 2}, "--cores", "2")
     assert quiet.returncode == 0 and "precswitch: warning: threads" not in quiet.stderr
+    # the documented cluster dry run: Snakemake plans it with --cores 1 (any dry run without --cores), but
+    # each SLURM job gets its own cores: no warning (it read "threads 2 is more than --cores 1")
+    cluster = dry_run(tmp_path, {"threads": 2}, "--workflow-profile", ROOT / "profiles" / "slurm")
+    assert cluster.returncode == 0, cluster.stderr[-3000:]
+    assert "precswitch: warning: threads" not in cluster.stderr and "slurm_partition=" in cluster.stdout
 
 
 # ------------------------------------------------------------------------------ what each job gets

@@ -539,11 +539,15 @@ def threads_note(threads, cores):
 
 
 def _local_cores():
-    """--cores of the run; None when no total is set (a cluster executor's real run: reading it raises). Read
-    at parse time, when workflow.local_exec is still True for every run (the executor is set later), so the
-    raise is what tells a cluster run apart here. A dry run without --cores gets 1 from Snakemake, also
-    under profiles/slurm: its plan then shows each job scaled down to 1 thread, and the note says so.
+    """--cores of a local run; None for a cluster run. Read at parse time, when workflow.local_exec is still
+    True for every run (the executor is set later): a cluster executor's real run has no total (reading it
+    raises), and its dry run has 1, which Snakemake sets for any dry run without --cores, with --jobs (the
+    cluster profile's jobs: 100) kept as the node count; a local run's --jobs N becomes its cores instead.
+    So a node count means the 1 is not the cores the jobs will get (also for a local dry run with -j N).
     """
+    nodes = workflow.global_resources.get("_nodes")
+    if getattr(nodes, "value", nodes) is not None:
+        return None
     try:
         return workflow.cores
     except WorkflowError:
