@@ -967,3 +967,68 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     auto = "device auto: GPU jobs start cold" if torch.cuda.is_available() else None
     assert results[-2]["warm"] == auto and results[-1]["warm"] is None
     assert results[-5]["ok"] and results[-5]["warm"] == "device cuda:1: GPU jobs start cold"
+
+
+# ------------------------------------------------------------------------------ mutation audit 4: what each job gets
+# Like _CONFIGS_SCRIPT, one process for several configs; for each: the config error, or the stage-1 runs, schedules,
+# sweep tags, whether the hub is needed, and the hparams of every training job (what `precswitch train` gets).
+_JOBS_SCRIPT = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+import yaml
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
+snakefile, workdir = Path(sys.argv[1]), Path(sys.argv[2])
+for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
+    path = workdir / f"config{i}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    try:
+        with SnakemakeApi() as api:
+            wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
+                              config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
+            g = wf._workflow.globals
+            hps = {}
+            for seed in g["SEEDS"]:
+                for p in g["STAGE1"]:
+                    hp = json.loads(g["pretrain_hparams"](SimpleNamespace(precision=p, seed=str(seed))))
+                    hps[hp["run_id"]] = hp
+                for n in g["SCHEDULES"]:
+                    hp = json.loads(g["finetune_hparams"](SimpleNamespace(schedule=n, seed=str(seed))))
+                    hps[hp["run_id"]] = hp
+            result = {"ok": True, "stage1": g["STAGE1"], "schedules": g["SCHEDULES"], "sweeps": g["SWEEPS"],
+                      "fetch": g["fetch_needed"](), "hparams": hps}
+    except Exception as e:
+        result = {"ok": False, "error": str(e).strip().splitlines()[0]}
+    print("CONFIG " + json.dumps(result))
+"""
+
+
+def _load_configs(tmp_path, configs, **env):
+    """What common.smk makes of each config (see _JOBS_SCRIPT), in the order given."""
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps(configs))
+    proc = subprocess.run([sys.executable, "-c", _JOBS_SCRIPT, str(ROOT / "Snakefile"), str(tmp_path), str(path)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path, env={**os.environ, **env})
+    results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
+    assert len(results) == len(configs), (proc.stdout + proc.stderr)[-3000:]
+    return results
+
+
+def test_a_model_init_under_home_is_a_local_model(tmp_path):
+    """model.init '~/...' is a local directory (the engine and `precswitch tokenizer` expand ~): its config.json
+    bounds a stage's max_length when the config is read (the check looked for a literal '~' directory, found none
+    and let max_length 128 through to the prepare job, which refused it after stage 1 trained), and it needs no
+    fetch."""
+    init = tmp_path / "home" / "init"
+    init.mkdir(parents=True)
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
+    too_long, fits = _load_configs(tmp_path, [
+        {"model": {"init": "~/init"}, "train": {"finetune": {"max_length": 128}}},
+        {"model": {"init": "~/init"}, "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 64}},
+         "seeds": [1]},
+    ], HOME=str(tmp_path / "home"))
+    assert not too_long["ok"] and too_long["error"] == (
+        "config key train.finetune.max_length: 128 exceeds the position embeddings (64) of model.init '~/init'")
+    assert fits["ok"] and fits["fetch"] is False, fits
+    assert {hp["init"] for hp in fits["hparams"].values() if hp["stage"] == "pretrain"} == {"~/init"}

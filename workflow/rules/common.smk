@@ -341,7 +341,8 @@ def _init_positions(model):
     """
     if model["init"] == "scratch":
         return model["max_position_embeddings"]
-    path = os.path.join(str(model["init"]), "config.json")
+    # ~ as the engine and `precswitch tokenizer` read it (precswitch.fetch)
+    path = os.path.join(os.path.expanduser(str(model["init"])), "config.json")
     if not os.path.isfile(path):
         return None
     with open(path) as f:
