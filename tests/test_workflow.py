@@ -1032,3 +1032,29 @@ def test_a_model_init_under_home_is_a_local_model(tmp_path):
         "config key train.finetune.max_length: 128 exceeds the position embeddings (64) of model.init '~/init'")
     assert fits["ok"] and fits["fetch"] is False, fits
     assert {hp["init"] for hp in fits["hparams"].values() if hp["stage"] == "pretrain"} == {"~/init"}
+
+
+def test_switch_points_that_round_to_one_name_are_refused(tmp_path):
+    """A stage-1 run and a sweep point are named by the switch point's percent to 6 significant digits: two switch
+    points closer than that got one name, so schedule a fine-tuned from the stage-1 run trained at b's switch_at
+    (its own never ran), and a sweep's second point was 'already a schedule'. Both are refused, naming the key."""
+    stage1, sweep, apart = _load_configs(tmp_path, [
+        {"schedules": {"a": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.1234561},
+                             "finetune": "fp32"},
+                       "b": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.1234564},
+                             "finetune": "fp32"}},
+         "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
+        {"sweeps": {"s": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32"},
+                          "switch_at": [0.5, 0.1234561, 0.1234564]}}, "seeds": [1]},
+        {"schedules": {"a": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.125},
+                             "finetune": "fp32"},
+                       "b": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.1234},
+                             "finetune": "fp32"}},
+         "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
+    ])
+    assert stage1["error"] == ("config key schedules.b.pretrain: switch_at 0.1234564 and schedule a's 0.1234561 give "
+                               "one stage-1 run name, 'amp_fp16-to-fp32-at12.3456'; make them equal or further apart")
+    assert sweep["error"] == ("config key sweeps.s.switch_at[2]: 0.1234564 and 0.1234561 give one schedule name, "
+                              "'s-at12.3456'; make them equal or further apart")
+    assert apart["ok"] and sorted(apart["stage1"]) == ["amp_fp16-to-fp32-at12.34", "amp_fp16-to-fp32-at12.5"]
+    assert apart["hparams"]["finetune-b-seed1"]["init"] == "results/runs/pretrain/amp_fp16-to-fp32-at12.34/seed1/checkpoint"

@@ -324,6 +324,12 @@ def expand_sweeps(cfg):
                     f"{f} is outside [0, 1] (fraction in {first})",
                 )
             schedule = precswitch_sweeps.point_name(name, f)
+            if meta.get(schedule, {}).get("sweep") == name:
+                raise config_error(
+                    f"{key}.switch_at[{i}]",
+                    f"{f} and {meta[schedule]['sweep_at']} give one schedule name, {schedule!r}; "
+                    "make them equal or further apart",
+                )
             if schedule in cfg["schedules"]:
                 raise config_error(
                     key,
@@ -575,11 +581,21 @@ SCHEDULES = {
 SEEDS = [int(s) for s in config["seeds"]]
 # stage-1 runs in use, by name (the precision wildcard): schedules whose stage 1 is the same (same
 # precision, same in-stage switch) share their stage-1 runs
-STAGE1 = {
-    spec_name(s["pretrain"]): s["pretrain"]
-    for s in SCHEDULES.values()
-    if "pretrain" in s
-}
+STAGE1 = {}
+_STAGE1_OWNER = {}
+for _name, _stages in SCHEDULES.items():
+    if "pretrain" not in _stages:
+        continue
+    _run = spec_name(_stages["pretrain"])
+    if STAGE1.setdefault(_run, _stages["pretrain"]) != _stages["pretrain"]:
+        # the name keeps 6 significant digits of the percent: two switch points closer than that would share one
+        # run, trained at one of them, and the other schedule would fine-tune from a stage 1 it did not ask for
+        raise config_error(
+            f"schedules.{_name}.pretrain",
+            f"switch_at {_stages['pretrain']['switch_at']} and schedule {_STAGE1_OWNER[_run]}'s "
+            f"{STAGE1[_run]['switch_at']} give one stage-1 run name, {_run!r}; make them equal or further apart",
+        )
+    _STAGE1_OWNER.setdefault(_run, _name)
 STAGE1_PRECISIONS = sorted(STAGE1)
 
 
