@@ -1004,57 +1004,173 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
 """
 
 
-def _load_configs(tmp_path, configs, **env):
-    """What common.smk makes of each config (see _JOBS_SCRIPT), in the order given."""
-    path = tmp_path / "configs.json"
-    path.write_text(json.dumps(configs))
-    proc = subprocess.run([sys.executable, "-c", _JOBS_SCRIPT, str(ROOT / "Snakefile"), str(tmp_path), str(path)],
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path, env={**os.environ, **env})
+# every key of a stage set to a value that is not its default (and not the other stage's): what reaches the job
+AUDIT4_PRETRAIN = {
+    "steps": 40, "batch_size": 8, "eval_batch_size": 16, "lr": 0.002, "warmup_ratio": 0.2, "weight_decay": 0.05,
+    "adam_eps": 1e-7, "adam_beta1": 0.8, "adam_beta2": 0.95, "max_grad_norm": 0.5, "max_length": 96,
+    "mlm_probability": 0.2, "eval_precision": "fp32", "max_nonfinite": 3, "max_nonfinite_fraction": 0.5,
+    "timing_warmup_steps": 2, "log_every": 4, "checkpoint_every_steps": 7, "checkpoint_every_minutes": 3,
+    "save_checkpoint": False, "telemetry_every": 5, "on_unsupported": "skip"}
+AUDIT4_FINETUNE = {
+    "steps": None, "epochs": 2, "batch_size": 4, "eval_batch_size": 12, "lr": 5e-5, "warmup_ratio": 0.05,
+    "weight_decay": 0.0, "adam_eps": 1e-4, "adam_beta1": 0.85, "adam_beta2": 0.98, "max_grad_norm": 0,
+    "max_length": 48, "mlm_probability": 0.3, "eval_precision": "amp_bf16", "max_nonfinite": 9,
+    "max_nonfinite_fraction": 1, "timing_warmup_steps": 0, "log_every": 1, "checkpoint_every_steps": 0,
+    "checkpoint_every_minutes": 0, "save_checkpoint": True, "compile": "reduce-overhead", "on_unsupported": "skip"}
+_SWITCH = {"precision": "amp_fp16", "switch_to": "fp32"}
+_ONE = {"seeds": [1], "analysis": {"baseline": "x", "contrasts": []}}
+AUDIT4_CONFIGS = {
+    "home_too_long": {"model": {"init": "~/init"}, "train": {"finetune": {"max_length": 128}}},
+    "home_fits": {"model": {"init": "~/init"}, "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 64}},
+                  "seeds": [1]},
+    "round_stage1": {"schedules": {"a": {"pretrain": {**_SWITCH, "switch_at": 0.1234561}, "finetune": "fp32"},
+                                   "b": {"pretrain": {**_SWITCH, "switch_at": 0.1234564}, "finetune": "fp32"}},
+                     "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
+    "round_sweep": {"sweeps": {"s": {"finetune": _SWITCH, "switch_at": [0.5, 0.1234561, 0.1234564]}}, "seeds": [1]},
+    "round_apart": {"schedules": {"a": {"pretrain": {**_SWITCH, "switch_at": 0.125}, "finetune": "fp32"},
+                                  "b": {"pretrain": {**_SWITCH, "switch_at": 0.1234}, "finetune": "fp32"}},
+                    "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
+    "every_key": {"train": {"pretrain": AUDIT4_PRETRAIN, "finetune": AUDIT4_FINETUNE}, "device": "cuda", "threads": 3,
+                  "seeds": [7, 11], "model": {"max_position_embeddings": 128}},
+    # finetune swept; its stage 1 is a switch of its own (not swept), shared by every point
+    "sweep": {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}},
+              "sweeps": {"s": {"pretrain": {**_SWITCH, "switch_at": 0.5},
+                               "finetune": {"precision": "amp_bf16", "switch_to": "fp32"},
+                               "switch_at": [0, 0.125, 0.29, 0.5, 1]}}, **_ONE},
+    "hub_pretrain_data": {"data": {"pretrain": {"kind": "hub", "name": "wikitext", "text_column": "text"}},
+                          "seeds": [1]},
+    # a hub model brings its own position embeddings (known after fetch): model.max_position_embeddings is not its
+    "hub_model": {"model": {"init": "acme/tiny-bert", "max_position_embeddings": 32},
+                  "train": {"pretrain": {"max_length": 512}}, "seeds": [1]},
+    "cpu_switch_to_tf32": {"device": "cpu", "schedules": {"x": {"pretrain": {"precision": "fp32", "switch_to": "tf32",
+                                                                           "switch_at": 0.5}, "finetune": "fp32"}},
+                           **_ONE},
+    # an epochs stage: its step count only the engine knows, so neither timing_warmup_steps nor switch_at is checked
+    "epochs_stage": {"schedules": {"x": {"pretrain": {**_SWITCH, "switch_at": 0.001}, "finetune": "fp32"}},
+                     "train": {"pretrain": {"steps": None, "epochs": 1.5, "timing_warmup_steps": 50}}, **_ONE},
+    # stage 1 reads the synthetic corpus, not its n_train classification rows
+    "synthetic_rows": {"data": {"synthetic": {"n_train": 16}},
+                       "train": {"pretrain": {"batch_size": 32}, "finetune": {"batch_size": 16}}, "seeds": [1]},
+    "steps_and_epochs": {"train": {"pretrain": {"steps": 10, "epochs": 1}}},
+    "hub_without_name": {"data": {"finetune": {"kind": "hub", "name": ""}}},
+}
+
+
+@pytest.fixture(scope="module")
+def audit4(tmp_path_factory):
+    """What common.smk makes of each of AUDIT4_CONFIGS (see _JOBS_SCRIPT), by name; HOME holds ~/init, a local
+    model whose config.json has 64 position embeddings."""
+    tmp = tmp_path_factory.mktemp("audit4")
+    init = tmp / "home" / "init"
+    init.mkdir(parents=True)
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
+    path = tmp / "configs.json"
+    path.write_text(json.dumps(list(AUDIT4_CONFIGS.values())))
+    proc = subprocess.run([sys.executable, "-c", _JOBS_SCRIPT, str(ROOT / "Snakefile"), str(tmp), str(path)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp,
+                          env={**os.environ, "HOME": str(tmp / "home")})
     results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
-    assert len(results) == len(configs), (proc.stdout + proc.stderr)[-3000:]
-    return results
+    assert len(results) == len(AUDIT4_CONFIGS), (proc.stdout + proc.stderr)[-3000:]
+    return dict(zip(AUDIT4_CONFIGS, results))
 
 
-def test_a_model_init_under_home_is_a_local_model(tmp_path):
+def test_a_model_init_under_home_is_a_local_model(audit4):
     """model.init '~/...' is a local directory (the engine and `precswitch tokenizer` expand ~): its config.json
     bounds a stage's max_length when the config is read (the check looked for a literal '~' directory, found none
     and let max_length 128 through to the prepare job, which refused it after stage 1 trained), and it needs no
     fetch."""
-    init = tmp_path / "home" / "init"
-    init.mkdir(parents=True)
-    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
-    too_long, fits = _load_configs(tmp_path, [
-        {"model": {"init": "~/init"}, "train": {"finetune": {"max_length": 128}}},
-        {"model": {"init": "~/init"}, "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 64}},
-         "seeds": [1]},
-    ], HOME=str(tmp_path / "home"))
+    too_long, fits = audit4["home_too_long"], audit4["home_fits"]
     assert not too_long["ok"] and too_long["error"] == (
         "config key train.finetune.max_length: 128 exceeds the position embeddings (64) of model.init '~/init'")
     assert fits["ok"] and fits["fetch"] is False, fits
     assert {hp["init"] for hp in fits["hparams"].values() if hp["stage"] == "pretrain"} == {"~/init"}
 
 
-def test_switch_points_that_round_to_one_name_are_refused(tmp_path):
+def test_switch_points_that_round_to_one_name_are_refused(audit4):
     """A stage-1 run and a sweep point are named by the switch point's percent to 6 significant digits: two switch
     points closer than that got one name, so schedule a fine-tuned from the stage-1 run trained at b's switch_at
-    (its own never ran), and a sweep's second point was 'already a schedule'. Both are refused, naming the key."""
-    stage1, sweep, apart = _load_configs(tmp_path, [
-        {"schedules": {"a": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.1234561},
-                             "finetune": "fp32"},
-                       "b": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.1234564},
-                             "finetune": "fp32"}},
-         "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
-        {"sweeps": {"s": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32"},
-                          "switch_at": [0.5, 0.1234561, 0.1234564]}}, "seeds": [1]},
-        {"schedules": {"a": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.125},
-                             "finetune": "fp32"},
-                       "b": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.1234},
-                             "finetune": "fp32"}},
-         "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
-    ])
-    assert stage1["error"] == ("config key schedules.b.pretrain: switch_at 0.1234564 and schedule a's 0.1234561 give "
-                               "one stage-1 run name, 'amp_fp16-to-fp32-at12.3456'; make them equal or further apart")
-    assert sweep["error"] == ("config key sweeps.s.switch_at[2]: 0.1234564 and 0.1234561 give one schedule name, "
-                              "'s-at12.3456'; make them equal or further apart")
+    (its own never ran), and a sweep's second point was 'already a schedule'. Both are refused, naming the key;
+    points further apart get names of their own (12.5, not 12)."""
+    assert audit4["round_stage1"]["error"] == (
+        "config key schedules.b.pretrain: switch_at 0.1234564 and schedule a's 0.1234561 give one stage-1 run name, "
+        "'amp_fp16-to-fp32-at12.3456'; make them equal or further apart")
+    assert audit4["round_sweep"]["error"] == (
+        "config key sweeps.s.switch_at[2]: 0.1234564 and 0.1234561 give one schedule name, 's-at12.3456'; make them "
+        "equal or further apart")
+    apart = audit4["round_apart"]
     assert apart["ok"] and sorted(apart["stage1"]) == ["amp_fp16-to-fp32-at12.34", "amp_fp16-to-fp32-at12.5"]
-    assert apart["hparams"]["finetune-b-seed1"]["init"] == "results/runs/pretrain/amp_fp16-to-fp32-at12.34/seed1/checkpoint"
+    assert apart["hparams"]["finetune-b-seed1"]["init"] == \
+        "results/runs/pretrain/amp_fp16-to-fp32-at12.34/seed1/checkpoint"
+    assert apart["hparams"]["pretrain-amp_fp16-to-fp32-at12.5-seed1"]["switch_at"] == 0.125
+
+
+def test_every_stage_key_reaches_its_stages_jobs(audit4):
+    """Each train.<stage> key set in the config reaches every job of that stage with its value, and only that
+    stage's (stage 2 does not get stage 1's); max_length is the prepare job's (the data is cut to it), not the
+    engine's; mlm_probability is stage 1's only; save_checkpoint is always on for stage 1; compile off and
+    telemetry_every 0 are left to the engine's defaults, max_nonfinite_fraction too at its default (0.25) but not
+    at 1 (the test turned off)."""
+    result = audit4["every_key"]
+    assert result["ok"], result
+    hps = result["hparams"]
+    assert set(hps) == {f"{stage}-{n}-seed{s}" for s in (7, 11)
+                        for stage, names in (("pretrain", ("fp32", "amp_fp16", "amp_bf16")),
+                                             ("finetune", ("fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32")))
+                        for n in names}
+    for run_id, hp in hps.items():
+        stage = hp["stage"]
+        given = {"pretrain": AUDIT4_PRETRAIN, "finetune": AUDIT4_FINETUNE}[stage]
+        expected = {k: v for k, v in given.items() if k not in ("max_length", "mlm_probability", "save_checkpoint")}
+        if stage == "pretrain":
+            expected.update(mlm_probability=given["mlm_probability"], epochs=None)
+        assert {k: hp.get(k, "(absent)") for k in expected} == expected, run_id
+        assert hp["save_checkpoint"] is True, run_id
+        assert "max_length" not in hp and ("mlm_probability" in hp) == (stage == "pretrain"), run_id
+        assert ("compile" in hp, "telemetry_every" in hp) == ((False, True) if stage == "pretrain" else (True, False))
+        assert (hp["seed"], hp["device"], hp["threads"]) == (int(run_id.rsplit("seed", 1)[1]), "cuda", 3), run_id
+    assert hps["pretrain-amp_bf16-seed7"]["model"]["max_position_embeddings"] == 128
+
+
+def test_a_sweep_point_is_named_by_its_percent_and_runs_its_stages(audit4):
+    """A finetune sweep over [0, 0.125, 0.29, 0.5, 1]: point f is schedule s-at<100 f> (0.29 is at29, not at28;
+    0.125 at12.5); at 0 the stage runs all in switch_to, at 1 all in precision, between them it switches at f; every
+    point keeps the sweep's stage 1 (itself a switch, not swept) and shares its runs; each job's tags say which
+    point it is."""
+    result = audit4["sweep"]
+    assert result["ok"], result
+    names = {0: "s-at0", 0.125: "s-at12.5", 0.29: "s-at29", 0.5: "s-at50", 1: "s-at100"}
+    assert result["sweeps"] == {n: {"sweep": "s", "sweep_at": f, "sweep_stage": "finetune"} for f, n in names.items()}
+    assert sorted(result["stage1"]) == ["amp_fp16-to-fp32-at50", "fp32"]
+    hps = result["hparams"]
+    for f, name in names.items():
+        hp = hps[f"finetune-{name}-seed1"]
+        first = {"precision": "fp32"} if f == 0 else {"precision": "amp_bf16"}
+        if 0 < f < 1:
+            first.update(switch_to="fp32", switch_at=f)
+        assert {k: hp[k] for k in ("precision", "switch_to", "switch_at") if k in hp} == first, name
+        assert hp["init"] == "results/runs/pretrain/amp_fp16-to-fp32-at50/seed1/checkpoint", name
+        assert hp["tags"] == {"schedule": name, **result["sweeps"][name]}, name
+    pre = hps["pretrain-amp_fp16-to-fp32-at50-seed1"]
+    assert (pre["precision"], pre["switch_to"], pre["switch_at"], pre["tags"]) == ("amp_fp16", "fp32", 0.5, {})
+
+
+def test_config_keys_the_checks_read_and_let_through(audit4):
+    """A hub data source for stage 1 alone needs the fetch (and a hub model's positions are its own, not
+    model.max_position_embeddings); a switch_to the CPU cannot run is refused on device cpu like a first precision;
+    an epochs stage has no step count to check timing_warmup_steps or switch_at against; only stage 2's batch must
+    fit data.synthetic.n_train (stage 1 reads the synthetic corpus); steps and epochs both set,
+    and a hub source named '', are refused naming their key."""
+    assert audit4["hub_pretrain_data"]["ok"] and audit4["hub_pretrain_data"]["fetch"] is True
+    hub = audit4["hub_model"]
+    assert hub["ok"] and hub["fetch"] is True, hub
+    assert audit4["cpu_switch_to_tf32"]["error"].startswith(
+        "config key schedules.x.pretrain: tf32 cannot run on a CPU (device is cpu): tf32 needs cuda")
+    epochs = audit4["epochs_stage"]
+    assert epochs["ok"], epochs
+    pre = epochs["hparams"]["pretrain-amp_fp16-to-fp32-at0.1-seed1"]
+    assert (pre["epochs"], pre["steps"], pre["timing_warmup_steps"], pre["switch_at"]) == (1.5, None, 50, 0.001)
+    rows = audit4["synthetic_rows"]
+    assert rows["ok"] and {hp["batch_size"] for hp in rows["hparams"].values() if hp["stage"] == "pretrain"} == {32}
+    assert audit4["steps_and_epochs"]["error"] == ("config key train.pretrain: set exactly one of steps and epochs "
+                                                   "(the other null); got steps=10, epochs=1")
+    assert audit4["hub_without_name"]["error"].startswith("config key data.finetune.name: required for kind hub")
