@@ -997,7 +997,7 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
                     hp = json.loads(g["finetune_hparams"](SimpleNamespace(schedule=n, seed=str(seed))))
                     hps[hp["run_id"]] = hp
             result = {"ok": True, "stage1": g["STAGE1"], "schedules": g["SCHEDULES"], "sweeps": g["SWEEPS"],
-                      "fetch": g["fetch_needed"](), "hparams": hps}
+                      "fetch": g["fetch_needed"](), "warm": g["_warm_off_reason"](), "hparams": hps}
     except Exception as e:
         result = {"ok": False, "error": str(e).strip().splitlines()[0]}
     print("CONFIG " + json.dumps(result))
@@ -1052,6 +1052,12 @@ AUDIT4_CONFIGS = {
     "synthetic_rows": {"data": {"synthetic": {"n_train": 16}},
                        "train": {"pretrain": {"batch_size": 32}, "finetune": {"batch_size": 16}}, "seeds": [1]},
     "steps_and_epochs": {"train": {"pretrain": {"steps": 10, "epochs": 1}}},
+    "warm_off": {"warm_start": False, "device": "cpu", "seeds": [1]},
+    # on_unsupported is the refused stage's own
+    "cpu_tf32_finetune_skipped": {"device": "cpu", "schedules": {"x": {"pretrain": "fp32", "finetune": "tf32"}},
+                                  "train": {"finetune": {"on_unsupported": "skip"}}, **_ONE},
+    "cpu_tf32_finetune_pretrain_skipped": {"device": "cpu", "schedules": {"x": {"pretrain": "fp32", "finetune": "tf32"}},
+                                           "train": {"pretrain": {"on_unsupported": "skip"}}, **_ONE},
     "hub_without_name": {"data": {"finetune": {"kind": "hub", "name": ""}}},
 }
 
@@ -1174,3 +1180,16 @@ def test_config_keys_the_checks_read_and_let_through(audit4):
     assert audit4["steps_and_epochs"]["error"] == ("config key train.pretrain: set exactly one of steps and epochs "
                                                    "(the other null); got steps=10, epochs=1")
     assert audit4["hub_without_name"]["error"].startswith("config key data.finetune.name: required for kind hub")
+
+
+def test_on_unsupported_and_warm_start_are_read_from_their_own_keys(audit4):
+    """device cpu refuses a precision the CPU cannot run unless that stage's on_unsupported is skip (stage 1's does
+    not cover stage 2), and the message names the stage's key; warm_start: false turns the warm-start server off on
+    a CPU study, which otherwise uses it."""
+    assert audit4["cpu_tf32_finetune_skipped"]["ok"], audit4["cpu_tf32_finetune_skipped"]
+    assert audit4["cpu_tf32_finetune_skipped"]["hparams"]["finetune-x-seed1"]["on_unsupported"] == "skip"
+    assert audit4["cpu_tf32_finetune_pretrain_skipped"]["error"] == (
+        "config key schedules.x.finetune: tf32 cannot run on a CPU (device is cpu): tf32 needs cuda; set device: cuda "
+        "on a GPU machine, or train.finetune.on_unsupported: skip to record such runs as skipped")
+    assert audit4["warm_off"]["warm"] == "warm_start: false"
+    assert audit4["synthetic_rows"]["warm"] is None  # device cpu (the default), warm_start true
