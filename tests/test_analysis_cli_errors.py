@@ -67,6 +67,15 @@ def test_stats_summary_line_gives_each_schedules_label_against_the_baseline(tmp_
     assert capsys.readouterr().err == f"precswitch stats: vs fp32-fp32: {want}\n"
 
 
+def _stats_with_settings(tmp_path, capsys, runs, sched, text):
+    """`precswitch stats` with a settings file of `text`: (exit status, stderr, the --out-dir it was given)."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "o"
+    rc = main(["stats", "--runs", str(runs), "--schedules", str(sched), "--settings", str(cfg), "--out-dir", str(out)])
+    return rc, _err(capsys), out
+
+
 def test_stats_settings_contrasts_that_are_not_a_list_are_named(tmp_path, capsys):
     """analysis setting 'contrasts' is a list of pairs. `contrasts: 5` ended in a traceback ('int' object is not
     iterable) and a bare `contrasts: A vs B` was read letter by letter ("entry 'f' is not a pair"); each is now one
@@ -75,11 +84,7 @@ def test_stats_settings_contrasts_that_are_not_a_list_are_named(tmp_path, capsys
     for text, got in (("contrasts: 5\n", "got int 5"),
                       ("analysis:\n  contrasts: fp16-fp32 vs fp32-fp32\n", "got str 'fp16-fp32 vs fp32-fp32'"),
                       ("contrasts: {a: fp16-fp32, b: fp32-fp32}\n", "got dict {'a': 'fp16-fp32', 'b': 'fp32-fp32'}")):
-        cfg = tmp_path / "a.yaml"
-        cfg.write_text(text)
-        out = tmp_path / "o"
-        rc = main(["stats", "--runs", str(runs), "--schedules", str(sched), "--settings", str(cfg), "--out-dir", str(out)])
-        err = _err(capsys)
+        rc, err, out = _stats_with_settings(tmp_path, capsys, runs, sched, text)
         assert rc == 2, text
         assert ("analysis setting 'contrasts' must be a list of contrasts ([A, B], 'A vs B' or {a: A, b: B}); "
                 f"{got}") in err, err
@@ -97,12 +102,9 @@ def test_stats_settings_numbers_that_are_not_numbers_name_their_key(tmp_path, ca
                        ("seed: x\n", "analysis setting 'seed' must be a whole number, got 'x'"),
                        ("power: [0.8]\n", "analysis setting 'power' must be a number, got [0.8]"),
                        ("alpha: true\n", "analysis setting 'alpha' must be a number, got True")):
-        cfg = tmp_path / "a.yaml"
-        cfg.write_text(text)
-        out = tmp_path / "o"
-        rc = main(["stats", "--runs", str(runs), "--schedules", str(sched), "--settings", str(cfg), "--out-dir", str(out)])
-        err = _err(capsys)
+        rc, err, out = _stats_with_settings(tmp_path, capsys, runs, sched, text)
         assert rc == 2 and want in err and err.count("\n") == 1 and not out.exists(), (text, err)
+    cfg = tmp_path / "a.yaml"
     cfg.write_text("bootstrap_resamples: 200.0\nseed: 3\nmargin: 2\n")  # whole numbers written as floats are fine
     from precswitch.analysis.stats import load_settings
 

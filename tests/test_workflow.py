@@ -882,9 +882,14 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
 # ------------------------------------------------------------------------------ mutation audit 3: config checks
 # One process loads the workflow once per config (the first load imports Snakemake and the package; each further
 # config costs ~0.3 s, not a 4-s dry run) and prints the config error of each, or OK and what common.smk made of it.
-_CONFIGS_SCRIPT = """
+def _each_config_script(body: str) -> str:
+    """A script that loads the workflow once per config of a JSON list (argv: Snakefile, workdir, list) and prints
+    `CONFIG {json}` for each: {"ok": False, "error": its first line}, or the `result` that `body` (code indented for
+    the `with` block, `g` the workflow's globals) makes of it."""
+    return """
 import json, sys
 from pathlib import Path
+from types import SimpleNamespace
 import yaml
 from snakemake.api import SnakemakeApi
 from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
@@ -897,13 +902,17 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
             wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
                               config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
             g = wf._workflow.globals
-            result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
-                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"],
-                      "warm": g["_warm_off_reason"]()}
-    except Exception as e:
+""" + body + """    except Exception as e:
         result = {"ok": False, "error": str(e).strip().splitlines()[0]}
     print("CONFIG " + json.dumps(result))
 """
+
+
+_CONFIGS_SCRIPT = _each_config_script("""\
+            result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
+                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"],
+                      "warm": g["_warm_off_reason"]()}
+""")
 
 
 def test_config_checks_the_schema_cannot_express(tmp_path):
@@ -972,22 +981,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
 # ------------------------------------------------------------------------------ mutation audit 4: what each job gets
 # Like _CONFIGS_SCRIPT, one process for several configs; for each: the config error, or the stage-1 runs, schedules,
 # sweep tags, whether the hub is needed, and the hparams of every training job (what `precswitch train` gets).
-_JOBS_SCRIPT = """
-import json, sys
-from pathlib import Path
-from types import SimpleNamespace
-import yaml
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
-snakefile, workdir = Path(sys.argv[1]), Path(sys.argv[2])
-for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
-    path = workdir / f"config{i}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    try:
-        with SnakemakeApi() as api:
-            wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
-                              config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
-            g = wf._workflow.globals
+_JOBS_SCRIPT = _each_config_script("""\
             hps = {}
             for seed in g["SEEDS"]:
                 for p in g["STAGE1"]:
@@ -998,10 +992,7 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
                     hps[hp["run_id"]] = hp
             result = {"ok": True, "stage1": g["STAGE1"], "schedules": g["SCHEDULES"], "sweeps": g["SWEEPS"],
                       "fetch": g["fetch_needed"](), "warm": g["_warm_off_reason"](), "hparams": hps}
-    except Exception as e:
-        result = {"ok": False, "error": str(e).strip().splitlines()[0]}
-    print("CONFIG " + json.dumps(result))
-"""
+""")
 
 
 # every key of a stage set to a value that is not its default (and not the other stage's): what reaches the job
