@@ -531,14 +531,15 @@ def test_number_formatting_at_its_boundaries():
 
 def test_a_printed_p_value_never_rounds_up_to_the_threshold_it_is_below():
     """'better, Holm p 0.050' read as if the label broke its own p < 0.05 rule (p was 0.0496): a p that rounds up
-    to a round threshold (a multiple of 0.005) keeps the digits that show it below; any other p keeps 3 decimals."""
+    to a usual alpha (0.2, 0.1, 0.05, 0.025, 0.01, 0.005) keeps the digits that show it below; any other p keeps 3
+    decimals (0.14498 is 0.145)."""
     from precswitch.analysis.stats import diff_label, fmt_p, not_significant
     from precswitch.analysis.verdict import _p
 
     assert [fmt_p(v) for v in (0.0496, 0.049996, 0.0099, 0.1996, 0.0049)] == [
         "0.0496", "0.049996", "0.0099", "0.1996", "0.0049"]
-    assert [fmt_p(v) for v in (0.0504, 0.05, 0.0123, 0.4567, 0.0094, True)] == [
-        "0.050", "0.050", "0.012", "0.457", "0.009", "n/a"]
+    assert [fmt_p(v) for v in (0.0504, 0.05, 0.0123, 0.4567, 0.0094, 0.14498, 0.9999, True)] == [
+        "0.050", "0.050", "0.012", "0.457", "0.009", "0.145", "1.000", "n/a"]
     assert diff_label({"classification": "better", "p_holm": 0.0496}) == "better, Holm p 0.0496"
     assert not_significant({"classification": "inconclusive", "p_holm": 0.0504}) == (
         "not significant after Holm, p 0.050")

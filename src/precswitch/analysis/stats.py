@@ -1163,19 +1163,23 @@ def not_significant(r: dict) -> str:
     return s
 
 
+#: the usual alphas: a p-value below one of them never prints as it (fmt_p)
+P_THRESHOLDS = (0.2, 0.1, 0.05, 0.025, 0.01, 0.005)
+
+
 def fmt_p(v: Any) -> str:
-    """A p-value to 3 decimals ('< 0.001' below), with more digits where rounding up would reach a round
-    threshold that p is below: Holm p 0.0496 prints '0.0496', not '0.050' beside the label 'better', which
-    says p < 0.05 (any alpha of up to 3 decimals that is a multiple of 0.005: 0.1, 0.05, 0.01, 0.2 ...)."""
+    """A p-value to 3 decimals ('< 0.001' below), with more digits where 3 decimals would round it up to a
+    usual alpha (P_THRESHOLDS) that it is below: Holm p 0.0496 prints '0.0496', not '0.050' beside the label
+    'better', which says p < 0.05."""
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
         return "n/a"
     if v < 0.001:
         return "< 0.001"
     s = f"{v:.3f}"
-    if float(s) > v and round(float(s) * 1000) % 5 == 0:
+    if v < float(s) and float(s) in P_THRESHOLDS:
         for nd in range(4, 10):
             s = f"{v:.{nd}f}"
-            if float(s) < float(f"{v:.3f}"):
+            if float(s) < v or float(s) not in P_THRESHOLDS:
                 break
     return s
 
