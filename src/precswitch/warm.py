@@ -516,7 +516,7 @@ def register(sub) -> None:
     s = wsub.add_parser("serve", help="import the libraries once and fork a child per request")
     s.add_argument("--socket", required=True, help="Unix socket path to serve on")
     s.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone")
-    s.add_argument("--idle-timeout", type=float, default=3600.0, help="stop after this many idle seconds (0: never)")
+    s.add_argument("--idle-timeout", type=float, default=3600.0, help="stop after this many idle seconds (default %(default).0f; 0: never)")
     s.set_defaults(func=_cmd_serve)
     t = wsub.add_parser("stop", help="stop the server on --socket")
     t.add_argument("--socket", required=True)
