@@ -781,3 +781,108 @@ def test_clip_grad_norm_norm_in_fp32_then_torchs_clip(dtype):
         b[0].grad[3] = 7.0
         assert torch.equal(engine.clip_grad_norm(a, 1.0), torch.nn.utils.clip_grad_norm_(b, 1.0))
         assert all(torch.equal(x.grad, y.grad) for x, y in zip(a, b))
+
+
+# ====================================================================== mutation audit 5 (precision)
+def test_support_is_judged_on_the_stages_own_gpu_not_the_current_one(monkeypatch):
+    """A machine with a V100 as cuda:0 (the current device) and an A100 as cuda:1: a bf16 or tf32 stage on cuda:1
+    runs, the same stage on cuda:0 is refused naming the V100 and its 7.0 (the capability asked of the stage's
+    device, not of whichever GPU is current)."""
+    gpus = {0: ((7, 0), "Tesla V100"), 1: ((8, 0), "NVIDIA A100")}
+
+    def index(d=None):
+        return 0 if d is None else torch.device(d).index or 0
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: gpus[index(d)][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: gpus[index(d)][1])
+    for name in ("amp_bf16", "pure_bf16", "tf32"):
+        P.check_supported(P.get(name), torch.device("cuda:1"))
+        with pytest.raises(PrecisionUnsupported, match=r"V100.*7\.0"):
+            P.check_supported(P.get(name), torch.device("cuda:0"))
+
+
+def test_an_fp8_stage_may_be_evaluated_in_fp8_by_name():
+    """eval_precision fp8 after an fp8 stage is the precision it trained in (as 'same'): accepted; any precision
+    without fp8 Linear layers is refused, and a non-fp8 stage may be evaluated in anything."""
+    from precswitch.train import config as C
+
+    assert P.eval_precision_problem("fp8", "fp8") is None and P.eval_precision_problem("fp8", "same") is None
+    assert C.resolve({"data": "d", "steps": 10, "precision": "fp8", "eval_precision": "fp8"})["eval_precision"] == "fp8"
+    for other in ("fp32", "amp_bf16", "pure_bf16"):
+        assert "stay fp8" in P.eval_precision_problem("fp8", other), other
+        assert P.eval_precision_problem(other, "fp32") is None and P.eval_precision_problem(other, "fp8") is None
+
+
+def test_prepare_model_hands_the_fp8_precision_to_the_fp8_converter_and_no_other(monkeypatch):
+    """fp8 means fp8 Linear matmuls: prepare_model passes the fp32 model to precswitch.fp8's converter (torchao,
+    faked here) and returns what it returns; no other precision calls it."""
+    import precswitch.fp8 as fp8
+
+    seen = []
+
+    def convert(model, *a, **k):
+        seen.append({p.dtype for p in model.parameters()})
+        return SimpleNamespace(converted=model)
+
+    monkeypatch.setattr(fp8, "convert_model_to_fp8", convert)
+    for name in P.NAMES:
+        if name != "fp8":
+            assert isinstance(P.get(name).prepare_model(torch.nn.Linear(16, 16)), torch.nn.Linear), name
+    assert seen == []
+    out = P.get("fp8").prepare_model(torch.nn.Linear(16, 16).to(torch.bfloat16))
+    assert isinstance(out.converted, torch.nn.Linear) and seen == [{torch.float32}]
+
+
+def test_cpu_provenance_names_the_cpu_model(monkeypatch):
+    """device_name on a CPU is /proc/cpuinfo's 'model name' value (without the key), not the platform's arch."""
+    text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Fake 8480+ @ 2.00GHz\nflags\t: x\n"
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if str(self) == "/proc/cpuinfo"
+                        else real(self, *a, **k))
+    info = measure.provenance(torch.device("cpu"))
+    assert info["device_name"] == "Intel(R) Xeon(R) Fake 8480+ @ 2.00GHz"
+    assert (info["gpu_index"], info["compute_capability"], info["driver_version"]) == (None, None, None)
+
+
+def test_cuda_provenance_describes_the_stages_gpu(monkeypatch):
+    """On cuda:1 (cuda:0 current) metrics.json names GPU 1: its index, name, compute capability as 'major.minor'
+    and NVML's driver version (faked)."""
+    gpus = {0: ((7, 0), "Tesla V100"), 1: ((9, 0), "NVIDIA H200")}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: gpus[0 if i is None else i][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: gpus[0 if i is None else i][1])
+    nv = SimpleNamespace(nvmlSystemGetDriverVersion=lambda: "570.1")
+    monkeypatch.setattr(measure, "_nvml_handle", lambda d: (nv, "handle"))
+    info = measure.provenance(torch.device("cuda:1"))
+    assert (info["device"], info["gpu_index"], info["device_name"], info["compute_capability"],
+            info["driver_version"]) == ("cuda", 1, "NVIDIA H200", "9.0", "570.1")
+    monkeypatch.setattr(measure, "_nvml_handle", lambda d: (None, None))  # no NVML: no driver version, the rest kept
+    info = measure.provenance(torch.device("cuda"))
+    assert (info["gpu_index"], info["device_name"], info["compute_capability"], info["driver_version"]) == \
+        (0, "Tesla V100", "7.0", None)
+
+
+def test_git_commit_is_not_dirty_for_untracked_files_only(tmp_path, monkeypatch):
+    """A real checkout: new untracked files (results, logs beside the code) leave the commit clean; an edit to a
+    tracked file marks it -dirty."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.fail("git is needed")
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "measure.py").write_text("x = 1\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "c"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, env=env, capture_output=True)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    monkeypatch.delenv("PRECSWITCH_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(measure, "__file__", str(repo / "pkg" / "measure.py"))
+    (repo / "pkg" / "results.csv").write_text("a\n")
+    assert measure.git_commit() == head
+    (repo / "pkg" / "measure.py").write_text("x = 2\n")
+    assert measure.git_commit() == head + "-dirty"
