@@ -366,3 +366,18 @@ def test_kahan_keeps_fp16_adam_state_in_fp16():
     st = opt.state[p]
     assert (st["exp_avg"].dtype, st["exp_avg_sq"].dtype, st["step"].dtype) == (torch.float16,) * 2 + (torch.float32,)
     assert p.dtype == torch.float16 and opt.compensation[p].dtype == torch.float16
+
+
+def test_a_directly_built_stochastic_rounding_wrapper_draws_from_its_seed():
+    """StochasticRoundingWrapper(optimizer, seed=s) without a generator seeds its own from s: the same seed rounds
+    as wrap_optimizer's wrapper with that seed, another seed rounds otherwise."""
+    def rounded(make):
+        w = torch.nn.Parameter(torch.ones(512, dtype=torch.bfloat16))
+        opt = make(torch.optim.SGD([w], lr=1.0))
+        w.grad = torch.full((512,), -(2.0**-9), dtype=torch.bfloat16)  # a quarter of the spacing above 1
+        opt.step()
+        return w.detach().clone()
+
+    a = rounded(lambda o: StochasticRoundingWrapper(o, seed=7))
+    assert torch.equal(a, rounded(lambda o: wrap_optimizer("stochastic_rounding", o, seed=7)))
+    assert not torch.equal(a, rounded(lambda o: StochasticRoundingWrapper(o, seed=8)))

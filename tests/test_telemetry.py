@@ -347,3 +347,50 @@ def test_a_watched_module_returning_a_tuple_is_measured_on_its_first_output():
         model(torch.tensor([40000.0, 1.0]))
     (row,) = tel.rows()
     assert row["layer"] == "0" and row["max_abs"] == 80000.0 and row["frac_overflow_fp16"] == 0.5
+
+
+# ---------------------------------------------------------------------- mutation audit 5 (precision)
+def test_an_inf_that_spreads_is_attributed_to_the_first_layer_it_appears_in():
+    """An overflow (inf) in the first layer carried through the next: both report max_abs inf; max_abs_layer names
+    the first one (where it arose, in module order), not the last that merely passed it on."""
+    a, b = nn.Linear(1, 1), nn.Linear(1, 1)
+    with torch.no_grad():
+        a.weight.fill_(1e38)
+        b.weight.fill_(1.0)
+        a.bias.zero_()
+        b.bias.zero_()
+    tel = ActivationTelemetry(nn.Sequential(a, b), every=1)
+    with tel.step(0):
+        tel.model(torch.tensor([[1e3]]))  # 1e41: inf in fp32, and inf * 1 + 0 in the next layer
+    assert [r["max_abs"] for r in tel.rows()] == [float("inf")] * 2
+    assert tel.summary()["max_abs_layer"] == "0"
+
+
+def test_a_sampled_forward_that_raises_leaves_no_hooks_behind():
+    """A sampled step whose forward raises (an OOM, a bad batch) gets its hooks removed all the same: the error
+    propagates, and the following unsampled steps run with no hook and record nothing."""
+    m = _model()
+    tel = ActivationTelemetry(m, every=2)
+    with pytest.raises(RuntimeError, match="bad batch"):
+        with tel.step(0):
+            m(torch.randn(2, 8))
+            raise RuntimeError("bad batch")
+    assert _total_hooks(m) == 0 and tel.hooks_registered == 0
+    rows = len(tel.rows())
+    with tel.step(1):
+        m(torch.randn(2, 8))
+    assert len(tel.rows()) == rows
+
+
+def test_the_sample_stride_is_coprime_with_the_feature_dimension_not_the_batch():
+    """A (1001 x 16) output sampled to ~1001 values: a stride of 16 would read feature 0 only (and miss an outlier
+    feature); the stride is made coprime with the last (feature) dimension, so feature 4's share is ~1/16."""
+    lin = nn.Linear(16, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(16))
+        lin.weight[4, 4] = 1e5
+    tel = ActivationTelemetry(lin, every=1, sample_limit=1001)
+    with tel.step(0):
+        lin(torch.ones(1001, 16))
+    (row,) = tel.rows()
+    assert row["max_abs"] == 1e5 and abs(row["frac_overflow_fp16"] - 1 / 16) < 0.01
