@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -381,3 +383,54 @@ def test_a_directly_built_stochastic_rounding_wrapper_draws_from_its_seed():
     a = rounded(lambda o: StochasticRoundingWrapper(o, seed=7))
     assert torch.equal(a, rounded(lambda o: wrap_optimizer("stochastic_rounding", o, seed=7)))
     assert not torch.equal(a, rounded(lambda o: StochasticRoundingWrapper(o, seed=8)))
+
+
+def test_kahan_buffers_resume_on_their_own_parameters_when_gradients_arrive_out_of_order():
+    """The second parameter gets a gradient first (the first one only from step 2): the saved buffers are keyed by
+    parameter index, so a resumed run gives each parameter its own buffer back and continues bit for bit (keyed by
+    arrival order they would be swapped: another shape, or the other weight's carried update)."""
+    def fresh():
+        a = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+        b = torch.nn.Parameter(torch.full((5,), 2.0, dtype=torch.bfloat16))
+        return a, b, KahanWrapper(torch.optim.SGD([a, b], lr=1.0))
+
+    def step(a, b, opt, with_a=True):
+        if with_a:
+            a.grad = torch.full((3,), -(2.0**-10), dtype=torch.bfloat16)
+        b.grad = torch.full((5,), -(3 * 2.0**-11), dtype=torch.bfloat16)
+        opt.step()
+        opt.zero_grad()
+
+    a, b, opt = fresh()
+    step(a, b, opt, with_a=False)
+    step(a, b, opt)
+    saved = copy.deepcopy({"a": a.detach(), "b": b.detach(), "opt": opt.state_dict()})  # as torch.save would keep it
+    for _ in range(3):
+        step(a, b, opt)
+    a2, b2, opt2 = fresh()
+    with torch.no_grad():
+        a2.copy_(saved["a"])
+        b2.copy_(saved["b"])
+    opt2.load_state_dict(saved["opt"])
+    assert opt2.compensation[a2].shape == (3,) and opt2.compensation[b2].shape == (5,)
+    for _ in range(3):
+        step(a2, b2, opt2)
+    assert torch.equal(a2, a) and torch.equal(b2, b)
+    assert torch.equal(opt2.compensation[a2], opt.compensation[a])
+
+
+def test_float64_parameters_pass_through_uncompensated():
+    """Only bf16/fp16 parameters are compensated: a float64 one (like an fp32 head) is updated by the inner optimizer
+    in its own dtype, exactly as without the wrapper (not rounded through fp32)."""
+    for kind in ("kahan", "stochastic_rounding"):
+        w = torch.nn.Parameter(torch.full((4,), 1.0 + 2.0**-40, dtype=torch.float64))
+        ref = torch.nn.Parameter(w.detach().clone())
+        lo = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        opt = wrap_optimizer(kind, torch.optim.SGD([lo, w], lr=2.0**-30), seed=0)
+        ref_opt = torch.optim.SGD([ref], lr=2.0**-30)
+        for _ in range(2):
+            w.grad, ref.grad = torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+            lo.grad = torch.ones(4, dtype=torch.bfloat16)
+            opt.step()
+            ref_opt.step()
+        assert w.dtype == torch.float64 and torch.equal(w, ref), kind

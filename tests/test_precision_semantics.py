@@ -886,3 +886,28 @@ def test_git_commit_is_not_dirty_for_untracked_files_only(tmp_path, monkeypatch)
     assert measure.git_commit() == head
     (repo / "pkg" / "measure.py").write_text("x = 2\n")
     assert measure.git_commit() == head + "-dirty"
+
+
+def test_autocast_and_loss_scaler_are_built_for_the_stages_device_type(monkeypatch):
+    """On a GPU the amp_* forward autocasts on "cuda" (a CPU autocast would leave every CUDA matmul in fp32) and the
+    fp16 modes' loss scalers are built for "cuda"; on the CPU for "cpu". (No GPU needed: the objects are only built.)"""
+    import warnings
+
+    built = []
+    real_init = torch.amp.GradScaler.__init__
+
+    def init(self, device="cuda", *a, **k):
+        built.append((type(self).__name__, device))
+        real_init(self, device, *a, **k)
+
+    monkeypatch.setattr(torch.amp.GradScaler, "__init__", init)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a CUDA-less torch warns that it disables CUDA autocast / scaling
+        for dev in ("cuda", "cpu"):
+            for name, dtype in (("amp_fp16", torch.float16), ("amp_bf16", torch.bfloat16)):
+                ctx = P.get(name).autocast(dev)
+                assert (ctx.device, ctx.fast_dtype) == (dev, dtype), (name, dev)
+            P.get("amp_fp16").make_scaler(dev)
+            P.get("pure_fp16").make_scaler(dev)
+    assert built == [("GradScaler", "cuda"), ("PureFP16GradScaler", "cuda"),
+                     ("GradScaler", "cpu"), ("PureFP16GradScaler", "cpu")]
