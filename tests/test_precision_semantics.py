@@ -911,3 +911,13 @@ def test_autocast_and_loss_scaler_are_built_for_the_stages_device_type(monkeypat
             P.get("pure_fp16").make_scaler(dev)
     assert built == [("GradScaler", "cuda"), ("PureFP16GradScaler", "cuda"),
                      ("GradScaler", "cpu"), ("PureFP16GradScaler", "cpu")]
+
+
+def test_every_bare_16_bit_spelling_asks_mixed_or_pure():
+    """fp16, float16, half (any case, spaces or dashes around) ask amp_fp16 or pure_fp16; bf16 and bfloat16 ask
+    amp_bf16 or pure_bf16: a bare 16-bit type never silently picks one side of the study's comparison."""
+    for name, h in (("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"), ("Half ", "fp16"), ("FP16", "fp16"),
+                    ("bf16", "bf16"), ("bfloat16", "bf16"), (" BFloat16", "bf16")):
+        hint = P.name_hint(name)
+        assert hint.startswith(f" ({name!r} is ambiguous: amp_{h} = fp32 master weights with {h} autocast"), name
+        assert f"pure_{h} = weights, grads and optimizer state in {h})" in hint, name
