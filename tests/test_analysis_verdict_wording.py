@@ -354,3 +354,151 @@ def test_a_percentage_saved_is_styled_by_its_printed_value():
     assert saved(0.904) == "9.6% time saved" and saved(1.096, "memory") == "9.6% more memory"
     assert saved(0.999) == "0.1% time saved" and saved(0.9995) == "0.050% time saved"
     assert saved(1.25, "throughput") == "25% more throughput"
+
+
+def test_a_switched_stage1_counts_as_its_first_precision_whatever_that_is():
+    """A stage 1 that switched inside the stage (`fp32-to-amp_bf16-at50`, `tf32-to-fp32-at80`) is grouped with its
+    first precision in 'Stage 1 ran in', not as an unnamed 'other' kind."""
+    from precswitch.analysis.verdict import _stage1_kinds
+
+    assert _stage1_kinds(["fp32-to-amp_bf16-at50", "tf32-to-fp32-at80"]) == (
+        "**Stage 1 ran in:** `fp32-to-amp_bf16-at50`: fp32 throughout, TF32 off; `tf32-to-fp32-at80`: fp32 weights, "
+        "TF32 tensor-core matmuls.")
+
+
+def test_two_schedules_of_the_same_precisions_are_named_not_called_a_precision_change():
+    """Two points of a switch-point sweep have the same stage-1 and stage-2 precisions: the Answer names the two
+    schedules; it does not read 'fine-tuning in fp32 instead of fp32' or 'Pre-training in amp_fp16 instead of
+    amp_fp16'."""
+    info = {BASE: _info("fp32"), "sw-at20": _info(), "sw-at80": _info()}
+    acc = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6, family="named", a="sw-at20", b="sw-at80")
+    ans = _answer(render(_stats([acc], schedules=info, named=[("sw-at20", "sw-at80")],
+                                stage1_relation={"sw-at20 vs sw-at80": "different"})))
+    assert ans.startswith("Schedule sw-at20 (amp_fp16 → fp32) against sw-at80 (amp_fp16 → fp32) has an inconclusive")
+    assert "instead of" not in ans
+
+
+def test_an_answer_against_the_baseline_reports_the_stage2_cost_of_a_shared_stage1():
+    """No contrasts configured: the Answer compares each schedule with the baseline (family vs_baseline). A
+    schedule sharing the baseline's stage 1 gets the stage-2 time and memory rows of that family, as a named
+    contrast does, not no cost at all."""
+    info = {BASE: _info("fp32"), "fp32-fp16": _info("fp32", stage2_precision="amp_fp16")}
+    rows = [_acc("inconclusive", 0.3, -0.9, 1.5, 0.6, a="fp32-fp16"),
+            _rat("stage2_train_seconds", 0.7, 0.65, 0.75, 0.002, "better", a="fp32-fp16"),
+            _rat("stage2_peak_memory_bytes", 0.8, 0.75, 0.85, 0.002, "better", a="fp32-fp16"),
+            _rat("total_train_seconds", 0.9, 0.85, 0.95, 0.002, "better", a="fp32-fp16")]
+    ans = _answer(render(_stats(rows, schedules=info, stage1_relation={"fp32-fp16 vs fp32-fp32": "shared"})))
+    assert ("it takes ×0.70 [0.65, 0.75] the stage-2 (fine-tuning) training time (30% time saved, Holm p 0.002) "
+            "and ×0.80 [0.75, 0.85] the stage-2 peak memory (20% memory saved, Holm p 0.002) — stage 2 only: both "
+            "schedules start from the very same stage-1 runs") in ans
+
+
+def test_holds_for_lists_three_values_and_the_cuda_version_of_gpu_runs():
+    """Up to three distinct values are listed (three is still a list, four are counted); a CUDA version is
+    part of what the result holds for when the runs record one, and absent when they do not."""
+    prov = {"device": ["cuda:0"], "device_name": ["NVIDIA H100", "NVIDIA H200"], "torch_version": ["2.12", "2.13"],
+            "threads": ["1", "2", "3"], "cuda_version": ["12.8"], "compile": ["off"], "model_parameters": ["108000000"]}
+    head = render(_stats(provenance=prov)).split("## Answer")[0]
+    assert "threads `1`, `2`, `3`" in head and "distinct values" not in head
+    assert "device `cuda:0` (`NVIDIA H100`, `NVIDIA H200`); torch `2.12`, `2.13`, transformers unknown, CUDA `12.8`;" in head
+    assert "CUDA" not in render(_stats()).split("## Answer")[0]
+
+
+def test_runs_on_two_gpus_or_two_library_versions_are_flagged_in_the_caveats():
+    """Two device names, torch versions, transformers versions or git commits across the runs: each is said
+    in the Caveats (timings may not be comparable), not only listed in 'Holds for'; one value of each is not."""
+    prov = {"device": ["cuda:0"], "device_name": ["NVIDIA H100", "NVIDIA H200"], "torch_version": ["2.12", "2.13"],
+            "transformers_version": ["5.1", "5.24"], "git_commit": ["aaa", "bbb"], "compile": ["off"],
+            "model_parameters": ["108000000"]}
+    cav = _caveats(render(_stats(provenance=prov)))
+    for k, v in (("device_name", "NVIDIA H100, NVIDIA H200"), ("torch_version", "2.12, 2.13"),
+                 ("transformers_version", "5.1, 5.24"), ("git_commit", "aaa, bbb")):
+        assert f"The runs do not share one {k} ({v}): timings and results may not be comparable." in cav, k
+    one = {k: v[:1] for k, v in prov.items()}
+    assert "do not share one" not in _caveats(render(_stats(provenance=one)))
+
+
+def test_bootstrap_caveat_ignores_rows_too_small_for_any_interval():
+    """A row of 0 or 1 pair has no t CI either (insufficient data): it does not make the verdict say that
+    contrasts 'show the t CI alone' when every compared contrast has a bootstrap CI."""
+    s = {"margin": 1.0, "alpha": 0.05, "power": 0.8, "bootstrap_resamples": 1000}
+    rows = [_acc("inconclusive", 0.3, -0.9, 1.5, 0.6, n_pairs=8),
+            _acc("insufficient data", float("nan"), None, None, None, a="other", n_pairs=1),
+            _rat("stage1_train_seconds", float("nan"), None, None, None, "insufficient data", n_pairs=0)]
+    text = render(_stats(rows, settings=s, bootstrap_min_pairs=8))
+    assert "Bootstrap CIs are only computed" not in text
+
+
+def test_stage1_line_words_time_and_memory_by_their_own_ratios():
+    """Each stage-1 ratio is worded as what it measures: a faster stage 1 with more memory reads 'time saved'
+    for the time and 'more memory' for the memory (not 'time' twice, nor 'saved' for a ratio above 1)."""
+    rows = [_stage1_row("amp_bf16", "train_seconds", 0.74, 0.72, 0.77, kind="ratio", n=3),
+            _stage1_row("amp_bf16", "peak_memory_bytes", 1.10, 1.05, 1.15, kind="ratio", cls="worse", n=3)]
+    line = next(ln for ln in render(_stats(rows, stage1_baseline_precision="fp32")).splitlines()
+                if ln.startswith("- **amp_bf16**"))
+    assert line == ("- **amp_bf16** vs fp32 (3 paired seeds): train time ×0.74 [0.72, 0.77] (26% time saved, Holm p "
+                    "0.010); peak memory ×1.10 [1.05, 1.15] (10% more memory, Holm p 0.010).")
+
+
+def test_the_answer_gives_the_p_values_its_label_rests_on_and_no_others():
+    """A better/worse contrast gives its Holm p (the TOST p is beside the point: no 'TOST p' after 'raises
+    accuracy'); an equivalent one gives both; a single pair has neither (no 'Holm p n/a')."""
+    better = _acc("better", 2.0, 1.2, 2.8, 0.004, family="named", tost_p=0.97)
+    ans = _answer(render(_stats([better], named=[("fp16-fp32", BASE)])))
+    assert "+2.00 points [unadjusted 95% CI +1.20, +2.80], Holm p 0.004, 6 paired seeds" in ans and "TOST" not in ans
+    eq = _acc("equivalent", 0.1, -0.4, 0.6, 0.7, family="named", tost_p=0.004)
+    ans = _answer(render(_stats([eq], named=[("fp16-fp32", BASE)])))
+    assert "+0.10 points [unadjusted 95% CI −0.40, +0.60], Holm p 0.700, TOST p 0.004, 6 paired seeds" in ans
+    one = _acc("insufficient data", 0.5, None, None, None, family="named", n_pairs=1)
+    ans = _answer(render(_stats([one], named=[("fp16-fp32", BASE)])))
+    assert "(`fp16-fp32` − `fp32-fp32`: +0.50 points, 1 paired seed)" in ans and "n/a" not in ans
+
+
+def test_the_answer_warns_when_either_side_only_predicts_the_majority_class():
+    """A contrast whose baseline side (b) never learnt the task is as uninformative as one whose a side did:
+    the Answer says so naming that schedule."""
+    info = {BASE: _info("fp32", n_degenerate=6), "fp16-fp32": _info()}
+    ans = _answer(render(_stats([_acc("better", 20.0, 18.0, 22.0, 0.001, family="named")], schedules=info,
+                                named=[("fp16-fp32", BASE)])))
+    assert ("— but every finished run of `fp32-fp32` predicts only the majority class: the task was not learnt, "
+            "so this says nothing about precision") in ans
+
+
+def test_skipped_and_unevaluated_runs_are_not_all_called_not_run():
+    """'was not run' is for a schedule whose every failure is a skip; one skip and one run without a finite
+    accuracy is 'failed in 2 of 6 seeds (1 skipped, 1 without a finite accuracy)'."""
+    i = _info(n_failed=2, n_skipped=1, n_diverged=0, n_used=4)
+    ans = _answer(render(_stats([_acc("inconclusive", 0.3, -0.9, 1.5, 0.6)], schedules={BASE: _info("fp32"),
+                                                                                       "fp16-fp32": i})))
+    assert "`fp16-fp32` failed in 2 of 6 seeds (1 skipped, 1 without a finite accuracy)" in ans
+    assert "not run" not in ans
+
+
+def test_a_significantly_higher_but_negligible_loss_is_worse_and_negligible():
+    """A stage-1 eval loss significantly higher than the baseline's by less than 0.1% of it: 'worse, Holm p … —
+    negligible' (the label stands, qualified), not 'negligible either way' (which is for a non-significant one)."""
+    rows = [_stage1_row("amp_fp16", "eval_loss", 0.0005, 0.0003, 0.0007, cls="worse")]
+    text = render(_stats(rows, stage1_baseline_precision="fp32",
+                         stage1_summary={"fp32": {"eval_loss": {"n": 6, "mean": 2.0}}}))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
+    assert ("eval loss +5.0e−4 nats [+3.0e−4, +7.0e−4] (+0.025% of fp32's 2 nats; worse, Holm p 0.010 — negligible: "
+            "the whole CI is within ±0.1% of the loss)") in line
+
+
+def test_a_contrast_not_judged_is_not_also_called_not_informative():
+    """Both sides only predict the majority class but there is a single pair: the label is NOT JUDGED alone
+    (there is no comparison to qualify); the paragraph still says every run is degenerate."""
+    info = {BASE: _info("fp32", n_degenerate=6), "fp16-fp32": _info(n_degenerate=6, degenerate_seeds=[1])}
+    para = _para(render(_stats([_acc("insufficient data", 0.0, None, None, None, n_pairs=1)], schedules=info)))
+    assert "**NOT JUDGED** — fewer than 2 paired seeds with results." in para and "NOT INFORMATIVE" not in para
+    assert "EVERY finished run is degenerate" in para
+
+
+def test_seeds_needed_that_is_not_a_number_is_left_out():
+    """An inconclusive row whose seeds_needed is infinite or NaN (no finite sample size reaches the power) says
+    nothing about it; the equivalence count is still given."""
+    for bad in (float("inf"), float("nan")):
+        r = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6, sd=1.2, seeds_needed=bad, seeds_needed_equivalence=40)
+        para = _para(render(_stats([r])))
+        assert "To resolve it: about 40 would put the CI inside ±1 point if the observed mean and SD held." in para
+        assert "would detect" not in para
