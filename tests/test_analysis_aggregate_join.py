@@ -160,3 +160,85 @@ def test_tables_do_not_depend_on_the_order_of_the_inputs(tmp_path):
     for t in ("runs", "schedules"):
         x = (tmp_path / "x" / f"{t}.csv").read_text()
         assert (tmp_path / "y" / f"{t}.csv").read_text() == x.replace(str(tmp_path / "x"), str(tmp_path / "y")), t
+
+
+def test_telemetry_infinities_become_numbers_and_the_layer_stays_text(tmp_path):
+    """metrics.json writes an infinite activation maximum as the JSON-safe string "inf": runs.csv gets the number
+    inf (comparable with the others), while the layer name stays the text it is."""
+    p = _edit(_pre(tmp_path), activation_telemetry={"max_abs": "inf", "max_abs_layer": "bert.encoder.layer.1",
+                                                    "frac_overflow_fp16": 0.25, "frac_underflow_fp16": "-inf"})
+    row = load_runs([p]).iloc[0]
+    assert row["act_max_abs"] == math.inf and row["act_frac_underflow_fp16"] == -math.inf
+    assert row["act_frac_overflow_fp16"] == 0.25 and row["act_max_abs_layer"] == "bert.encoder.layer.1"
+    off = load_runs([_pre(tmp_path / "off")]).iloc[0]  # telemetry off: the columns exist, empty
+    assert all(pd.isna(off[c]) for c in ("act_max_abs", "act_max_abs_layer", "act_frac_overflow_fp16"))
+
+
+def test_a_metrics_file_without_run_id_stage_or_precision_is_refused_naming_the_key(tmp_path):
+    for key in ("run_id", "stage", "precision"):
+        p = _fin(tmp_path / key)
+        m = json.loads(p.read_text())
+        del m[key]
+        p.write_text(json.dumps(m))
+        with pytest.raises(PrecswitchError, match=f"missing required key '{key}'"):
+            load_runs([p])
+
+
+def test_a_skipped_stage2_without_init_run_id_finds_its_stage1_by_the_checkpoint_directory(tmp_path):
+    """A stage skipped before loading its init records no init_run_id, only init (the checkpoint directory inside
+    the stage-1 run's directory): the row still joins that stage 1, and the stage-1 columns are that run's."""
+    pre = _pre(tmp_path, seed=1)
+    fin = _edit(_fin(tmp_path, seed=1, status="skipped"), init=str(pre.parent / "checkpoint"), init_run_id=None)
+    row = build_schedules(load_runs([pre, fin])).iloc[0]
+    assert row["stage1_run_id"] == "pre-amp_fp16-1" and row["stage1_precision"] == "amp_fp16"
+    assert row["status"] == "skipped" and row["stage1_status"] == "ok"
+
+
+def test_counters_and_time_missing_in_both_stages_stay_missing_not_zero(tmp_path):
+    """A stage pair that records no skipped steps, non-finite losses or train time (older or hand-made
+    metrics.json) gets empty sums, not 0 (which the verdict would report as 'no skipped steps'); one stage's
+    value alone is the sum."""
+    pre = _pre(tmp_path)
+    fin = _fin(tmp_path, init_run_id="pre-amp_fp16-1")
+    for p in (pre, fin):
+        m = json.loads(p.read_text())
+        for k in ("skipped_steps", "nonfinite_losses", "train_seconds"):
+            m.pop(k, None)
+        p.write_text(json.dumps(m))
+    row = build_schedules(load_runs([pre, fin])).iloc[0]
+    assert all(math.isnan(row[k]) for k in ("skipped_steps", "nonfinite_losses", "total_train_seconds"))
+    _edit(fin, skipped_steps=3, train_seconds=12.5)
+    row = build_schedules(load_runs([pre, fin])).iloc[0]
+    assert (row["skipped_steps"], row["total_train_seconds"]) == (3, 12.5) and math.isnan(row["nonfinite_losses"])
+
+
+def test_per_stage_columns_of_a_schedule_row_come_from_that_stage(tmp_path):
+    """Loss-scale minimum, status reason, spec and switch of each stage are copied from that stage's run (the two
+    stages differ here in each of them); majority_accuracy and sweep_at are the fine-tuning run's."""
+    pre = _pre(tmp_path, status="diverged", loss_scale_min=0.5, switch_to="fp32", switch_at=0.8)
+    _edit(pre, status_reason="nan loss at step 7")
+    fin = _fin(tmp_path, init_run_id="pre-amp_fp16-1", precision="amp_bf16", loss_scale_min=1024.0,
+               switch_to="tf32", switch_at=0.25)
+    _edit(fin, status_reason="finished", tags={"sweep": "sw", "sweep_at": "0.25", "sweep_stage": "finetune"})
+    row = build_schedules(load_runs([pre, fin])).iloc[0]
+    assert (row["stage1_loss_scale_min"], row["stage2_loss_scale_min"]) == (0.5, 1024.0)
+    assert (row["stage1_status_reason"], row["stage2_status_reason"]) == ("nan loss at step 7", "finished")
+    assert (row["stage1_spec"], row["stage2_spec"]) == ("amp_fp16-to-fp32-at80", "amp_bf16-to-tf32-at25")
+    assert (row["stage1_switch_to"], row["stage2_switch_to"]) == ("fp32", "tf32")
+    assert (row["stage1_switch_at"], row["stage2_switch_at"]) == (0.8, 0.25)
+    assert row["majority_accuracy"] == 0.5 and row["sweep_at"] == 0.25 and row["sweep"] == "sw"
+
+
+def test_an_empty_init_run_id_is_a_fine_tune_only_row_without_a_warning(tmp_path, capsys):
+    """init_run_id "" (no stage 1) is missing, like null: no 'starts from run ''' warning, empty stage-1 columns."""
+    fin = _edit(_fin(tmp_path), init_run_id="", init_precision="")
+    row = build_schedules(load_runs([fin])).iloc[0]
+    assert row["stage1_run_id"] is None and math.isnan(row["stage1_train_seconds"])
+    assert pd.isna(row["stage1_precision"]) and "warning" not in capsys.readouterr().err
+
+
+def test_a_fine_tune_only_row_takes_its_one_stages_status(tmp_path):
+    """Without a stage 1, the schedule's status is its fine-tuning run's: a diverged or skipped run is not 'ok'."""
+    rows = [_fin(tmp_path, schedule=s, status=s) for s in ("diverged", "skipped", "ok")]
+    sched = build_schedules(load_runs(rows)).set_index("schedule")
+    assert sched["status"].to_dict() == {"diverged": "diverged", "ok": "ok", "skipped": "skipped"}
