@@ -502,3 +502,11 @@ def test_seeds_needed_that_is_not_a_number_is_left_out():
         para = _para(render(_stats([r])))
         assert "To resolve it: about 40 would put the CI inside ±1 point if the observed mean and SD held." in para
         assert "would detect" not in para
+
+
+def test_a_bootstrap_interval_is_printed_beside_the_t_interval_in_its_style():
+    """From 8 pairs on a row has a bootstrap CI: the paragraph gives it after the t CI, in the mean's style."""
+    r = _acc("better", 0.3, 0.1, 0.5, 0.01, n_pairs=8, boot_low=0.12, boot_high=0.48)
+    para = _para(render(_stats([r])))
+    assert "paired difference +0.30 points [unadjusted 95% CI +0.10, +0.50], 8 paired seeds (bootstrap CI +0.12, +0.48)" in para
+    assert "bootstrap CI" not in _para(render(_stats([_acc("better", 0.3, 0.1, 0.5, 0.01, n_pairs=8)])))
