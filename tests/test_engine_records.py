@@ -1,0 +1,220 @@
+"""What a stage records where the mutation audits found it unpinned: a skipped stage's outputs (on_unsupported skip,
+and the stage 2 started from it), a checkpoint init's attention kernel and head dtype, the stage file of a switched
+stage, metrics.json's loss-scale, grad-norm, provenance and size fields, the resumable state's time kept out of
+the training time, and a stage resumed past its in-stage switch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_fixtures import TINY, preempted_then_resumed, prepared_both, steps_rows, tiny_bert_mlm  # noqa: E402
+
+from precswitch import precision as P  # noqa: E402
+from precswitch.train import engine  # noqa: E402
+from precswitch.train.engine import run_stage  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return prepared_both(tmp_path_factory)
+
+
+# ====================================================================== on_unsupported: skip
+def test_a_skipped_stage_records_its_hparams_and_writes_no_checkpoint_when_told_not_to(data, tmp_path):
+    """tf32 on a CPU with on_unsupported skip: metrics.json (with its hparams), a header-only steps.csv, and a
+    checkpoint/ holding only the stage file, unless save_checkpoint is false (then none at all). The stage 2
+    started from the skipped stage 1 records its init and passes on stage 1's own reason."""
+    hp = {"data": str(data["mlm"]), "precision": "tf32", "steps": 2, "model": TINY, "on_unsupported": "skip"}
+    s1 = run_stage(hp, tmp_path / "s1")
+    assert s1["status"] == "skipped" and s1["hparams"]["precision"] == "tf32" and s1["hparams"]["steps"] == 2
+    assert (tmp_path / "s1" / "steps.csv").read_text() == ",".join(engine.STEP_FIELDS) + "\n"
+    assert [p.name for p in (tmp_path / "s1" / "checkpoint").iterdir()] == [engine.STAGE_FILE]
+    none = run_stage({**hp, "save_checkpoint": False}, tmp_path / "none")
+    assert none["status"] == "skipped" and not (tmp_path / "none" / "checkpoint").exists()
+
+    init = str(tmp_path / "s1" / "checkpoint")
+    s2 = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 1,
+                    "init": init}, tmp_path / "s2")
+    assert s2["status"] == "skipped" and s2["init"] == init and s2["hparams"]["init"] == init
+    why = s2["status_reason"].split("which was skipped: ", 1)[1]
+    assert why == s1["status_reason"] and "tf32" in why
+
+
+# ====================================================================== checkpoint init
+def test_a_checkpoint_init_gets_the_asked_attention_kernel_and_an_fp32_head(data, tmp_path, monkeypatch):
+    """Stage 1 pure_bf16 (eager attention, bf16 safetensors), stage 2 fp32 asking for sdpa: the model is built with
+    sdpa, and its new classifier head is drawn in fp32 (from_pretrained would otherwise follow the checkpoint's
+    bf16 and round the head's initial weights to bf16 before the fp32 cast)."""
+    run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "adam_eps": 1e-4, "steps": 1, "model": TINY},
+              tmp_path / "pre")
+    built = {}
+    real = engine._build_model
+
+    def build(hp, *a, **k):
+        model, dtype = real(hp, *a, **k)
+        built.update(attn=model.config._attn_implementation, head=model.classifier.weight.detach().clone())
+        return model, dtype
+
+    monkeypatch.setattr(engine, "_build_model", build)
+    m = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 1,
+                   "init": str(tmp_path / "pre" / "checkpoint"), "model": {"attn_implementation": "sdpa"},
+                   "save_checkpoint": False}, tmp_path / "ft")
+    assert m["status"] == "ok" and m["checkpoint_dtype_read"] == "bfloat16" and m["init_status"] == "ok"
+    assert built["attn"] == "sdpa"
+    head = built["head"]
+    assert head.dtype == torch.float32 and not torch.equal(head, head.to(torch.bfloat16).float())
+
+
+def test_a_switched_stage_writes_its_own_precision_into_its_stage_file_and_metrics(data, tmp_path):
+    """amp_fp16 switching to fp32 at 0.5: the stage file and the next stage's init_precision name the stage's
+    precision (amp_fp16; precision_final says fp32), switch_at is recorded, and the next stage counts the model's
+    parameters (tied embeddings once) and its batch size."""
+    from transformers import BertForSequenceClassification
+
+    s1 = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5,
+                    "steps": 4, "model": TINY}, tmp_path / "s1")
+    assert (s1["switch_at"], s1["switch_step"], s1["precision_final"]) == (0.5, 2, "fp32")
+    stage = json.loads((tmp_path / "s1" / "checkpoint" / engine.STAGE_FILE).read_text())
+    assert stage["precision"] == "amp_fp16" and stage["status"] == "ok"
+    init = str(tmp_path / "s1" / "checkpoint")
+    s2 = run_stage({"data": str(data["classify"]), "objective": "classify", "steps": 2, "batch_size": 8,
+                    "init": init, "save_checkpoint": False}, tmp_path / "s2")
+    assert (s2["init"], s2["init_precision"], s2["init_status"]) == (init, "amp_fp16", "ok")
+    model = BertForSequenceClassification.from_pretrained(init, num_labels=2)
+    assert s2["model_parameters"] == sum(p.numel() for p in model.parameters())
+    assert s2["batch_size"] == 8 and s2["samples_seen"] == 16
+
+
+# ====================================================================== metrics.json fields
+def test_loss_scale_and_grad_norm_records_of_a_stage_with_one_overflow(data, tmp_path, monkeypatch):
+    """amp_fp16, a scaler starting at 1 that doubles every step, a NaN loss at step 2: the scales used are 1, 2
+    (skipped: back to 1), 1, 2, 4, so loss_scale_start 1, loss_scale_min 1, loss_scale_end 4 (the last step's, as
+    in steps.csv), and the NaN step's gradient norm is counted as non-finite, not averaged in."""
+    monkeypatch.setattr(P.Precision, "make_scaler", lambda self, device_type: torch.amp.GradScaler(
+        device_type, init_scale=1.0, growth_interval=1) if self.loss_scaling else None)
+    real, calls = engine.forward_loss, []
+
+    def nan_at_2(*a):
+        calls.append(1)
+        return real(*a) * (float("nan") if len(calls) == 2 else 1.0)
+
+    monkeypatch.setattr(engine, "forward_loss", nan_at_2)
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    rows = steps_rows(tmp_path / "r")
+    assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 1.0, 2.0, 4.0]
+    assert (m["loss_scale_start"], m["loss_scale_min"], m["loss_scale_end"]) == (1.0, 1.0, 4.0)
+    assert m["skipped_steps"] == 1 and m["nonfinite_losses"] == 1 and m["status"] == "ok"
+    assert m["grad_norm"]["nonfinite"] == 1
+    assert m["grad_norm"]["max"] == max(float(r["grad_norm"]) for r in rows if r["skipped"] == "0")
+
+
+def test_provenance_of_the_data_the_load_around_the_loop_and_a_stage_no_longer_than_its_warm_up(
+        data, tmp_path, monkeypatch):
+    """data_revision and data_commit come from the data's meta.json (source.revision, source_commit); the load
+    average is read before and after the loop (two readings, in that order); a stage of 2 steps with
+    timing_warmup_steps 2 has no steps after the warm-up, so all its steps are timed (warm-up 0), not none."""
+    src = tmp_path / "data"
+    shutil.copytree(data["mlm"], src)
+    meta = json.loads((src / "meta.json").read_text())
+    meta.update(source={"kind": "hub", "revision": "v1.0"}, source_commit="abc123")
+    (src / "meta.json").write_text(json.dumps(meta))
+    loads = iter([1.5, 2.5])
+    monkeypatch.setattr(engine.measure, "load_avg_1m", lambda: next(loads))
+    m = run_stage({"data": str(src), "steps": 2, "model": TINY, "timing_warmup_steps": 2, "save_checkpoint": False},
+                  tmp_path / "r")
+    assert (m["data_revision"], m["data_commit"]) == ("v1.0", "abc123")
+    assert (m["load_avg_1m_start"], m["load_avg_1m_end"]) == (1.5, 2.5)
+    assert m["timing_warmup_steps"] == 0 and m["steps_per_second"] is not None and m["step_seconds_median"] > 0
+    assert m["checkpoint_dtype_written"] is None and not (tmp_path / "r" / "checkpoint").exists()
+
+
+def test_evaluate_reports_no_perplexity_beyond_exp_range_and_no_accuracy_of_a_nan_model():
+    """An mlm eval loss of hundreds of nats has no float perplexity (null, not an OverflowError); a model with NaN
+    weights has neither eval loss nor masked accuracy, and says why."""
+    from engine_fixtures import mlm_batch
+
+    model = tiny_bert_mlm()
+    with torch.no_grad():
+        model.cls.predictions.decoder.bias.copy_(torch.linspace(0, 5e4, model.config.vocab_size))
+    res = engine.evaluate(model, [mlm_batch(16)], "mlm", P.get("fp32"), CPU, {})
+    assert res["eval_loss"] > 710 and res["perplexity"] is None and res["mlm_accuracy"] is not None
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+    res = engine.evaluate(model, [mlm_batch(16)], "mlm", P.get("fp32"), CPU, {})
+    assert res["eval_loss"] is None and res["mlm_accuracy"] is None and res["perplexity"] is None
+    assert res["eval_note"].startswith("non-finite eval loss")
+
+
+# ====================================================================== resumable state
+def test_time_spent_writing_the_resumable_state_is_kept_out_of_the_step_times(data, tmp_path, monkeypatch):
+    """A clock on which every state save takes 100 s: state_save_seconds has them, checkpoint_seconds includes them,
+    and no step's step_seconds (nor train_seconds) does."""
+    import time as real_time
+
+    offset = [0.0]
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
+    real_save = engine.torch.save
+
+    def slow_save(*a, **k):
+        offset[0] += 100.0
+        return real_save(*a, **k)
+
+    monkeypatch.setattr(engine.torch, "save", slow_save)
+    m = run_stage({"data": str(data["mlm"]), "steps": 4, "model": TINY, "checkpoint_every_steps": 1,
+                   "save_checkpoint": False}, tmp_path / "r")
+    dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
+    assert m["state_saves"] == 3 and m["state_save_seconds"] >= 300 and m["checkpoint_seconds"] >= 300
+    assert max(dts) < 100 and m["train_seconds"] < 100
+
+
+def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_path, monkeypatch):
+    """No periodic saves: the one state save is the one made when SIGTERM arrived during evaluation; the resumed
+    stage counts it (state_saves 1), with 2 attempts. (Its seconds are not known to the resumed stage: the state
+    it resumes from was pickled before that save ended.)"""
+    import os
+    import signal
+
+    real, sent = engine.evaluate, []
+
+    def evaluate(*a, **k):
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine, "evaluate", evaluate)
+    hp = {"data": str(data["mlm"]), "steps": 2, "model": TINY, "save_checkpoint": False}
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stage installs its own; this one never runs
+    try:
+        with pytest.raises(engine.Preempted, match="evaluation"):
+            run_stage(hp, tmp_path / "r")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    m = run_stage(hp, tmp_path / "r")
+    assert m["resumed"] is True and m["attempts"] == 2
+    assert m["state_saves"] == 1 and m["steps_completed"] == 2
+
+
+def test_a_stage_resumed_past_its_switch_trains_on_without_the_loss_scaler(data, tmp_path, monkeypatch):
+    """amp_fp16 switching to fp32 after step 2 of 4, preempted during step 3 and resumed: the resumed stage runs the
+    fp32 steps without a loss scaler (empty loss_scale cells) and ends with the uninterrupted run's steps.csv."""
+    hp = {"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
+          "model": TINY, "save_checkpoint": False}
+    run_stage(hp, tmp_path / "whole")
+    resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 3)
+    assert resumed["resumed"] is True and resumed["precision_final"] == "fp32"
+    cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
+    rows = [[r[c] for c in cols] for r in steps_rows(tmp_path / "resumed")]
+    assert [r[cols.index("loss_scale")] != "" for r in rows] == [True, True, False, False]
+    assert rows == [[r[c] for c in cols] for r in steps_rows(tmp_path / "whole")]
