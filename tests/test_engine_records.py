@@ -51,12 +51,12 @@ def test_a_skipped_stage_records_its_hparams_and_writes_no_checkpoint_when_told_
 
 
 # ====================================================================== checkpoint init
-def test_a_checkpoint_init_gets_the_asked_attention_kernel_and_an_fp32_head(data, tmp_path, monkeypatch):
-    """Stage 1 pure_bf16 (eager attention, bf16 safetensors), stage 2 fp32 asking for sdpa: the model is built with
-    sdpa, and its new classifier head is drawn in fp32 (from_pretrained would otherwise follow the checkpoint's
+def test_a_checkpoint_init_gets_the_hparams_attention_kernel_and_an_fp32_head(data, tmp_path, monkeypatch):
+    """Stage 1 pure_bf16 (sdpa attention, bf16 safetensors), stage 2 fp32 with the default eager: the model is built
+    with eager attention (not the library's default, sdpa), and its new classifier head is drawn in fp32 (from_pretrained would otherwise follow the checkpoint's
     bf16 and round the head's initial weights to bf16 before the fp32 cast)."""
-    run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "adam_eps": 1e-4, "steps": 1, "model": TINY},
-              tmp_path / "pre")
+    run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "adam_eps": 1e-4, "steps": 1,
+               "model": {**TINY, "attn_implementation": "sdpa"}}, tmp_path / "pre")
     built = {}
     real = engine._build_model
 
@@ -67,10 +67,9 @@ def test_a_checkpoint_init_gets_the_asked_attention_kernel_and_an_fp32_head(data
 
     monkeypatch.setattr(engine, "_build_model", build)
     m = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 1,
-                   "init": str(tmp_path / "pre" / "checkpoint"), "model": {"attn_implementation": "sdpa"},
-                   "save_checkpoint": False}, tmp_path / "ft")
+                   "init": str(tmp_path / "pre" / "checkpoint"), "save_checkpoint": False}, tmp_path / "ft")
     assert m["status"] == "ok" and m["checkpoint_dtype_read"] == "bfloat16" and m["init_status"] == "ok"
-    assert built["attn"] == "sdpa"
+    assert built["attn"] == "eager" and m["hparams"]["model"] == {"attn_implementation": "eager"}
     head = built["head"]
     assert head.dtype == torch.float32 and not torch.equal(head, head.to(torch.bfloat16).float())
 
@@ -218,3 +217,22 @@ def test_a_stage_resumed_past_its_switch_trains_on_without_the_loss_scaler(data,
     rows = [[r[c] for c in cols] for r in steps_rows(tmp_path / "resumed")]
     assert [r[cols.index("loss_scale")] != "" for r in rows] == [True, True, False, False]
     assert rows == [[r[c] for c in cols] for r in steps_rows(tmp_path / "whole")]
+
+
+@pytest.mark.parametrize("objective", ["mlm", "classify"])
+def test_a_stage_whose_final_model_is_not_finite_is_diverged_though_every_loss_was(data, tmp_path, monkeypatch,
+                                                                                   objective):
+    """Every training loss finite, but the model evaluated has a NaN weight: the stage is diverged (not ok), and
+    status_reason says the final model is not finite, with the evaluation's note."""
+    real = engine.evaluate
+
+    def nan_then_evaluate(model, *a, **k):
+        with torch.no_grad():
+            model.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(engine, "evaluate", nan_then_evaluate)
+    m = run_stage({"data": str(data[objective]), "objective": objective, "steps": 2, "model": TINY,
+                   "save_checkpoint": False}, tmp_path / "r")
+    assert m["nonfinite_losses"] == 0 and m["status"] == "diverged"
+    assert m["status_reason"] == f"final model is not finite: {m['eval_note']}" and m["eval_note"]
