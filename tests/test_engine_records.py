@@ -179,8 +179,8 @@ def test_time_spent_writing_the_resumable_state_is_kept_out_of_the_step_times(da
 
 def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_path, monkeypatch):
     """No periodic saves: the one state save is the one made when SIGTERM arrived during evaluation; the resumed
-    stage counts it (state_saves 1), with 2 attempts. (Its seconds are not known to the resumed stage: the state
-    it resumes from was pickled before that save ended.)"""
+    stage reports it (state_saves 1 and its seconds: the state it resumes from was pickled before that save ended,
+    which once left state_save_seconds 0.0 beside state_saves 1), with 2 attempts; the resume dir is gone after."""
     import os
     import signal
 
@@ -203,6 +203,8 @@ def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_pa
     m = run_stage(hp, tmp_path / "r")
     assert m["resumed"] is True and m["attempts"] == 2
     assert m["state_saves"] == 1 and m["steps_completed"] == 2
+    assert m["state_save_seconds"] > 0 and m["checkpoint_seconds"] >= m["state_save_seconds"]
+    assert not (tmp_path / "r" / "resume").exists()
 
 
 def test_a_stage_resumed_past_its_switch_trains_on_without_the_loss_scaler(data, tmp_path, monkeypatch):

@@ -520,6 +520,20 @@ def _save_state(path: Path, state: dict) -> float:
     return time.perf_counter() - t
 
 
+#: beside state.pt: the resumable-state save count and seconds including the save that wrote state.pt (whose own
+#: duration its pickled loop state cannot hold), so a resumed stage reports that save's seconds too
+STATE_SECONDS = "state_seconds.json"
+
+
+def _save_state_counted(path: Path, snapshot, st: dict) -> None:
+    """Count a save in the loop state ``st``, save ``snapshot()`` (which holds ``st``), and record the count and the
+    seconds, this save's included, beside it."""
+    st["state_saves"] += 1
+    st["state_seconds"] += _save_state(path, snapshot())
+    atomic_write_json(path.parent / STATE_SECONDS, {"state_saves": st["state_saves"],
+                                                    "state_seconds": st["state_seconds"]})
+
+
 # ====================================================================== the stage
 #: the file in a stage's output dir that the process training into it holds an exclusive lock on
 RUN_LOCK = ".lock"
@@ -732,6 +746,10 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         scheduler.load_state_dict(saved["scheduler"])
         st = saved["loop"]
         st.setdefault("mlm_empty", 0)  # state saved before the counter existed
+        counted = resume_dir / STATE_SECONDS  # the seconds of the save that wrote state.pt (absent: kill -9 before)
+        done = read_json(counted) if counted.is_file() else {}
+        if done.get("state_saves") == st["state_saves"]:  # the same save: state.pt holds all but its own seconds
+            st["state_saves"], st["state_seconds"] = done["state_saves"], done["state_seconds"]
         # a state saved before every step's norm was kept: the steps before it have their logged rows' norms only
         st.setdefault("grad_norms", [r[3] for r in st["rows"] if r[1] is not None])
         scaler = active(st["step"]).make_scaler(device.type)
@@ -897,8 +915,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 hp["checkpoint_every_minutes"] and time.perf_counter() - last_state_t >= 60 * hp["checkpoint_every_minutes"]
             )
             if stop["requested"] or (due and st["step"] < total_steps):
-                st["state_saves"] += 1
-                st["state_seconds"] += _save_state(state_path, snapshot())
+                _save_state_counted(state_path, snapshot, st)
                 last_state_t = t_prev = time.perf_counter()
                 if stop["requested"]:
                     raise preempted(f"at step {st['step']}")
@@ -937,8 +954,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
                 st["status"], st["status_reason"] = "diverged", reason
 
         if stop["requested"]:  # preempted while evaluating: keep the finished training, not the evaluation
-            st["state_saves"] += 1
-            st["state_seconds"] += _save_state(state_path, snapshot())
+            _save_state_counted(state_path, snapshot, st)
             raise preempted(f"after step {st['step']} (evaluation)")
         # ------------------------------------------------------------ checkpoint
         t_ckpt = time.perf_counter()
@@ -1057,6 +1073,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     atomic_write_json(out / "metrics.json", metrics)
     if state_path.is_file():
         state_path.unlink()
+        (resume_dir / STATE_SECONDS).unlink(missing_ok=True)
         try:
             resume_dir.rmdir()
         except OSError:
