@@ -238,3 +238,27 @@ def test_a_stage_whose_final_model_is_not_finite_is_diverged_though_every_loss_w
                    "save_checkpoint": False}, tmp_path / "r")
     assert m["nonfinite_losses"] == 0 and m["status"] == "diverged"
     assert m["status_reason"] == f"final model is not finite: {m['eval_note']}" and m["eval_note"]
+
+
+# ====================================================================== precswitch train (CLI)
+def test_train_cli_prints_the_stage_summary_and_exits_with_the_preemption_code(monkeypatch, capsys):
+    """A finished stage: one JSON line with the documented summary keys (the metrics' values, null where absent),
+    exit 0 also for a diverged stage; a preempted one: the code Preempted carries (130 after Ctrl-C), and a line
+    on stderr."""
+    from precswitch.cli import main
+
+    keys = ("run_id", "status", "train_seconds", "steps_per_second", "eval_loss", "accuracy", "mlm_accuracy",
+            "peak_memory_bytes")
+    metrics = {"run_id": "r", "status": "diverged", "train_seconds": 1.5, "eval_loss": 2.0, "mlm_accuracy": 0.25,
+               "peak_memory_bytes": 7, "steps_per_second": 3.0, "extra": 1}
+    monkeypatch.setattr(engine, "run_stage", lambda hp, out: dict(metrics))
+    assert main(["train", "--hparams", '{"data": "d", "steps": 1}', "--out", "o"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(out[-1]) == {k: metrics.get(k) for k in keys}
+
+    def preempted(hp, out):
+        raise engine.Preempted("SIGINT (Ctrl-C) at step 3: state saved", 130)
+
+    monkeypatch.setattr(engine, "run_stage", preempted)
+    assert main(["train", "--hparams", '{"data": "d", "steps": 1}', "--out", "o"]) == 130
+    assert "preempted: SIGINT (Ctrl-C) at step 3" in capsys.readouterr().err
