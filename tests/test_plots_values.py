@@ -633,9 +633,9 @@ def test_switch_point_two_sweeps_each_from_its_own_runs(mpl):
     assert fig.axes[1].get_ylabel() == "stage-1/2 training-loop time (s)"
 
 
-def test_overflow_gives_each_stage1_precision_its_loss_curves_colour(mpl):
-    """The same colour per stage-1 precision in overflow as in loss_curves' stage-1 panel."""
-    specs = ["amp_bf16", "amp_fp16", "fp32"]
+def _overflow_and_curve_colours(specs, mpl):
+    """plot_overflow and loss_curves' stage-1 panel drawn for the stage-1 precisions `specs` (in that row order):
+    the overflow axes, and each precision's (overflow colour, loss-curve colour)."""
     acts = pd.DataFrame([{"step": 0, "layer": layer, "max_abs": 10.0 * (k + 1) + j, "spec": p, "seed": 1,
                           "status": "ok"} for k, p in enumerate(specs) for j, layer in enumerate(LAYERS)])
     over = plots.plot_overflow(acts, *mpl).axes[0]
@@ -643,10 +643,20 @@ def test_overflow_gives_each_stage1_precision_its_loss_curves_colour(mpl):
                  for i in (1, 2)])
     sched = pd.DataFrame({"schedule": [f"{p}-x" for p in specs], "stage1_precision": specs})
     curves = plots.plot_loss_curves(pd.DataFrame(), sched, st, {}, *mpl).axes[0]
+    colours = {}
     for p in specs:
         (a,) = [ln for ln in over.get_lines() if ln.get_label() == p]
         (b,) = [ln for ln in curves.get_lines() if ln.get_label().startswith(p + " (")]
-        assert to_hex(a.get_color()) == to_hex(b.get_color()), p
+        colours[p] = (to_hex(a.get_color()), to_hex(b.get_color()))
+    return over, colours
+
+
+def test_overflow_gives_each_stage1_precision_its_loss_curves_colour(mpl):
+    """The same colour per stage-1 precision in overflow as in loss_curves' stage-1 panel."""
+    specs = ["amp_bf16", "amp_fp16", "fp32"]
+    over, colours = _overflow_and_curve_colours(specs, mpl)
+    for p in specs:
+        assert colours[p][0] == colours[p][1], p
     assert len({to_hex(ln.get_color()) for ln in over.get_lines() if ln.get_label() in specs}) == 3
 
 
@@ -909,17 +919,9 @@ def test_stage1_precision_colours_agree_whatever_order_the_runs_come_in(mpl):
     """Colours per stage-1 precision are fixed by the sorted precisions, not by the order of the rows: steps
     listing fp32 before amp_bf16 and activations sorted by precision give each its one colour in both plots."""
     specs = ["fp32", "amp_bf16"]
-    acts = pd.DataFrame([{"step": 0, "layer": layer, "max_abs": 10.0 * (k + 1) + j, "spec": p, "seed": 1,
-                          "status": "ok"} for k, p in enumerate(specs) for j, layer in enumerate(LAYERS)])
-    over = plots.plot_overflow(acts, *mpl).axes[0]
-    st = _steps([("pretrain", p, None, f"pre-{p}", 1, "ok", i, 5.0 + k + i) for k, p in enumerate(specs)
-                 for i in (1, 2)])
-    sched = pd.DataFrame({"schedule": [f"{p}-x" for p in specs], "stage1_precision": specs})
-    curves = plots.plot_loss_curves(pd.DataFrame(), sched, st, {}, *mpl).axes[0]
+    _, colours = _overflow_and_curve_colours(specs, mpl)
     for p in specs:
-        (a,) = [ln for ln in over.get_lines() if ln.get_label() == p]
-        (b,) = [ln for ln in curves.get_lines() if ln.get_label().startswith(p + " (")]
-        assert to_hex(a.get_color()) == to_hex(b.get_color()), p
+        assert colours[p][0] == colours[p][1], p
 
 
 def test_time_memory_a_schedule_without_status_does_not_leave_its_runs_out(mpl):
