@@ -927,6 +927,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     init = tmp_path / "init"
     init.mkdir()
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
+    (init / "model.safetensors").write_bytes(b"")  # check_config asks for weights by name
     table = tmp_path / "t.tsv"
     table.write_text("label\ts1\n1\ta b\n0\tc d\n", encoding="utf-8")
     cols = {"text_a": "s1", "text_b": None, "label": "label"}
@@ -1061,6 +1062,7 @@ def audit4(tmp_path_factory):
     init = tmp / "home" / "init"
     init.mkdir(parents=True)
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
+    (init / "model.safetensors").write_bytes(b"")  # check_config asks for weights by name
     path = tmp / "configs.json"
     path.write_text(json.dumps(list(AUDIT4_CONFIGS.values())))
     proc = subprocess.run([sys.executable, "-c", _JOBS_SCRIPT, str(ROOT / "Snakefile"), str(tmp), str(path)],

@@ -62,6 +62,10 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         ({"data": {"pretrain": {"kind": "synthetic", "revision": "v1"}}}, "data.pretrain.revision",
          "kind synthetic"),
         ({"model": {"init": "bert-base-cased", "revision": ""}}, "model.revision", "non-empty"),
+        # a local path that is no model directory: a mistyped one was looked up on the hub by the fetch job
+        ({"model": {"init": "./nope"}}, "model.init", "local model directory './nope' does not exist"),
+        ({"model": {"init": str(ROOT / "README.md")}}, "model.init", "is a file; a model is a directory"),
+        ({"model": {"init": str(ROOT / "workflow")}}, "model.init", "has no config.json"),
         # precswitch stats could not size "seeds needed" and stopped after the whole study trained
         ({"analysis": {"alpha": 0.9}}, "analysis.power", "must exceed analysis.alpha (0.9)"),
         ({"analysis": {"margin": 150}}, "analysis.margin", "maximum of 100"),

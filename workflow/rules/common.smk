@@ -25,7 +25,7 @@ import precswitch.sweeps as precswitch_sweeps
 from precswitch.precision import CATALOG, NAMES, eval_precision_problem
 from precswitch.train.config import DEFAULTS as HP_DEFAULTS
 from precswitch.train.config import switch_step as precswitch_switch_step
-from precswitch.fetch import is_hub_model
+from precswitch.fetch import is_hub_model, resolve_local_model
 from precswitch.data.loading import check_table_headers
 from precswitch.errors import PrecswitchError
 
@@ -519,6 +519,16 @@ def check_config(cfg):
             f"{model['revision']!r} is a hub revision (branch, tag or commit) but model.init "
             f"{model['init']!r} is {what}; set model.revision: null",
         )
+    init = str(model["init"])
+    if init != "scratch" and not is_hub_model(init):
+        # a local path (starts with . / ~, or has two /): a model directory now, or every job that
+        # reads it fails later (a mistyped one would otherwise be looked up on the hub)
+        try:
+            resolve_local_model(init)
+        except PrecswitchError as e:
+            raise config_error(
+                "model.init", str(e).removeprefix("model.init: ")
+            ) from None
     for stage in STAGES:
         _check_source(stage, cfg["data"][stage])
 
@@ -817,11 +827,11 @@ FETCH_MANIFEST = f"{RESULTS}/data/fetch-manifest.json"
 
 
 def _hub_model_init():
-    """model.init when it names a hub model (not scratch, not an existing local directory)."""
+    """model.init when it names a hub model (not scratch, not a local path: precswitch.fetch decides,
+    as the fetch job does; a local path that is not a model directory was refused by check_config).
+    """
     init = str(config["model"]["init"])
-    if init == "scratch" or os.path.exists(os.path.expanduser(init)):
-        return None
-    return init
+    return init if is_hub_model(init) else None
 
 
 def fetch_needed():
