@@ -19,6 +19,7 @@ from engine_fixtures import TINY, preempted_then_resumed, prepared_both, steps_r
 
 from precswitch import precision as P  # noqa: E402
 from precswitch.train import engine  # noqa: E402
+from precswitch.io import read_json  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -177,10 +178,13 @@ def test_time_spent_writing_the_resumable_state_is_kept_out_of_the_step_times(da
     assert max(dts) < 100 and m["train_seconds"] < 100
 
 
-def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("seconds_file", ["kept", "corrupt", "not a mapping"])
+def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_path, monkeypatch, seconds_file):
     """No periodic saves: the one state save is the one made when SIGTERM arrived during evaluation; the resumed
     stage reports it (state_saves 1 and its seconds: the state it resumes from was pickled before that save ended,
-    which once left state_save_seconds 0.0 beside state_saves 1), with 2 attempts; the resume dir is gone after."""
+    which once left state_save_seconds 0.0 beside state_saves 1), with 2 attempts; the resume dir is gone after.
+    An unreadable resume/state_seconds.json (bookkeeping of that one save) costs only those seconds: it once
+    stopped the resume with a bare JSON error."""
     import os
     import signal
 
@@ -200,10 +204,17 @@ def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_pa
             run_stage(hp, tmp_path / "r")
     finally:
         signal.signal(signal.SIGTERM, old)
+    counted = tmp_path / "r" / "resume" / engine.STATE_SECONDS
+    assert read_json(counted)["state_saves"] == 1
+    if seconds_file != "kept":
+        counted.write_text('{"state_saves": 1, "state_sec' if seconds_file == "corrupt" else "[1, 2.5]")
     m = run_stage(hp, tmp_path / "r")
     assert m["resumed"] is True and m["attempts"] == 2
     assert m["state_saves"] == 1 and m["steps_completed"] == 2
-    assert m["state_save_seconds"] > 0 and m["checkpoint_seconds"] >= m["state_save_seconds"]
+    if seconds_file == "kept":
+        assert m["state_save_seconds"] > 0 and m["checkpoint_seconds"] >= m["state_save_seconds"]
+    else:
+        assert m["state_save_seconds"] == 0.0  # that save's seconds are lost, nothing else
     assert not (tmp_path / "r" / "resume").exists()
 
 

@@ -534,6 +534,19 @@ def _save_state_counted(path: Path, snapshot, st: dict) -> None:
                                                     "state_seconds": st["state_seconds"]})
 
 
+def _read_state_seconds(path: Path) -> dict:
+    """The count and seconds of the save that wrote state.pt, or {} where that is not known: the file is absent (a
+    kill -9 between the two writes) or unreadable. It is bookkeeping only (one save's seconds): never a reason to
+    refuse the resume that state.pt allows."""
+    try:
+        done = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    ok = (isinstance(done, dict) and isinstance(done.get("state_saves"), int)
+          and isinstance(done.get("state_seconds"), (int, float)) and math.isfinite(done["state_seconds"]))
+    return done if ok else {}
+
+
 # ====================================================================== the stage
 #: the file in a stage's output dir that the process training into it holds an exclusive lock on
 RUN_LOCK = ".lock"
@@ -746,8 +759,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         scheduler.load_state_dict(saved["scheduler"])
         st = saved["loop"]
         st.setdefault("mlm_empty", 0)  # state saved before the counter existed
-        counted = resume_dir / STATE_SECONDS  # the seconds of the save that wrote state.pt (absent: kill -9 before)
-        done = read_json(counted) if counted.is_file() else {}
+        done = _read_state_seconds(resume_dir / STATE_SECONDS)
         if done.get("state_saves") == st["state_saves"]:  # the same save: state.pt holds all but its own seconds
             st["state_saves"], st["state_seconds"] = done["state_saves"], done["state_seconds"]
         # a state saved before every step's norm was kept: the steps before it have their logged rows' norms only
