@@ -619,3 +619,28 @@ def test_hub_source_passes_its_config_name_to_load_dataset(monkeypatch):
             "columns": {"text_a": "sentence", "text_b": None, "label": "label"}}
     load_source(spec, "classify")
     assert calls == [("nyu-mll/glue", "sst2")] * 2
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv"])
+def test_a_small_file_whose_header_row_repeats_or_whose_label_has_a_space_is_refused(tmp_path, kind):
+    """Under 300 rows one stray label row is over 1% of them, so the typo check let it through as a class: the
+    header row repeated inside the data (two files joined) made a 3-class task with the class 'y', and a label
+    written 'pos ' beside 'pos' another class (a numeric '1 ' is read as 1). Both are refused with labels read from the data; stated labels refuse
+    the stray rows by name, as for any value not listed."""
+    sep = "," if kind == "csv" else "\t"
+    rows = [f"a{i}{sep}b{i}{sep}{('neg', 'pos')[i % 2]}" for i in range(20)]
+
+    def load(lines, **extra):
+        p = tmp_path / f"t.{kind}"
+        p.write_text("\n".join([sep.join(["s1", "s2", "y"]), *lines]) + "\n", encoding="utf-8")
+        return load_source({"kind": kind, "train": str(p), "eval": str(p), "columns": PAIRS, **extra}, "classify")
+
+    assert load(rows).label_values == ["neg", "pos"]
+    with pytest.raises(PrecswitchError, match=r"t\.(csv|tsv): 1 row of the label column hold 'y', the column's own "
+                                              r"name: a header row repeated inside the data"):
+        load(rows[:10] + [sep.join(["s1", "s2", "y"])] + rows[10:])
+    with pytest.raises(PrecswitchError, match=r"label values 'pos' \(9 rows\) and 'pos ' \(1 row\) differ only in "
+                                              r"surrounding spaces"):
+        load(rows[:-1] + [f"a{sep}b{sep}pos "])
+    with pytest.raises(PrecswitchError, match=r"label value\(s\) \['y'\] not in the allowed labels"):
+        load(rows + [sep.join(["s1", "s2", "y"])], labels=["neg", "pos"])

@@ -510,12 +510,29 @@ def _few(values: list, k: int = 10) -> str:
     return str(values) if len(values) <= k else f"{values[:k]} ... and {len(values) - k} more"
 
 
-def _check_inferred_labels(labels: list, where: str) -> None:
+def _check_inferred_labels(labels: list, where: str, column: str | None = None) -> None:
     """Labels taken from the training column: one stray value (a typo in one row) would silently make a
-    binary task 3-class, and F1 macro instead of binary; a wrong column (an ID) makes hundreds of classes."""
+    binary task 3-class, and F1 macro instead of binary; a wrong column (an ID) makes hundreds of classes.
+    In a small file one stray row is over 1% of the rows: the two strays a file's own text makes (the header
+    row repeated inside the data, a label written with a space around it) are refused at any size."""
     from collections import Counter
 
     counts = Counter(_label_key(v) for v in labels)
+    if column is not None and str(column) in counts:
+        c = counts[str(column)]
+        raise PrecswitchError(f"source: {where}: {c} row{'s' if c > 1 else ''} of the label column hold "
+                              f"{str(column)!r}, the column's own name: a header row repeated inside the data "
+                              "(files joined together?); remove those rows")
+    by_stripped: dict[str, list[str]] = {}
+    for v in counts:
+        by_stripped.setdefault(v.strip(), []).append(v)
+    twins = sorted((sorted(vs) for vs in by_stripped.values() if len(vs) > 1), key=str)
+    if twins:
+        shown = "; ".join(" and ".join(f"{v!r} ({counts[v]} row{'s' if counts[v] > 1 else ''})" for v in vs)
+                          for vs in twins[:5])
+        raise PrecswitchError(f"source: {where}: label values {shown} differ only in surrounding spaces, so they "
+                              "would be different classes: fix the file, or list the classes in labels to refuse "
+                              "the stray rows by name")
     if len(counts) > MAX_INFERRED_LABELS:
         raise PrecswitchError(f"source: {where}: the label column has {len(counts)} distinct values (e.g. "
                               f"{_few(sorted(counts), 5)}): is it the label column? List the classes in labels "
@@ -530,7 +547,8 @@ def _check_inferred_labels(labels: list, where: str) -> None:
                               "such rows")
 
 
-def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_eval: str):
+def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_eval: str,
+                   label_column: str | None = None):
     import datasets
 
     inferred = allowed is None
@@ -544,7 +562,7 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
         found = sorted(set(train["label"]), key=lambda v: (not isinstance(v, (int, float)), v if
                                                            isinstance(v, (int, float)) else str(v)))
         allowed = [int(v) if isinstance(v, float) and v.is_integer() else v for v in found]
-        _check_inferred_labels(train["label"], where_train)
+        _check_inferred_labels(train["label"], where_train, label_column)
     index = {_label_key(v): i for i, v in enumerate(allowed)}
     if len(index) != len(allowed):
         raise PrecswitchError(f"source: labels has duplicates: {allowed}")
@@ -654,7 +672,8 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
                 why = f"all {read[split]} rows have an empty text or label cell"
             raise PrecswitchError(f"source: {split} split is empty after filtering ({w}): {why}")
     if objective == "classify":
-        train, eval_, label_values = _encode_labels(train, eval_, spec.get("labels"), where[0], where[1])
+        train, eval_, label_values = _encode_labels(train, eval_, spec.get("labels"), where[0], where[1],
+                                                    cols["label"] if kind in ("tsv", "csv") else None)
     return LoadedSource(objective, train, eval_, label_values, spec, files, held_out, dropped)
 
 
