@@ -61,10 +61,10 @@ DEFAULTS: dict[str, Any] = {
     "checkpoint_every_steps": 0,  # resumable state every N steps (0 = off)
     "checkpoint_every_minutes": 0.0,  # ... or every M minutes of training (0 = off)
     "resume_dir": None,  # default: <out>/resume
-    "deterministic": False,
+    "deterministic": False,  # torch.use_deterministic_algorithms (the engine sets CUBLAS_WORKSPACE_CONFIG if unset)
     "switch_to": None,  # precision to switch to inside the stage (same weight dtype), e.g. fp32
     "switch_at": None,  # ... after this fraction of the steps, in (0, 1]
-    "telemetry_every": 0,  # activation telemetry (max |x|, fp16 overflow/underflow) every K steps; 0 = off  # torch.use_deterministic_algorithms (CUDA needs CUBLAS_WORKSPACE_CONFIG)
+    "telemetry_every": 0,  # activation telemetry (max |x|, fp16 overflow/underflow) every K steps; 0 = off
 }
 
 OBJECTIVES = ("mlm", "classify")
