@@ -323,3 +323,27 @@ def test_summary_and_deltas_columns_are_explained(tmp_path):
         named |= {n for span in re.findall(r"`([^`]*)`", analysis) for n in re.findall(r"[a-z_0-9]+", span)}
         columns = set(pd.read_csv(tmp_path / "out" / f"{table}.csv").columns)
         assert not columns - named, f"{table}.csv columns neither {table}.rst nor analysis.md names: {sorted(columns - named)}"
+
+
+MRPC_TRAIN_ROWS = 3668  # GLUE MRPC's training pairs (the GPU configs' stage 2; benchmarks/gpu_hours.py's default)
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.yaml")))
+def test_an_epochs_comment_counts_the_steps_the_engine_runs(config):
+    """A config comment `epochs: E  # E x P = K steps` says what the engine runs: P = rows // batch_size
+    (a partial last batch dropped each epoch, engine.run_stage) on GLUE MRPC, and K = E x P."""
+    import yaml
+
+    text = (ROOT / "config" / config).read_text(encoding="utf-8")
+    cfg = yaml.safe_load(text)
+    for stage in ("pretrain", "finetune"):
+        train = (cfg.get("train") or {}).get(stage) or {}
+        block = re.search(rf"^  {stage}:.*?(?=^  \S|^\S|\Z)", text.split("\ntrain:", 1)[-1], re.S | re.M)
+        m = block and re.search(r"epochs: \S+\s+#\s*(\d+) x (\d+) = (\d+) steps", block.group(0))
+        if not m:
+            continue
+        e, per_epoch, steps = map(int, m.groups())
+        assert (cfg["data"][stage].get("name"), cfg["data"][stage].get("config")) == ("nyu-mll/glue", "mrpc")
+        assert e == train["epochs"], f"{config} train.{stage}: the comment says {e} epochs, the key {train['epochs']}"
+        assert per_epoch == MRPC_TRAIN_ROWS // train["batch_size"], f"{config} train.{stage}: steps per epoch"
+        assert steps == e * per_epoch, f"{config} train.{stage}: {e} x {per_epoch} is {e * per_epoch}, not {steps}"
