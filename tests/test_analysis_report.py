@@ -453,6 +453,25 @@ def test_report_captions_render_and_match_the_rules():
     assert "``results/frontier/runs/pretrain/<precision>/seed<seed>``" in _render_rst("runs.rst", cfg)
 
 
+
+def test_report_front_page_names_switched_stages_and_sweeps():
+    """workflow.rst lists a switched stage in words (not as a Python dict) and every sweep of the config,
+    whose schedules the verdict judges too."""
+    from docutils.core import publish_parts
+
+    cfg = _config()
+    cfg["schedules"]["fp16x80-fp32"] = {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.8},
+                                        "finetune": "fp32"}
+    cfg["sweeps"] = {"fp16-ft": {"pretrain": "amp_fp16", "finetune": {"precision": "amp_fp16", "switch_to": "fp32"},
+                                 "switch_at": [0.0, 0.5, 1.0]}}
+    text = _render_rst("workflow.rst", cfg)
+    publish_parts(text, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})
+    wf = " ".join(text.split())
+    assert "{'precision'" not in wf
+    assert "``fp16x80-fp32``: pretrain = ``amp_fp16``, then ``fp32`` after 80% of the steps, finetune = ``fp32``" in wf
+    assert "sweep ``fp16-ft`` (one schedule ``fp16-ft-at<100·F>`` per F in 0.0, 0.5, 1.0)" in wf
+    assert "``fp32-fp32``: pretrain = ``fp32``, finetune = ``fp32``" in wf
+
 def test_wilcoxon_caveat_counts_pairs_not_runs(tmp_path):
     """6 finished runs in each schedule but 5 pairs (different seeds diverged): the signed-rank caveat names the pair."""
     _, stats = _small_study(tmp_path, seeds=range(1, 8), diverged={("fp16-fp32", 1), ("fp32-fp32", 2)},
