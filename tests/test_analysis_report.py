@@ -413,7 +413,9 @@ def _render_rst(name: str, config: dict) -> str:
 
     import jinja2
 
-    return jinja2.Environment().from_string((REPO / "workflow" / "report" / name).read_text()).render(
+    # as snakemake.report renders captions and the front page
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string((REPO / "workflow" / "report" / name).read_text()).render(
         snakemake=types.SimpleNamespace(config=config))
 
 
