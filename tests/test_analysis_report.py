@@ -473,6 +473,28 @@ def test_report_front_page_names_switched_stages_and_sweeps():
     assert "``fp16x80-fp32``: pretrain = ``amp_fp16``, then ``fp32`` after 80% of the steps, finetune = ``fp32``" in wf
     assert "sweep ``fp16-ft`` (one schedule ``fp16-ft-at<100·F>`` per F in 0.0, 0.5, 1.0)" in wf
     assert "``fp32-fp32``: pretrain = ``fp32``, finetune = ``fp32``" in wf
+    assert "Data: stage 1 ``synthetic``, stage 2 ``synthetic``" in wf and "- pretrain: " in wf
+
+
+def test_report_front_page_of_a_study_without_stage_1_lists_no_stage_1_settings():
+    """Every schedule fine-tunes model.init: the front page listed stage-1 data and hyper-parameters that no job
+    uses; it says there is no stage 1 instead, also where a sweep has none either."""
+    from docutils.core import publish_parts
+
+    cfg = _config()
+    cfg["schedules"] = {"a": {"finetune": "fp32"}, "b": {"finetune": "amp_bf16"}}
+    for sweeps in ({}, {"ft": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}}):
+        cfg["sweeps"] = sweeps
+        text = _render_rst("workflow.rst", cfg)
+        publish_parts(text, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})
+        wf = " ".join(text.split())
+        assert "Data: stage 2 ``synthetic``" in wf and "No schedule has a stage 1: each fine-tunes ``model.init``." in wf
+        assert "stage 1 ``" not in wf and "- pretrain: " not in wf and "- finetune: " in wf
+    cfg["sweeps"] = {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
+                             "switch_at": [0.5]}}
+    wf = " ".join(_render_rst("workflow.rst", cfg).split())
+    assert "Data: stage 1 ``synthetic``" in wf and "- pretrain: " in wf  # the sweep's schedules have a stage 1
+
 
 def test_wilcoxon_caveat_counts_pairs_not_runs(tmp_path):
     """6 finished runs in each schedule but 5 pairs (different seeds diverged): the signed-rank caveat names the pair."""
