@@ -419,3 +419,50 @@ def test_adj_prefs_is_the_number_of_typical_adjectives_of_each_noun_concept(k):
         seen.setdefault(c, set()).update(adj_c[w] for w in ws if w in adj_c)
     assert all(seen[c] <= set(lex.noun_adjs[c]) for c in seen)
     assert sum(len(s) == k for s in seen.values()) > 0.8 * len(seen)
+
+
+# ---------------------------------------------------------------------------- mutation audit (data 6)
+
+
+def test_every_knowledge_form_and_every_replaced_slot_occurs():
+    """All four frames of each noun class are drawn (one left out went unnoticed), and a replacement negative
+    may change any of the five concept slots, the patient's adjective included."""
+    cfg = S.LanguageConfig(p_restate=0.0, p_knowledge=1.0)
+    lex = S.build_lexicon(cfg)
+    noun_c = _concept_of(lex.nouns)
+    frames = {  # the function words (but "the" and ".") of the four frames of an animate noun, then of a thing
+        True: [("lives", "near"), ("every", "eats"), ("likes", "to", "eat", "in"), ("in", ",", "every", "is")],
+        False: [("lies", "in"), ("every", "is", "made", "of"), ("is", "made", "of", "and", "lies", "in"), ("in", ",", "is")],
+    }
+    seen = set()
+    for ln in S.make_corpus(800, seed=3, cfg=cfg, lex=lex):
+        (c,) = [noun_c[w] for w in ln.split() if w in noun_c]
+        skeleton = tuple(w for w in ln.split() if w in S.FUNCTION_WORDS and w not in ("the", "."))
+        seen.add((c < cfg.n_animate, frames[c < cfg.n_animate].index(skeleton)))
+    assert seen == {(a, k) for a in (True, False) for k in range(4)}
+    cfg = S.LanguageConfig(p_synonym=0.0, p_passive=0.0, neg_swap_roles=0.0, neg_replace=1.0)
+    lex = S.build_lexicon(cfg)
+    changed = Counter()
+    for r in S.make_pairs(300, seed=2, cfg=cfg, lex=lex):
+        a, b = r["#1 String"].split(), r["#2 String"].split()  # the ADJ NOUN VERB the ADJ NOUN .
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        if r["Quality"] == 0:
+            assert len(diff) == 1, r
+            changed[{1: "a_adj", 2: "a_noun", 3: "verb", 5: "p_adj", 6: "p_noun"}[diff[0]]] += 1
+    assert set(changed) == {"a_adj", "a_noun", "verb", "p_adj", "p_noun"}, changed
+
+
+def test_an_untypical_knowledge_sentence_draws_its_food_or_material_at_random():
+    """p_typical 0: foods and materials are drawn from the whole list, not the concept's own."""
+    cfg = S.LanguageConfig(p_restate=0.0, p_knowledge=1.0, p_typical=0.0)
+    lex = S.build_lexicon(cfg)
+    noun_c = _concept_of(lex.nouns)
+    own = other = 0
+    for line in S.make_corpus(2000, seed=4, cfg=cfg, lex=lex):
+        ws = line.split()
+        (c,) = [noun_c[w] for w in ws if w in noun_c]
+        for w in ws:
+            if w in lex.foods or w in lex.materials:
+                mine = (lex.foods if c < cfg.n_animate else lex.materials)[lex.noun_food[c]]
+                own, other = own + (w == mine), other + (w != mine)
+    assert other > 5 * own > 0
