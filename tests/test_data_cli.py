@@ -129,6 +129,11 @@ def test_tokenizer_zero_sizes_are_refused_not_replaced_by_the_defaults(tmp_path,
     ('{"heldout_synonyms": 3}', "heldout_synonyms (3) must be < synonyms (3)"),
     ('{"neg_swap_roles": 0, "neg_replace": 0}', "no kind of negative pair to draw"),
     ('{"n_verb_concepts": 1}', "n_verb_concepts must be >= 2, got 1"),
+    ('{"synonyms": true}', "synonyms must be an integer, got True"),  # not taken as 1
+    ('{"p_passive": true}', "p_passive must be a number, got True"),
+    ('{"neg_replace": -0.5}', "neg_replace is a weight (>= 0), got -0.5"),
+    ('{"neg_swap_roles": NaN}', "neg_swap_roles must be a number, got nan"),
+    ('{"neg_replace": Infinity}', "neg_replace must be a number, got inf"),
 ])
 def test_synth_bad_language_values_exit_2_with_one_line(tmp_path, capsys, language, message):
     """Values --language accepted by key used to end in a traceback (exit 1) or be changed silently."""
@@ -155,3 +160,22 @@ def test_tokenizer_pretrained_options_reach_copy_pretrained(tmp_path, monkeypatc
     assert main(["tokenizer", "--pretrained", "acme/bert", "--out", str(tmp_path / "t2")]) == 0
     assert calls == [("acme/bert", {"model_max_length": 48, "revision": "v2"}),
                      ("acme/bert", {"model_max_length": None, "revision": None})]
+
+
+def test_data_commands_print_one_json_line_of_what_they_wrote(tmp_path, capsys):
+    """stdout is one JSON object a command: synth its seed and sizes (defaults filled in), tokenizer the
+    number of texts, prepare the objective, split sizes, max_length and majority accuracy."""
+    syn = tmp_path / "synth"
+    assert main(["synth", "--out", str(syn), "--seed", "4", "--n-corpus", "30", "--n-train", "12"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"out": str(syn), "seed": 4, "n_corpus": 30, "n_train": 12,
+                                                   "n_dev": 800}
+    spec = json.dumps({"kind": "synthetic", "dir": str(syn)})
+    assert main(["tokenizer", "--source", spec, "--out", str(tmp_path / "tok"), "--vocab-size", "400"]) == 0
+    from precswitch.data.loading import parse_source, source_texts
+
+    texts = len(source_texts(parse_source(spec)))  # the corpus' training lines and the train pairs' sentences
+    assert texts > 24 and json.loads(capsys.readouterr().out) == {"out": str(tmp_path / "tok"), "texts": texts}
+    assert main(["prepare", "--source", spec, "--tokenizer", str(tmp_path / "tok"), "--objective", "classify",
+                 "--max-length", "32", "--out", str(tmp_path / "p")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"objective": "classify", "n_train": 12, "n_eval": 800,
+                                                   "max_length": 32, "majority_accuracy": 0.5}
