@@ -623,3 +623,77 @@ def test_prepare_line_pairs_truncate_an_odd_last_line_and_meta_counts_the_train_
     assert got == [["[CLS]", "alpha", "beta", "gamma", "[SEP]", "delta", "epsilon", "zeta", "[SEP]"],
                    ["[CLS]", *GREEK[:8], "[SEP]"]]
     assert (meta["n_train"], meta["train_tokens"], meta["mean_train_length"]) == (2, 19, 9.5)
+
+
+# ---------------------------------------------------------------------------- mutation audit (data 6)
+
+
+def test_one_character_words_take_no_whole_word_slot(tmp_path):
+    """'.' and 'x' (frequent, already tokens as characters) do not use up the 80% share of whole words: with
+    room for 5 tokens the five 2-letter words all become whole tokens."""
+    counts = {".": 100, "x": 50, "ab": 3, "cd": 3, "ef": 3, "gh": 3, "ij": 3}
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))
+    assert len(tok) == base + 5
+    assert tok.tokenize("ab cd ef gh ij . x") == ["ab", "cd", "ef", "gh", "ij", ".", "x"]
+
+
+def test_a_long_word_is_a_token_or_pieces_not_unk(tmp_path):
+    """BERT's 100-character limit per word: a 30-letter word seen twice is one token, an unseen 60-letter word
+    of known letters is split into pieces, neither is [UNK]."""
+    long = "abcdefghij" * 3
+    tok = load_tokenizer(build_tokenizer([f"{long} {long} abc"], tmp_path / "t", vocab_size=200))
+    assert tok.tokenize(long) == [long]
+    unseen = tok.tokenize("jihgfedcba" * 6)
+    assert "[UNK]" not in unseen and "".join(t.removeprefix("##") for t in unseen) == "jihgfedcba" * 6
+
+
+def test_load_tokenizer_names_a_path_that_is_not_a_directory(tmp_path):
+    f = tmp_path / "tok.json"
+    f.write_text("{}", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=r"^--tokenizer: directory not found: .*tok\.json \(write it with"):
+        load_tokenizer(f)
+
+
+def test_copy_pretrained_shortens_a_long_load_error_to_one_line(tmp_path, monkeypatch):
+    import transformers
+
+    def boom(*a, **k):
+        raise OSError("bad\nfile " + "x" * 1000)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+    (tmp_path / "src").mkdir()
+    with pytest.raises(PrecswitchError) as e:
+        copy_pretrained(str(tmp_path / "src"), tmp_path / "tok")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.endswith("bad file " + "x" * 391 + " ...") and not (tmp_path / "tok").exists()
+
+
+def test_prepare_max_length_one_over_the_tokenizer_bound_or_not_an_integer_is_refused(greek_tok, tmp_path):
+    """The bound is model_max_length itself (64): 65 is refused naming it; 16.0 is not an integer."""
+    f = tmp_path / "c.txt"
+    f.write_text("alpha beta\ngamma delta\n" * 4, encoding="utf-8")
+    spec = {"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "lines"}
+    with pytest.raises(PrecswitchError, match=r"--max-length 65 exceeds the tokenizer's model_max_length 64 .*<= 64$"):
+        prepare(spec, greek_tok, "mlm", 65, tmp_path / "p")
+    with pytest.raises(PrecswitchError, match=r"--max-length must be an integer >= 8, got 16\.0"):
+        prepare(spec, greek_tok, "mlm", 16.0, tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
+def test_prepare_pack_drops_a_last_group_shorter_than_a_block(greek_tok, tmp_path, monkeypatch):
+    """A split keeps its one short block only when it would otherwise have none: a last group of lines shorter
+    than a block is dropped like any group's tail once an earlier group gave a block."""
+    import datasets
+
+    from precswitch.data import prepare as P
+
+    monkeypatch.setattr(P, "PACK_GROUP", 2)
+    f = tmp_path / "c.txt"
+    f.write_text("alpha beta gamma delta\nepsilon zeta eta\ntheta iota\n", encoding="utf-8")
+    prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "pack"}, greek_tok, "mlm", 8,
+            tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    got = [tok.convert_ids_to_tokens(x)[1:-1] for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
+    assert got == [["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]]
