@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,6 +16,43 @@ MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "
 #: BERT-base's layers and widths (the vocabulary stays the data's): the engine at the GPU studies' size
 BASE_MODEL = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
               "max_position_embeddings": 512, "attn_implementation": "sdpa"}
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (steps, repeats, batch sizes, ...)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a finite number that must be > 0 (milliseconds, eps, ...)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def split_names(ap: argparse.ArgumentParser, option: str, text: str, allowed=None) -> list[str]:
+    """A comma-separated option (--precisions a,b): its names, refused (ap.error, exit 2) when one is empty,
+    repeated, or not among allowed (when given) -- before any data is prepared or any run started."""
+    names = [n.strip() for n in text.split(",")]
+    for n in names:
+        if not n:
+            ap.error(f"{option} {text!r}: an empty name")
+        if allowed is not None and n not in allowed:
+            ap.error(f"{option}: unknown name {n!r}; allowed: {', '.join(allowed)}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        ap.error(f"{option} {text!r}: {', '.join(dup)} given twice (each would be measured again)")
+    return names
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

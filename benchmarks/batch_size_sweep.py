@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench
+from _bench import positive_int
 
 MIB = 1024 * 1024
 
@@ -37,16 +38,27 @@ def _num(v, spec: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    ap.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[4, 8, 16, 32, 64])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "amp_bf16", "pure_bf16"])
     ap.add_argument("--objective", choices=["mlm", "classify"], default="mlm")
-    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--steps", type=positive_int, default=15)
     ap.add_argument("--timing-warmup-steps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden size (layers 2, heads 2, FFN 4x)")
+    ap.add_argument("--hidden", type=positive_int, default=128, help="hidden size (layers 2, heads 2, FFN 4x)")
     ap.add_argument("--out", default="results/bench/batch_size_sweep")
     args = ap.parse_args()
+    # refused before any run: a point given twice made the table's pivot fail after the whole sweep, and a
+    # warm-up leaving no step timed makes the engine time every step (its warm-up included)
+    for opt, vals in (("--batch-sizes", args.batch_sizes), ("--precisions", args.precisions)):
+        dup = sorted({str(v) for v in vals if vals.count(v) > 1})
+        if dup:
+            ap.error(f"{opt}: {', '.join(dup)} given twice")
+    if not 0 <= args.timing_warmup_steps < args.steps:
+        ap.error(f"--timing-warmup-steps {args.timing_warmup_steps}: needs 0 <= warm-up < --steps ({args.steps}), "
+                 "or no step is timed")
+    if args.hidden % _bench.MODEL["num_attention_heads"]:
+        ap.error(f"--hidden {args.hidden}: must be a multiple of the {_bench.MODEL['num_attention_heads']} attention heads")
 
     import pandas as pd
 

@@ -17,15 +17,17 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import engine_run, prepare  # noqa: E402
+from _bench import engine_run, positive_int, prepare  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--steps", type=positive_int, default=300)
+    ap.add_argument("--every", type=positive_int, default=50)
     ap.add_argument("--precision", default="amp_fp16")
     a = ap.parse_args()
+    if a.every >= a.steps:  # the engine saves state only before the last step: no save to measure
+        ap.error(f"--every {a.every}: needs --every < --steps ({a.steps}), or no state is saved")
     with tempfile.TemporaryDirectory() as root:
         data = prepare(Path(root))
         common = dict(steps=a.steps, threads=1, save_checkpoint=True)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import MODEL, PY, engine_run, prepare  # noqa: E402
+from _bench import MODEL, PY, engine_run, positive_int, prepare, split_names  # noqa: E402
 
 TRAINER_SCRIPT = r'''
 import json, sys, time, torch
@@ -96,15 +96,17 @@ def trainer(data: Path, objective: str, precision: str, a) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=positive_int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--precisions", default="fp32,amp_bf16")
     ap.add_argument("--objectives", default="mlm,classify")
     a = ap.parse_args()
     if not 0 <= a.warmup < a.steps:
         ap.error(f"--warmup {a.warmup}: needs 0 <= warmup < --steps ({a.steps}), or no step is timed")
+    objectives = split_names(ap, "--objectives", a.objectives, ("mlm", "classify"))
+    precisions = split_names(ap, "--precisions", a.precisions, ("fp32", "amp_bf16"))  # fp16: see the docstring
     import torch
     import transformers
 
@@ -114,8 +116,8 @@ def main() -> None:
               f"{a.steps} steps (first {a.warmup} excluded), batch 32, seq 64, median of {a.repeats} processes")
         print(f"{'objective':<9} {'precision':<9} {'engine steps/s':>15} {'Trainer steps/s':>16} {'ratio':>6}")
         rows = []
-        for obj in a.objectives.split(","):
-            for prec in a.precisions.split(","):
+        for obj in objectives:
+            for prec in precisions:
                 e, t = [], []
                 for _ in range(a.repeats):  # alternate so drift hits both alike
                     e.append(engine(data[obj], obj, prec, a))

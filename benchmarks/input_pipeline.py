@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import prepare  # noqa: E402
+from _bench import positive_float, positive_int, prepare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -93,8 +93,8 @@ def simulated_step_ms(data: Path, steps: int, device_ms: float, overlap: bool | 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", type=int, default=200)
-    ap.add_argument("--device-ms", type=float, default=8.0, help="simulated GPU step (default: the H200 estimate)")
+    ap.add_argument("--batches", type=positive_int, default=200)
+    ap.add_argument("--device-ms", type=positive_float, default=8.0, help="simulated GPU step (default: the H200 estimate)")
     a = ap.parse_args()
     if a.batches <= WARMUP:
         ap.error(f"--batches {a.batches}: needs more than the {WARMUP} warm-up steps, or no step is timed")

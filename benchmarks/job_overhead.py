@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import BASE_MODEL, MODEL, engine_run, prepare  # noqa: E402
+from _bench import BASE_MODEL, MODEL, engine_run, positive_int, prepare  # noqa: E402
 
 #: the parts of a run the engine times; checkpoint_seconds includes state_save_seconds (resumable state)
 ENGINE_PARTS = ("setup_seconds", "train_seconds", "eval_seconds", "checkpoint_seconds")
@@ -73,8 +73,8 @@ def model_dir(root: Path, sizes: dict, vocab_size: int) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=4, help="training steps per job (default 4)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=positive_int, default=4, help="training steps per job (default 4)")
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--model", choices=["base", "tiny"], default="base",
                     help="base (default): BERT-base's layers and widths; tiny: the embedded default's (a smoke test)")
@@ -83,6 +83,20 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out", type=Path, default=None, help="also write the final JSON line's object here")
     ap.add_argument("--gpu-log", type=Path, default=None, help="that run's printed output (its '# took N s')")
     a = ap.parse_args(argv)
+    gpu, took = None, None
+    if bool(a.gpu_metrics) != bool(a.gpu_log):  # one without the other used to be ignored, without a word
+        ap.error("--gpu-metrics and --gpu-log go together (the GPU run's metrics and its printed output)")
+    if a.gpu_metrics:  # read before the runs (minutes at BERT-base's size), not after them
+        try:
+            gpu = json.loads(a.gpu_metrics.read_text())
+            log = a.gpu_log.read_text()
+        except (OSError, ValueError) as e:
+            ap.error(f"--gpu-metrics/--gpu-log: {e}")
+        gpu = [m for m in (gpu if isinstance(gpu, list) else [gpu])
+               if isinstance(m, dict) and m.get("device") == "cuda" and m.get("setup_seconds")]
+        took = re.search(r"^# took (\d+(?:\.\d+)?) s", log, re.MULTILINE)
+        if not gpu or not took:
+            ap.error(f"no CUDA run with setup_seconds in {a.gpu_metrics}, or no '# took N s' in {a.gpu_log}")
     rows = {}
     with tempfile.TemporaryDirectory() as t:
         root = Path(t)
@@ -126,14 +140,7 @@ def main(argv=None) -> int:
               "rows": {k: {f: m.get(f) for f in ("wall_seconds", "rest_seconds", "model_parameters", *ENGINE_PARTS,
                                                  "state_save_seconds")}
                        for k, m in rows.items()}}
-    if a.gpu_metrics and a.gpu_log:
-        gpu = json.loads(a.gpu_metrics.read_text())
-        gpu = [m for m in (gpu if isinstance(gpu, list) else [gpu])
-               if m.get("device") == "cuda" and m.get("setup_seconds")]
-        took = re.search(r"^# took (\d+(?:\.\d+)?) s", a.gpu_log.read_text(), re.MULTILINE)
-        if not gpu or not took:
-            raise SystemExit(f"job_overhead: no CUDA run with setup_seconds in {a.gpu_metrics}, "
-                             f"or no '# took N s' in {a.gpu_log}")
+    if gpu:
         setup = statistics.median(m["setup_seconds"] for m in gpu)
         cuda_extra = max(setup - tiny["setup_seconds"], 0.0)
         outside = float(took.group(1)) - sum(m.get(k) or 0.0 for m in gpu for k in ENGINE_PARTS)

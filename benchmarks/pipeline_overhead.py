@@ -35,6 +35,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import positive_int  # noqa: E402
 
 
 def _load() -> str:
@@ -70,7 +72,7 @@ def study_config(configfile: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default=str(ROOT / "config" / "config.yaml"))
-    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--cores", type=positive_int, default=os.cpu_count() or 1)
     ap.add_argument("--workdir", help="run here (must not hold a finished study); default: a temp dir")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--report", action="store_true", help="also time `snakemake --report`")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import BASE_MODEL, MODEL, engine_run, prepare  # noqa: E402
+from _bench import BASE_MODEL, MODEL, engine_run, positive_int, prepare, split_names  # noqa: E402
 
 
 def status_of(runs: list[dict]) -> str:
@@ -35,21 +35,28 @@ def status_of(runs: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=positive_int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precisions", default="fp32,amp_fp16,amp_bf16,pure_fp16,pure_bf16")
     ap.add_argument("--objectives", default="mlm,classify")
     ap.add_argument("--model", choices=["tiny", "base"], default="tiny",
                     help="tiny (default) or base: BERT-base's layers and widths (SDPA), the data's 4k vocabulary, "
                          "masked-LM text packed into full --max-length blocks")
-    ap.add_argument("--max-length", type=int, default=64, help="tokens per sequence (default 64)")
+    ap.add_argument("--max-length", type=positive_int, default=64, help="tokens per sequence (default 64)")
     ap.add_argument("--compile", default="off",
                     help="comma-separated engine compile settings to compare (off, default, reduce-overhead)")
     ap.add_argument("--metrics-out", help="also write every run's metrics.json, as one JSON list, here")
     a = ap.parse_args()
+    # the engine times every step when its warm-up leaves none (timing_warmup_steps 0 in metrics.json),
+    # while the header would still say the warm-up was excluded
+    if not 0 <= a.warmup < a.steps:
+        ap.error(f"--warmup {a.warmup}: needs 0 <= warmup < --steps ({a.steps}), or no step is timed")
+    objectives = split_names(ap, "--objectives", a.objectives, ("mlm", "classify"))
+    precisions = split_names(ap, "--precisions", a.precisions)
+    compiles = split_names(ap, "--compile", a.compile)
     model = BASE_MODEL if a.model == "base" else MODEL
     every = []
     with tempfile.TemporaryDirectory() as root:
@@ -60,8 +67,8 @@ def main() -> None:
               f"{'peak MB':>8} {'J/step':>7} {'status':>8}  memory kind")
         # fp32 first: every other row's "vs fp32" is over fp32's steps/s of the same objective and compile
         # setting ("-" when fp32 is not listed or its runs failed), whatever the order given
-        precisions = sorted(a.precisions.split(","), key=lambda p: p != "fp32")
-        for obj, comp in ((o, c) for o in a.objectives.split(",") for c in a.compile.split(",")):
+        precisions = sorted(precisions, key=lambda p: p != "fp32")
+        for obj, comp in ((o, c) for o in objectives for c in compiles):
             base = None
             for prec in precisions:
                 runs = []

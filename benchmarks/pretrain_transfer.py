@@ -33,6 +33,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import positive_int  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
@@ -59,12 +62,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "config" / "config.yaml"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--pretrain-steps", type=int, default=None, help="override train.pretrain.steps")
-    ap.add_argument("--finetune-steps", type=int, default=None, help="override train.finetune.steps")
+    ap.add_argument("--pretrain-steps", type=positive_int, default=None, help="override train.pretrain.steps")
+    ap.add_argument("--finetune-steps", type=positive_int, default=None, help="override train.finetune.steps")
     ap.add_argument("--synth-seed", type=int, default=None)
     ap.add_argument("--language", default=None, help="JSON overrides of the synthetic LanguageConfig")
     ap.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
     args = ap.parse_args()
+    dup = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
+    if dup:  # the same runs again, in the same directories, counted twice in the mean gain
+        ap.error(f"--seeds: {', '.join(map(str, dup))} given twice")
 
     cfg = yaml.safe_load(Path(args.config).read_text())
     syn = cfg["data"]["synthetic"]
@@ -90,9 +96,9 @@ def main() -> None:
 
     pre_hp = stage_hparams(cfg, "pretrain")
     ft_hp = stage_hparams(cfg, "finetune")
-    if args.pretrain_steps:
+    if args.pretrain_steps is not None:
         pre_hp.update(steps=args.pretrain_steps, epochs=None)
-    if args.finetune_steps:
+    if args.finetune_steps is not None:
         ft_hp.update(steps=args.finetune_steps, epochs=None)
 
     def train(out: Path, hp: dict) -> dict:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import engine_run, prepare  # noqa: E402
+from _bench import engine_run, positive_float, positive_int, prepare  # noqa: E402
 
 
 def outcome(m: dict) -> str:
@@ -33,10 +33,10 @@ def outcome(m: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--eps", type=float, nargs="+", default=[1e-8, 1e-6, 1e-4])
+    ap.add_argument("--steps", type=positive_int, default=30)
+    ap.add_argument("--eps", type=positive_float, nargs="+", default=[1e-8, 1e-6, 1e-4])
     ap.add_argument("--impls", nargs="+", choices=["fused", "foreach"], default=["fused", "foreach"])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive_int, default=2)
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as root:
         data = prepare(Path(root))

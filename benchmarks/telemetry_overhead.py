@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import positive_int  # noqa: E402
 
 
 def overheads(times: dict[str, list[float]], sampled: list[float], every: int) -> dict:
@@ -37,10 +42,10 @@ def overheads(times: dict[str, list[float]], sampled: list[float], every: int) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=30, help="steps per variant per round")
-    ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=positive_int, default=4)
+    ap.add_argument("--steps", type=positive_int, default=30, help="steps per variant per round")
+    ap.add_argument("--every", type=positive_int, default=10)
+    ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "amp_bf16", "pure_bf16"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -861,3 +861,60 @@ def test_pure_fp16_eps_runs_each_kernel_and_eps_and_says_how_each_ended(monkeypa
     assert "fused    eps 0.0001  ok: final training loss 4.80, eval loss 4.66\n" in out
     assert "foreach  eps 1e-08   diverged (first non-finite loss at step 2)\n" in out
     assert "foreach  eps 0.0001  diverged: eval loss 12.2 nats ...\n" in out
+
+
+# ================================================================== bad options: refused before any work
+BAD_OPTIONS = [  # (script, argv, what the one-line error says)
+    ("precision_throughput", ["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),  # was IndexError
+    ("precision_throughput", ["--steps", "5", "--warmup", "5"], "--warmup 5: needs 0 <= warmup < --steps (5)"),
+    ("precision_throughput", ["--objectives", "mlm,clasify"], "--objectives: unknown name 'clasify'"),
+    ("precision_throughput", ["--precisions", "fp32,,amp_bf16"], "--precisions 'fp32,,amp_bf16': an empty name"),
+    ("batch_size_sweep", ["--batch-sizes", "4", "4"], "--batch-sizes: 4 given twice"),  # the pivot failed at the end
+    ("batch_size_sweep", ["--precisions", "fp32", "fp32"], "--precisions: fp32 given twice"),
+    ("batch_size_sweep", ["--batch-sizes", "0"], "argument --batch-sizes: must be >= 1, got 0"),
+    ("batch_size_sweep", ["--steps", "5", "--timing-warmup-steps", "5"], "--timing-warmup-steps 5: needs 0 <= warm-up"),
+    ("batch_size_sweep", ["--hidden", "65"], "--hidden 65: must be a multiple of the 2 attention heads"),
+    ("telemetry_overhead", ["--every", "0"], "argument --every: must be >= 1, got 0"),  # was StatisticsError at the end
+    ("telemetry_overhead", ["--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    ("checkpoint_cost", ["--steps", "50", "--every", "50"], "--every 50: needs --every < --steps (50)"),  # 0 saves
+    ("checkpoint_cost", ["--every", "0"], "argument --every: must be >= 1, got 0"),
+    ("engine_vs_trainer", ["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),  # was StatisticsError
+    ("engine_vs_trainer", ["--precisions", "fp32,amp_fp16"], "--precisions: unknown name 'amp_fp16'"),
+    ("input_pipeline", ["--device-ms", "0"], "argument --device-ms: must be a finite number > 0, got 0"),
+    ("input_pipeline", ["--device-ms", "nan"], "argument --device-ms: must be a finite number > 0, got nan"),
+    ("pure_fp16_eps", ["--eps", "1e-8", "-1"], "argument --eps: must be a finite number > 0, got -1"),
+    ("pretrain_transfer", ["--pretrain-steps", "0"], "argument --pretrain-steps: must be >= 1, got 0"),  # was ignored
+    ("pretrain_transfer", ["--seeds", "1", "2", "1"], "--seeds: 1 given twice"),
+    ("pipeline_overhead", ["--cores", "0"], "argument --cores: must be >= 1, got 0"),
+    ("job_overhead", ["--gpu-metrics", "m.json"], "--gpu-metrics and --gpu-log go together"),  # was ignored
+    ("job_overhead", ["--gpu-metrics", "missing.json", "--gpu-log", "missing.txt"], "--gpu-metrics/--gpu-log: "),
+]
+
+
+@pytest.mark.parametrize("script,argv,message", BAD_OPTIONS, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD_OPTIONS])
+def test_bad_options_are_refused_before_any_work(script, argv, message, monkeypatch, tmp_path, capsys):
+    """A bad option is one line and exit 2 before any data is prepared, process started or model built
+    (not a crash, a silently ignored option or a mislabelled figure after minutes of runs)."""
+    mod = _load(script)
+
+    def no_work(*a, **kw):
+        pytest.fail(f"{script} started work despite {argv}")
+
+    for name in ("prepare", "engine_run", "cli", "_batches"):
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, no_work)
+    if hasattr(mod, "_bench"):
+        monkeypatch.setattr(mod._bench, "prepare", no_work)
+        monkeypatch.setattr(mod._bench, "engine_run", no_work)
+    if hasattr(mod, "subprocess"):
+        monkeypatch.setattr(mod.subprocess, "run", no_work)
+    if script == "telemetry_overhead":
+        import transformers
+        monkeypatch.setattr(transformers, "BertConfig", no_work)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
