@@ -71,18 +71,21 @@ def test_engine_run_hparams_out_dir_and_wall_time(bench, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "cli", cli)
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=clock))
     m = bench.engine_run(tmp_path / "d", "mlm", "amp_bf16", out=tmp_path / "keep", batch_size=8, steps=3,
-                         model={"hidden_size": 16})
+                         model={"hidden_size": 16}, save_checkpoint=True, eval_batch_size=64)
     assert m == {"steps_per_second": 3.0, "batch_size": 8, "wall_seconds": 7.5}
     (args,) = seen
     assert args[0] == "train" and Path(args[args.index("--out") + 1]) == tmp_path / "keep"
     hp = json.loads(args[args.index("--hparams") + 1])
     assert hp["data"] == str(tmp_path / "d") and hp["objective"] == "mlm" and hp["precision"] == "amp_bf16"
     assert hp["batch_size"] == 8 and hp["steps"] == 3 and hp["model"] == {"hidden_size": 16}
-    assert hp["save_checkpoint"] is False and hp["seed"] == 1 and hp["on_unsupported"] == "skip"  # defaults kept
+    assert hp["save_checkpoint"] is True and hp["eval_batch_size"] == 64  # the caller's, not the defaults
+    assert hp["seed"] == 1 and hp["on_unsupported"] == "skip"  # defaults kept
+    assert (hp["lr"], hp["warmup_ratio"]) == (5e-4, 0.1)  # engine_vs_trainer's Trainer runs these
     assert (tmp_path / "keep" / "metrics.json").exists()
     # without out: a temporary directory, removed afterwards
     m = bench.engine_run(tmp_path / "d", "classify", "fp32")
     hp = json.loads(seen[-1][seen[-1].index("--hparams") + 1])
+    assert hp["save_checkpoint"] is False and hp["eval_batch_size"] == 256
     assert hp["batch_size"] == 32 and hp["model"] == bench.MODEL and hp["objective"] == "classify"
     assert not Path(seen[-1][seen[-1].index("--out") + 1]).exists()
 
@@ -98,7 +101,9 @@ def test_prepare_passes_its_options_to_each_step(bench, tmp_path, monkeypatch):
         return args[args.index(name) + 1]
 
     assert synth[0] == "synth" and opt(synth, "--n-corpus") == "123" and opt(synth, "--n-train") == "45"
+    assert opt(synth, "--n-dev") == "200" and opt(synth, "--seed") == "0"
     assert tok[0] == "tokenizer" and opt(tok, "--out") == str(tmp_path / "tokenizer")
+    assert opt(tok, "--vocab-size") == "4000"  # the "vocab 4k" the scripts print
     for args, obj in ((mlm, "mlm"), (cls, "classify")):
         assert args[0] == "prepare" and opt(args, "--objective") == obj and opt(args, "--max-length") == "99"
         assert opt(args, "--tokenizer") == str(tmp_path / "tokenizer")
@@ -119,7 +124,8 @@ def test_cli_raises_on_failure_and_prints_the_reason(bench, monkeypatch, capsys)
     monkeypatch.setattr(bench.subprocess, "run", run)
     with pytest.raises(subprocess.CalledProcessError):
         bench.cli("train", "--hparams", "{}")
-    assert "precswitch train failed (exit 3)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "precswitch train failed (exit 3)" in err and "ValueError: bad hparams" in err  # the reason too
 
 
 # ================================================================== precision_throughput.py
@@ -233,6 +239,31 @@ def test_precision_throughput_status_counts_a_rows_mixed_runs(monkeypatch, tmp_p
     assert _row(out, "mlm", "pure_bf16")[8] == "ok"
 
 
+def test_precision_throughput_a_diverged_repeat_is_not_ok_but_its_steps_were_timed(monkeypatch, tmp_path, capsys):
+    """A repeat that diverged (pure_fp16 with a small eps) ran and timed its steps: its figures count, and the
+    status says how many repeats were ok (a diverged one is not); a row that all diverged says 'diverged'."""
+    div = {**_pt_metrics(40, 4000, 50, None), "status": "diverged"}
+    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)] * 3,
+             ("mlm", "pure_fp16"): [_pt_metrics(20, 2000, 50, None), div, _pt_metrics(30, 3000, 50, None)],
+             ("mlm", "pure_bf16"): [div] * 3}
+    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "3", "--objectives", "mlm", "--precisions",
+                                           "fp32,pure_fp16,pure_bf16"])
+    out = capsys.readouterr().out
+    assert _row(out, "mlm", "pure_fp16")[3:] == ["30.00", "3000", "3.00x", "50", "-", "2/3", "ok", "cpu_peak_rss"]
+    assert _row(out, "mlm", "pure_bf16")[8] == "diverged"
+
+
+def test_precision_throughput_metrics_out_keeps_the_runs_before_an_interruption(monkeypatch, tmp_path):
+    """--metrics-out is written after every precision: a run stopped by a time limit (here an error, not a failed
+    process, in the second precision's run) leaves the first precision's records on disk."""
+    out_json = tmp_path / "all.json"
+    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)], ("mlm", "amp_bf16"): [RuntimeError("time limit")]}
+    with pytest.raises(RuntimeError):
+        _run_pt(monkeypatch, tmp_path, table, ["--repeats", "1", "--objectives", "mlm", "--precisions",
+                                               "fp32,amp_bf16", "--metrics-out", str(out_json)])
+    assert [(r["precision"], r["steps_per_second"]) for r in json.loads(out_json.read_text())] == [("fp32", 10)]
+
+
 # ================================================================== batch_size_sweep.py
 def test_batch_size_sweep_memory_growth_and_ratios(monkeypatch, tmp_path, capsys):
     """Per (batch, precision): peak and baseline in MiB, growth = peak - baseline; 'memory relative to fp32'
@@ -307,6 +338,21 @@ def test_batch_size_sweep_goes_on_past_a_run_that_measured_nothing(monkeypatch, 
         (4, "fp32", "ok"), (4, "pure_bf16", "ok"), (8, "fp32", "ok"), (8, "pure_bf16", "skipped")]
 
 
+def test_batch_size_sweep_ratio_to_an_fp32_growth_of_zero_is_a_dash(monkeypatch, tmp_path, capsys):
+    """fp32's loop grew by 0 MiB (peak == baseline): no growth ratio ('-', not inf); the peak ratio stands."""
+    bss = _load("batch_size_sweep")
+    monkeypatch.setattr(bss._bench, "prepare", lambda root, **kw: _fake_prepare([])(root))
+    monkeypatch.setattr(bss._bench, "engine_run", lambda d, o, p, **hp: {
+        "status": "ok", "peak_memory_bytes": (100 if p == "fp32" else 150) * bss.MIB,
+        "memory_baseline_bytes": 100 * bss.MIB, "memory_kind": "cpu_peak_rss", "samples_per_second": 5.0})
+    monkeypatch.setattr(bss, "_plot", lambda *a: None)
+    monkeypatch.setattr(sys, "argv", ["batch_size_sweep.py", "--batch-sizes", "4", "--precisions", "fp32",
+                                      "amp_bf16", "--out", str(tmp_path)])
+    bss.main()
+    assert "  amp_bf16   bs4: 1.50; -" in capsys.readouterr().out
+    assert bss._num(float("nan"), "8.1f") == "       -" and bss._num(None, ".2f") == "-"
+
+
 def test_batch_size_sweep_trains_on_enough_rows_for_the_largest_batch(monkeypatch, tmp_path):
     bss = _load("batch_size_sweep")
     prep, eps = [], []
@@ -351,8 +397,10 @@ def test_pretrain_transfer_pairs_each_seed_and_reports_the_gain(monkeypatch, tmp
     monkeypatch.setattr(pt, "cli", _fake_transfer_cli(seen))
     cfg = pt.yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     cfg["train"]["finetune"]["max_length"] = 48
+    cfg["tokenizer"]["vocab_size"] = 3210
     (tmp_path / "c.yaml").write_text(pt.yaml.safe_dump(cfg))
     monkeypatch.setattr(sys, "argv", ["pretrain_transfer.py", "--seeds", "1", "4", "10", "--pretrain-steps", "7",
+                                      "--finetune-steps", "5", "--language", '{"n_topics": 3}',
                                       "--synth-seed", "9", "--keep", str(tmp_path / "w"), "--config",
                                       str(tmp_path / "c.yaml")])
     pt.main()
@@ -365,7 +413,12 @@ def test_pretrain_transfer_pairs_each_seed_and_reports_the_gain(monkeypatch, tmp
     # gains 0.11, 0.14, 0.20: mean 0.15 (the median would be 0.14)
     assert "pre-trained 0.650, scratch 0.500; paired gain +0.150 (min +0.110, max +0.200) over 3 seed(s)" in out
     synth = next(a for a in seen if a[0] == "synth")
-    assert synth[synth.index("--seed") + 1] == "9"
+    assert synth[synth.index("--seed") + 1] == "9" and synth[synth.index("--language") + 1] == '{"n_topics": 3}'
+    syn = cfg["data"]["synthetic"]
+    assert [synth[synth.index(o) + 1] for o in ("--n-corpus", "--n-train", "--n-dev")] == [
+        str(syn["n_corpus"]), str(syn["n_train"]), str(syn["n_dev"])]
+    tok = next(a for a in seen if a[0] == "tokenizer")
+    assert tok[tok.index("--vocab-size") + 1] == str(cfg["tokenizer"]["vocab_size"])
     prep = {a[a.index("--objective") + 1]: a for a in seen if a[0] == "prepare"}
     for stage, obj in (("pretrain", "mlm"), ("finetune", "classify")):
         assert prep[obj][prep[obj].index("--max-length") + 1] == str(cfg["train"][stage]["max_length"])
@@ -379,7 +432,7 @@ def test_pretrain_transfer_pairs_each_seed_and_reports_the_gain(monkeypatch, tmp
         ("finetune", 10, "scratch")]
     pre, ft = trains[0], trains[1]
     assert pre["steps"] == 7 and pre["epochs"] is None  # the override
-    assert ft["steps"] == cfg["train"]["finetune"]["steps"]  # not overridden
+    assert ft["steps"] == 5 and ft["epochs"] is None  # each stage its own override
     assert pre["precision"] == ft["precision"] == "fp32" and pre["save_checkpoint"] is True
     assert trains[1] == {**trains[2], "init": trains[1]["init"]}  # the pair differs in its init only
 
@@ -490,6 +543,16 @@ def _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, precision="fp32", s
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1]), got["args"]
 
 
+def test_engine_vs_trainer_a_failed_trainer_process_stops_with_its_reason(monkeypatch):
+    evt = _load("engine_vs_trainer")
+    monkeypatch.setattr(evt.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, "", "Traceback...\nImportError: accelerate"))
+    a = types.SimpleNamespace(steps=6, threads=1, warmup=1)
+    with pytest.raises(SystemExit) as e:
+        evt.trainer(Path("d"), "mlm", "fp32", a)
+    assert "ImportError: accelerate" in str(e.value.code)
+
+
 def test_trainer_script_times_the_steps_after_the_warmup(monkeypatch, tmp_path, capsys):
     """Trainer's steady-state steps/s: the steps after the first `warmup` ones over the time between the end
     of step `warmup` and the end of the last step (4 steps taking 1 + 1 + 2 + 2 s here: 4 / 6 s), as the
@@ -500,6 +563,11 @@ def test_trainer_script_times_the_steps_after_the_warmup(monkeypatch, tmp_path, 
     assert targs["max_steps"] == 6 and targs["per_device_train_batch_size"] == 32 and targs["learning_rate"] == 5e-4
     assert targs["bf16"] is False and targs["use_cpu"] is True and targs["optim"] == "adamw_torch_fused"
     assert targs["max_grad_norm"] == 1.0 and targs["warmup_steps"] == 1  # round(0.1 x 6), the engine's warmup_ratio
+    from precswitch.train.config import DEFAULTS  # the engine's run: its defaults (engine_run sets lr, batch)
+
+    assert (targs["weight_decay"], targs["adam_epsilon"], targs["max_grad_norm"]) == (
+        DEFAULTS["weight_decay"], DEFAULTS["adam_eps"], DEFAULTS["max_grad_norm"])
+    assert targs["dataloader_drop_last"] is True  # the engine's batches are all full (n // batch_size per epoch)
     res, targs = _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, precision="amp_bf16", warmup=1)
     assert res["steps_per_second"] == pytest.approx(5 / 9) and targs["bf16"] is True
 
@@ -542,8 +610,10 @@ def test_collation_ms_is_the_median_after_five_warmup_calls(ip, monkeypatch):
     clock = Clock()
     fb = _FakeBatches(clock, 2.0, slow_first=5, slow_ms=500.0)
     costs = iter([1.0, 2.0, 9.0])  # the timed calls: median 2, mean 4
+    steps = []
 
     def get(step):
+        steps.append(step)
         clock.sleep((500.0 if step < 5 else next(costs)) / 1e3)
 
     fb.get = get
@@ -551,6 +621,22 @@ def test_collation_ms_is_the_median_after_five_warmup_calls(ip, monkeypatch):
     monkeypatch.setattr(ip, "time", types.SimpleNamespace(perf_counter=clock, sleep=clock.sleep))
     monkeypatch.setattr(ip.torch, "set_num_threads", lambda n: None)
     assert ip.collation_ms(Path("d"), "mlm", 3) == pytest.approx(2.0)
+    assert steps == list(range(8))  # 5 warm-up calls made (not timed), then the 3 timed ones
+
+
+def test_input_pipeline_batches_are_the_engines(ip, monkeypatch):
+    """_batches builds what the engine's loop builds: batch 32, seed 0, the engine's default masking rate."""
+    from precswitch.train.config import DEFAULTS
+
+    seen = {}
+    monkeypatch.setattr(ip, "_load_data", lambda hp: seen.update(hp=hp) or ("rows", None, {"meta": 1}))
+    monkeypatch.setattr(ip, "_load_tokenizer", lambda hp, meta: "tok")
+    monkeypatch.setattr(ip, "_model_columns", lambda train, obj: ("cols", train, obj))
+    monkeypatch.setattr(ip, "_make_collator", lambda obj, tok, p: ("coll", obj, tok, p))
+    monkeypatch.setattr(ip, "Batches", lambda *a: a)
+    got = ip._batches(Path("data"), "mlm")
+    assert got == (("cols", "rows", "mlm"), 32, 0, ("coll", "mlm", "tok", DEFAULTS["mlm_probability"]))
+    assert seen["hp"]["data"] == "data" and seen["hp"]["objective"] == "mlm"
 
 
 def test_simulated_step_serial_overlap_and_reference(ip, monkeypatch):
@@ -564,6 +650,9 @@ def test_simulated_step_serial_overlap_and_reference(ip, monkeypatch):
         monkeypatch.setattr(ip, "_batches", lambda data, obj: fb)
         assert ip.simulated_step_ms(Path("d"), 10, 8.0, overlap) == pytest.approx(want)
         assert fb.calls == ([0] if overlap is None else list(range(11)))
+    fb = _FakeBatches(clock, 7.5)  # a batch just shorter than the device work: the rest of the 8 ms is waited for
+    monkeypatch.setattr(ip, "_batches", lambda data, obj: fb)
+    assert ip.simulated_step_ms(Path("d"), 8, 8.0, True) == pytest.approx(8.0)
     fb = _FakeBatches(clock, 12.0)  # a batch longer than the device work: the overlap shows it
     monkeypatch.setattr(ip, "_batches", lambda data, obj: fb)
     assert ip.simulated_step_ms(Path("d"), 8, 8.0, True) == pytest.approx(12.0)
@@ -572,13 +661,15 @@ def test_simulated_step_serial_overlap_and_reference(ip, monkeypatch):
 def test_input_pipeline_main_ratios_estimate_and_verdict(ip, monkeypatch, capsys):
     from precswitch import flops
 
-    monkeypatch.setattr(ip, "prepare", _fake_prepare([]))
+    prep = []
+    monkeypatch.setattr(ip, "prepare", _fake_prepare(prep))
     monkeypatch.setattr(ip, "collation_ms", lambda data, obj, n: {"mlm": 2.5, "classify": 1.25}[obj])
     sim = {None: 8.0, False: 11.0, True: 8.4}
     monkeypatch.setattr(ip, "simulated_step_ms", lambda data, steps, ms, overlap: sim[overlap])
     monkeypatch.setattr(sys, "argv", ["input_pipeline.py", "--batches", "20", "--device-ms", "8"])
     ip.main()
     out = capsys.readouterr().out
+    assert prep[0][1] == {"max_length": 128}  # the GPU studies' 128 tokens, as printed
     assert "mlm         2.50 ms" in out and "classify    1.25 ms" in out
     assert "next batch after the sync (old loop):     11.00 ms per step (1.375 x reference)" in out
     assert "next batch during the step (engine):       8.40 ms per step (1.050 x reference)" in out
@@ -674,6 +765,18 @@ def test_job_overhead_splits_wall_time_and_estimates_the_gpu_job(monkeypatch, tm
     assert _row(out, "stage", "1")[2:] == ["86M", "20.0", "7.0", "3.0", "5.0", "1.0", "4.0", "2.5", "14.0"]
 
 
+def test_job_overhead_gpu_extras_are_never_negative(monkeypatch, tmp_path):
+    """A GPU run whose setup was shorter than this machine's tiny setup, and whose log leaves less outside the
+    engine's clocks than the data preparation took: no CUDA or per-process extra (0, not a negative credit)."""
+    (tmp_path / "g.json").write_text(json.dumps({"device": "cuda", "setup_seconds": 0.5, "train_seconds": 4.0}))
+    (tmp_path / "g.txt").write_text("# took 6 s\n")
+    jo, _ = _run_job_overhead(monkeypatch, tmp_path, ["--gpu-metrics", str(tmp_path / "g.json"), "--gpu-log",
+                                                      str(tmp_path / "g.txt"), "--json-out", str(tmp_path / "r.json")], [])
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["cuda_setup_extra_s"] == 0.0 and res["gpu_rest_per_process_s"] == 0.0
+    assert res["gpu_stage2_job_s"] == res["stage2_fixed_s"] == 7.5
+
+
 def test_job_overhead_tiny_model_without_gpu_files(monkeypatch, tmp_path, capsys):
     calls = []
     jo, _ = _run_job_overhead(monkeypatch, tmp_path, ["--model", "tiny", "--steps", "1"], calls)
@@ -763,6 +866,17 @@ def test_pipeline_overhead_wall_useful_slots_and_process_time(monkeypatch, tmp_p
     assert cmd[cmd.index("--configfile") + 1] == str(tmp_path / "study.yaml")
 
 
+def test_pipeline_overhead_failed_snakemake_is_reported_and_a_given_workdir_kept(monkeypatch, tmp_path, capsys):
+    po = _load("pipeline_overhead")
+    work = tmp_path / "work"
+    monkeypatch.setattr(po.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "out", "MissingInput"))
+    assert po.main(["--cores", "1", "--workdir", str(work)]) == 1
+    err = capsys.readouterr().err
+    assert "MissingInput" in err and f"snakemake failed (1); workdir kept: {work}" in err
+    _run_overhead(monkeypatch, tmp_path, "threads: 1\n", cores=1)  # --workdir given: kept after a success too
+    assert (tmp_path / "work" / "results" / "runs").is_dir() and "(removed)" not in capsys.readouterr().out
+
+
 def test_pipeline_overhead_slots_never_exceed_runs_and_one_per_gpu(monkeypatch, tmp_path, capsys):
     _run_overhead(monkeypatch, tmp_path, "threads: 1\ndevice: cpu\n", cores=16)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["slots"] == 3  # 16 slots, 3 runs
@@ -812,6 +926,56 @@ def test_telemetry_overhead_interleaves_and_samples_every_kth_own_step(monkeypat
     assert "median 750.00 ms = +50.0% vs baseline median -> amortised at every=3: +16.67%" in out
 
 
+def test_telemetry_overhead_rotates_the_order_and_off_never_samples(monkeypatch, capsys):
+    """5 un-timed warm-up steps first, then rounds x steps x 3 timed ones (optimizer steps counted); the order
+    rotates step by step (baseline, off, on / off, on, baseline / on, baseline, off); "off" samples nothing;
+    "on" samples its own steps 0 and 4 of 5 at every=4 (not steps 1 and 5, nor every other step)."""
+    to = _load("telemetry_overhead")
+    import transformers
+
+    from precswitch import telemetry
+
+    real = transformers.BertConfig
+    monkeypatch.setattr(transformers, "BertConfig", lambda **kw: real(**{
+        **kw, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "max_position_embeddings": 64}))
+    real_randint = to.torch.randint
+    monkeypatch.setattr(to.torch, "randint", lambda lo, hi, shape, **kw: real_randint(lo, hi, (2, 8), **kw))
+    order, tels, opt_steps = [], [], []
+
+    class Tel(telemetry.ActivationTelemetry):
+        def __init__(self, model, every):
+            super().__init__(model, every=every)
+            tels.append(self)
+
+        def step(self, n):
+            order.append(("off" if self.every == 0 else "on", n))
+            return super().step(n)
+
+    real_adamw = to.torch.optim.AdamW
+
+    class AdamW(real_adamw):
+        def step(self, *a, **kw):
+            opt_steps.append(1)
+            return super().step(*a, **kw)
+
+    monkeypatch.setattr(telemetry, "ActivationTelemetry", Tel)
+    monkeypatch.setattr(to.torch.optim, "AdamW", AdamW)
+    got = {}
+    real_overheads = to.overheads
+    monkeypatch.setattr(to, "overheads", lambda t, smp, e: got.update(times=t, sampled=smp) or real_overheads(t, smp, e))
+    monkeypatch.setattr(sys, "argv", ["telemetry_overhead.py", "--rounds", "1", "--steps", "5", "--every", "4",
+                                      "--precision", "pure_bf16"])
+    to.main()
+    assert len(opt_steps) == 5 + 15
+    # i=0: b, off, on; i=1: off, on, b; i=2: on, b, off; i=3: b, off, on; i=4: off, on, b
+    assert [v for v, _ in order] == ["off", "on", "off", "on", "on", "off", "off", "on", "off", "on"]
+    assert [n for v, n in order if v == "on"] == [0, 1, 2, 3, 4]
+    off, on = tels
+    assert off.every == 0 and off.steps_sampled == 0 and on.steps_sampled == 2 and len(got["sampled"]) == 2
+    assert next(on.model.parameters()).dtype == to.torch.bfloat16  # --precision pure_bf16: bf16 weights
+    assert "2 steps sampled" in capsys.readouterr().out
+
+
 def test_precision_throughput_vs_fp32_is_fp32s_row_whatever_the_order(monkeypatch, tmp_path, capsys):
     """'vs fp32' divides by fp32's steps/s: not by the first precision listed, nor by the next one when
     fp32's runs failed (then there is no ratio: '-')."""
@@ -849,14 +1013,17 @@ def test_pure_fp16_eps_runs_each_kernel_and_eps_and_says_how_each_ended(monkeypa
                     "status_reason": "3 non-finite losses in a row"}
         if hp["optimizer_impl"] == "foreach":
             return {"status": "diverged", "first_nonfinite_step": None, "status_reason": "eval loss 12.2 nats ..."}
+        if hp["adam_eps"] == 1e-6:
+            return {"status": "skipped", "status_reason": "precision 'pure_fp16' cannot run on device 'cpu'"}
         return {"status": "ok", "final_train_loss": 4.804, "eval_loss": 4.656, "first_nonfinite_step": None}
 
     monkeypatch.setattr(pe, "engine_run", engine_run)
     monkeypatch.setattr(pe, "prepare", _fake_prepare([]))
-    pe.main(["--steps", "12", "--eps", "1e-8", "1e-4", "--threads", "1"])
+    pe.main(["--steps", "12", "--eps", "1e-8", "1e-4", "1e-6", "--impls", "fused", "foreach", "--threads", "1"])
     out = capsys.readouterr().out
     assert calls == [("prepared-mlm", "mlm", "pure_fp16", impl, eps, 12, 1)
-                     for impl in ("fused", "foreach") for eps in (1e-8, 1e-4)]
+                     for impl in ("fused", "foreach") for eps in (1e-8, 1e-4, 1e-6)]
+    assert "fused    eps 1e-06   skipped: precision 'pure_fp16' cannot run on device 'cpu'\n" in out
     assert "fused    eps 1e-08   diverged (first non-finite loss at step 16)\n" in out
     assert "fused    eps 0.0001  ok: final training loss 4.80, eval loss 4.66\n" in out
     assert "foreach  eps 1e-08   diverged (first non-finite loss at step 2)\n" in out
@@ -869,6 +1036,7 @@ BAD_OPTIONS = [  # (script, argv, what the one-line error says)
     ("precision_throughput", ["--steps", "5", "--warmup", "5"], "--warmup 5: needs 0 <= warmup < --steps (5)"),
     ("precision_throughput", ["--objectives", "mlm,clasify"], "--objectives: unknown name 'clasify'"),
     ("precision_throughput", ["--precisions", "fp32,,amp_bf16"], "--precisions 'fp32,,amp_bf16': an empty name"),
+    ("precision_throughput", ["--compile", "off,off"], "--compile 'off,off': off given twice"),
     ("batch_size_sweep", ["--batch-sizes", "4", "4"], "--batch-sizes: 4 given twice"),  # the pivot failed at the end
     ("batch_size_sweep", ["--precisions", "fp32", "fp32"], "--precisions: fp32 given twice"),
     ("batch_size_sweep", ["--batch-sizes", "0"], "argument --batch-sizes: must be >= 1, got 0"),
@@ -882,6 +1050,7 @@ BAD_OPTIONS = [  # (script, argv, what the one-line error says)
     ("engine_vs_trainer", ["--precisions", "fp32,amp_fp16"], "--precisions: unknown name 'amp_fp16'"),
     ("input_pipeline", ["--device-ms", "0"], "argument --device-ms: must be a finite number > 0, got 0"),
     ("input_pipeline", ["--device-ms", "nan"], "argument --device-ms: must be a finite number > 0, got nan"),
+    ("input_pipeline", ["--device-ms", "inf"], "argument --device-ms: must be a finite number > 0, got inf"),
     ("pure_fp16_eps", ["--eps", "1e-8", "-1"], "argument --eps: must be a finite number > 0, got -1"),
     ("pretrain_transfer", ["--pretrain-steps", "0"], "argument --pretrain-steps: must be >= 1, got 0"),  # was ignored
     ("pretrain_transfer", ["--seeds", "1", "2", "1"], "--seeds: 1 given twice"),
