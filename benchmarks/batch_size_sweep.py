@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench
 from _bench import positive_int
+from precswitch.precision import NAMES
 
 MIB = 1024 * 1024
 
@@ -39,7 +40,7 @@ def _num(v, spec: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[4, 8, 16, 32, 64])
-    ap.add_argument("--precisions", nargs="+", default=["fp32", "amp_bf16", "pure_bf16"])
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "amp_bf16", "pure_bf16"], choices=NAMES)
     ap.add_argument("--objective", choices=["mlm", "classify"], default="mlm")
     ap.add_argument("--steps", type=positive_int, default=15)
     ap.add_argument("--timing-warmup-steps", type=int, default=5)

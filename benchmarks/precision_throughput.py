@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from precswitch.precision import NAMES  # noqa: E402
+from precswitch.train.config import COMPILE_MODES  # noqa: E402
+
 from _bench import BASE_MODEL, MODEL, engine_run, positive_int, prepare, split_names  # noqa: E402
 
 
@@ -55,8 +58,8 @@ def main() -> None:
     if not 0 <= a.warmup < a.steps:
         ap.error(f"--warmup {a.warmup}: needs 0 <= warmup < --steps ({a.steps}), or no step is timed")
     objectives = split_names(ap, "--objectives", a.objectives, ("mlm", "classify"))
-    precisions = split_names(ap, "--precisions", a.precisions)
-    compiles = split_names(ap, "--compile", a.compile)
+    precisions = split_names(ap, "--precisions", a.precisions, NAMES)  # a typo: exit 2, not a failed row per repeat
+    compiles = split_names(ap, "--compile", a.compile, COMPILE_MODES)
     model = BASE_MODEL if a.model == "base" else MODEL
     every = []
     with tempfile.TemporaryDirectory() as root:

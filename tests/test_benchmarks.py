@@ -1037,6 +1037,11 @@ BAD_OPTIONS = [  # (script, argv, what the one-line error says)
     ("precision_throughput", ["--objectives", "mlm,clasify"], "--objectives: unknown name 'clasify'"),
     ("precision_throughput", ["--precisions", "fp32,,amp_bf16"], "--precisions 'fp32,,amp_bf16': an empty name"),
     ("precision_throughput", ["--compile", "off,off"], "--compile 'off,off': off given twice"),
+    # a typo made a "failed" row per repeat (a process start each) instead of a usage error
+    ("batch_size_sweep", ["--precisions", "fp32", "bf16"], "argument --precisions: invalid choice: 'bf16'"),
+    ("precision_throughput", ["--precisions", "fp32,amp_bf61"], "--precisions: unknown name 'amp_bf61'; allowed: fp32,"),
+    ("precision_throughput", ["--compile", "off,max-autotune"], "--compile: unknown name 'max-autotune'; allowed: off, "
+     "default, reduce-overhead"),
     ("batch_size_sweep", ["--batch-sizes", "4", "4"], "--batch-sizes: 4 given twice"),  # the pivot failed at the end
     ("batch_size_sweep", ["--precisions", "fp32", "fp32"], "--precisions: fp32 given twice"),
     ("batch_size_sweep", ["--batch-sizes", "0"], "argument --batch-sizes: must be >= 1, got 0"),
