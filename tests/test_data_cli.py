@@ -134,6 +134,8 @@ def test_tokenizer_zero_sizes_are_refused_not_replaced_by_the_defaults(tmp_path,
     ('{"neg_replace": -0.5}', "neg_replace is a weight (>= 0), got -0.5"),
     ('{"neg_swap_roles": NaN}', "neg_swap_roles must be a number, got nan"),
     ('{"neg_replace": Infinity}', "neg_replace must be a number, got inf"),
+    ('{"p_passive": 0.5', "not valid JSON (Expecting ',' delimiter)"),  # a traceback without the JSON check
+    ("n_places=5", "not valid JSON (Expecting value)"),
 ])
 def test_synth_bad_language_values_exit_2_with_one_line(tmp_path, capsys, language, message):
     """Values --language accepted by key used to end in a traceback (exit 1) or be changed silently."""

@@ -63,6 +63,24 @@ def test_copy_pretrained_from_a_local_dir(synth, tmp_path):
     assert not (tmp_path / "copy3").exists()
 
 
+@pytest.mark.parametrize("saved", [0, None])
+def test_copy_pretrained_bounds_a_tokenizer_saved_without_a_length(synth, tmp_path, saved):
+    """A tokenizer_config.json with model_max_length 0 or null (no bound written) is copied with the default 512:
+    0 kept would leave prepare's --max-length unchecked (as the --model-max-length 0 refusal says)."""
+    import shutil
+
+    from precswitch.data.tokenizer import DEFAULT_MODEL_MAX_LENGTH
+
+    src = tmp_path / "src"
+    shutil.copytree(synth[2], src)
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["model_max_length"] = saved
+    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
+    out = copy_pretrained(str(src), tmp_path / "copy")
+    assert DEFAULT_MODEL_MAX_LENGTH == 512 and load_tokenizer(out).model_max_length == 512
+    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "c64", model_max_length=64)).model_max_length == 64
+
+
 def test_copy_pretrained_refuses_a_model_dir_without_tokenizer_files(tmp_path):
     """transformers 5 builds a 5-token tokenizer from a save_pretrained model dir that lacks tokenizer files;
     every word would become [UNK] and the study would record stage 1 as diverged. Refused, naming the cure."""
