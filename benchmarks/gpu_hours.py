@@ -12,7 +12,8 @@ process start and imports, CUDA and model set-up, evaluation, checkpoints; defau
 benchmarks/job_overhead.py: ~16 s a job at BERT-base's size on the H200 of benchmarks/h200/, plus
 evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md). Several
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
-eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock are refused. A job whose measurement is missing is named, not guessed.
+eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock or of a run on a CPU
+are refused. A job whose measurement is missing is named, not guessed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def load_measurements(paths: list[Path]) -> dict[tuple, list[float]]:
         res = json.loads(p.read_text())
         if not isinstance(res, dict) or res.get("schema") != "precswitch-gpu-check/1":
             raise SystemExit(f"gpu_hours: {p} is not a gpu_check --out result")
+        if res.get("device", "cuda") != "cuda":  # a CPU run's step times are no GPU's
+            raise SystemExit(f"gpu_hours: {p} timed device {res['device']!r} ({res.get('device_name')}), not a GPU; "
+                             "give results of gpu_check on the GPU the study will run on")
         if res.get("step", "engine") != "engine":  # stock: model(**batch).loss, a heavier step than the engine's
             raise SystemExit(f"gpu_hours: {p} timed gpu_check --step {res['step']}, not the study's step; "
                              "give results of --step engine (the default)")

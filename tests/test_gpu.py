@@ -854,6 +854,26 @@ def test_gpu_hours_refuses_the_stock_steps_times(tmp_path):
         gh.load_measurements([engine, stock])
 
 
+def test_gpu_hours_refuses_a_cpu_run_and_a_json_that_is_no_gpu_check_result(tmp_path):
+    """A gpu_check run on a CPU (`--device cpu` at BERT-base's shapes keys like the H200's rows) was read as
+    GPU step times: alone it printed CPU hours as GPU-hours, beside a GPU's file it stretched the range to
+    them. It is refused by name, as is a JSON of another schema (a mapping, not only a list); files written
+    before the device was recorded are read."""
+    gh = _gpu_hours()
+    gpu = _check_json(tmp_path / "gpu.json", "mlm", 32, 128, 12, 768, {"fp32": 0.1})
+    cpu = _check_json(tmp_path / "cpu.json", "mlm", 32, 128, 12, 768, {"fp32": 9.0})
+    cpu.write_text(json.dumps({**json.loads(cpu.read_text()), "device": "cpu", "device_name": "x86_64"}))
+    gpu.write_text(json.dumps({**json.loads(gpu.read_text()), "device": "cuda", "device_name": "NVIDIA H200"}))
+    assert dict(gh.load_measurements([gpu])) == {("mlm", "fp32", 32, 128, 12, 768): [0.1]}
+    with pytest.raises(SystemExit, match=r"cpu\.json timed device 'cpu' \(x86_64\), not a GPU"):
+        gh.load_measurements([gpu, cpu])
+    other = tmp_path / "metrics.json"
+    for bad in ({"schema": "precswitch-metrics/1", "results": []}, {"results": []}):
+        other.write_text(json.dumps(bad))
+        with pytest.raises(SystemExit, match=r"metrics\.json is not a gpu_check --out result"):
+            gh.load_measurements([other])
+
+
 def test_gpu_hours_epoch_steps_as_the_engine_counts_them():
     """The engine trains max(1, round(epochs x (rows // batch))) steps (train/engine.py): a partial last
     batch is dropped each epoch, and a fractional epoch count (the schema allows a number) is not truncated."""
