@@ -353,7 +353,7 @@ def _timed(name, variant, warmup, seconds):
     return {**_ok(name, variant, 1.0), "warmup_seconds": warmup, "seconds": seconds}, warmup + seconds
 
 
-@pytest.mark.parametrize("budget", [200, 215, 85])
+@pytest.mark.parametrize("budget", [200, 215, 85, 220])
 def test_budget_skips_compiled_rows_by_their_expected_cost(gc, monkeypatch, tmp_path, budget):
     """A compiled row starts only if the time used plus its expected cost fits the budget: 60 s before any
     compiled row ran, then the largest warm-up + timed seconds of one so far. Eager rows always run. Every
@@ -361,7 +361,8 @@ def test_budget_skips_compiled_rows_by_their_expected_cost(gc, monkeypatch, tmp_
     Eager rows 10 s each (t = 40 s after 4). Budget 200: amp_bf16 at 40 (+60 fits) takes 60 s; fp32 at 100
     (+60) takes 25; amp_fp16 at 125 (+60 = 185) takes 35; pure_bf16 at 160 (+60 = 220) is skipped.
     Budget 215: the same (pure_bf16's expected cost is amp_bf16's 50 s warm-up plus its 10 timed seconds: 220 s).
-    Budget 85: the first compiled row, at 40 + 60 = 100 s, is already over: every compiled row is skipped."""
+    Budget 85: the first compiled row, at 40 + 60 = 100 s, is already over: every compiled row is skipped.
+    Budget 220: pure_bf16 is expected to end at 160 + 60 = 220 s, not after the budget: it runs too."""
     cost = {"amp_bf16": (50, 10), "fp32": (20, 5), "amp_fp16": (30, 5), "pure_bf16": (40, 5)}
 
     def rows_of(name, variant):
@@ -371,7 +372,7 @@ def test_budget_skips_compiled_rows_by_their_expected_cost(gc, monkeypatch, tmp_
                                                                "--precisions", "amp_bf16,fp32,amp_fp16,pure_bf16"])
     got = [(r["precision"], r["variant"], r["status"]) for r in res["results"]]
     names = ["amp_bf16", "fp32", "amp_fp16", "pure_bf16"]
-    ran = 3 if budget > 100 else 0
+    ran = 4 if budget >= 220 else 3 if budget > 100 else 0
     assert got == [(n, "eager", "ok") for n in names] + [
         (n, "compiled", "ok" if i < ran else "skipped") for i, n in enumerate(names)]
     skipped = [r for r in res["results"] if r["status"] == "skipped"]
@@ -639,6 +640,7 @@ def test_each_row_trains_in_its_own_precision(gc, monkeypatch, name, param, auto
     assert len(norms) == 3 and max(norms) < 1e3, norms  # a scale of 65536 would multiply them by that much
     assert wrapped == ([compensation] if compensation else [])
     assert row["tf32_matmul"] is False
+    assert row["adam_eps"] == 1e-8  # pure_fp16 alone gets 1e-4 (amp_fp16's fp32 master weights and moments need not)
 
 
 def test_printed_table_shows_mfu_and_the_checks_in_percent(gc, capsys):
@@ -655,3 +657,94 @@ def test_printed_table_shows_mfu_and_the_checks_in_percent(gc, capsys):
     assert "amp_bf16/fp32 (eager)        3.00x" in out
     assert [ln.split()[:2] + ln.split()[-1:] for ln in out.splitlines() if ln.strip().startswith(("speedup_", "mfu_"))] == [
         ["speedup_amp_bf16_over_fp32", "3.00x", "PASS"], ["mfu_amp_bf16", "35.5%", "PASS"]]
+
+
+# ------------------------------------------------------------------ mutation audit 6 (gpu_check/flops/fp8)
+def test_mfu_check_takes_amp_bf16s_best_row_whichever_variant_ran_last(gc):
+    """The compiled row comes after the eager one; where it reaches the lower MFU (CUDA graphs do not always pay),
+    the check is still amp_bf16's best figure, the eager row's."""
+    _, c = _checks(gc, [_ok("fp32", "eager", 10.0), _ok("amp_bf16", "eager", 30.0, 0.4),
+                        _ok("fp32", "compiled", 10.0), _ok("amp_bf16", "compiled", 28.0, 0.3)])
+    assert c["mfu_amp_bf16"]["value"] == 0.4 and c["mfu_amp_bf16"]["result"] == "PASS"
+    assert c["speedup_amp_bf16_over_fp32"]["variant"] == "compiled" and c["speedup_amp_bf16_over_fp32"]["value"] == 2.8
+
+
+def test_a_failed_row_of_the_other_variant_leaves_the_speedup_check_alone(gc):
+    """The speed-up compares one variant (compiled when fp32 and amp_bf16 both ran compiled, else eager): a failed
+    row of the other variant is not a row it needs. Here fp32's compiled row failed, so the eager rows decide, and
+    amp_bf16's eager row was skipped: n/a, not FAIL; a failed eager fp32 row would fail it."""
+    failed = {"precision": "fp32", "variant": "compiled", "status": "failed", "reason": "RuntimeError: compile"}
+    skipped = {"precision": "amp_bf16", "variant": "eager", "status": "skipped", "reason": "time budget"}
+    rows = [_ok("fp32", "eager", 10.0), skipped, failed, _ok("amp_bf16", "compiled", 40.0, 0.4)]
+    _, c = _checks(gc, rows)
+    speed = c["speedup_amp_bf16_over_fp32"]
+    assert (speed["variant"], speed["value"], speed["result"], speed["note"]) == ("eager", None, "n/a", None)
+    rows[0] = {**failed, "variant": "eager"}
+    _, c = _checks(gc, rows)
+    assert c["speedup_amp_bf16_over_fp32"]["result"] == "FAIL"
+    assert c["speedup_amp_bf16_over_fp32"]["note"] == "fp32 (eager) failed: RuntimeError: compile"
+
+
+def test_fp8_row_counts_the_full_model_against_the_fp8_peak(gc, monkeypatch):
+    """An fp8 row keeps the full last layer (as the engine does: its fp8 GEMMs need the full shapes), so its FLOPs
+    are the stock classification step's, and its MFU is against the fp8 peak. (No fp8 on a CPU: the row runs
+    amp_bf16's code under a precision marked fp8_linear, with the device and torchao checks and torchao's conversion
+    faked.)"""
+    import dataclasses
+
+    from precswitch import precision as P
+
+    fake = dataclasses.replace(P.get("amp_bf16"), fp8_linear=True)
+    monkeypatch.setattr(gc.P, "get", lambda name: fake)
+    monkeypatch.setattr(gc.P, "check_supported", lambda prec, device: None)
+    monkeypatch.setattr(gc, "fp8_import_problem", lambda: None)
+    import precswitch.fp8
+
+    monkeypatch.setattr(precswitch.fp8, "convert_model_to_fp8", lambda model: model)  # no torchao here
+    calls = []
+    monkeypatch.setattr(gc, "cls_only_last_layer", lambda model: calls.append(model) or True)
+    row, _ = _row(gc, "fp8", peaks={"bf16": 0.005, "fp8": 0.01})
+    assert calls == []
+    _rates_are_consistent(row, 3 * (FULL_ENCODER + CLS_HEAD))
+    assert row["peak_key"] == "fp8" and row["peak_tflops"] == 0.01
+    assert row["mfu"] == pytest.approx(row["achieved_tflops"] / 0.01)
+
+
+def test_printed_table_units_memory_energy_and_profile(gc, capsys):
+    """The table's units: memory in GiB (2**30 bytes), energy in J per step, tokens/s, achieved TFLOP/s; the
+    profile's step in ms, GPU time in ms and GPU-busy in percent."""
+    row = {**_ok("amp_bf16", "eager", 20.0, 0.1), "peak_tflops": 790.0, "tokens_per_second": 81920.0,
+           "achieved_tflops": 79.0, "peak_memory_bytes": 3 * 2**30, "peak_reserved_bytes": 2**31,
+           "energy_joules_per_step": 8.25, "profiled_steps": 2, "step_seconds": 0.05, "gpu_kernel_ms_per_step": 12.5,
+           "gpu_busy_fraction": 0.25, "kernels_per_step": 1200.0, "host_syncs_per_step": 1.0}
+    ratios, checks = gc.checks_from([row], CUDA)
+    gc.print_table({"device_name": "NVIDIA H200", "device": "cuda", "objective": "classify", "batch": 32, "seq_len": 128,
+                    "steps": 50, "warmup": 10, "min_seconds": 2.0, "results": [row], "ratios": ratios, "checks": checks,
+                    "host_launch_us": 8.0, "peaks_key": "H200", "peaks_used": {"bf16": 790.0}})
+    out = capsys.readouterr().out.splitlines()
+    main = next(ln.split() for ln in out if ln.startswith("amp_bf16 "))
+    assert main[2:11] == ["ok", "20.00", "81920", "79.00", "790", "10.0", "3.00", "2.00", "8.25"]
+    prof = next(ln.split() for ln in out if ln.strip().startswith("amp_bf16 ") and not ln.startswith("amp_bf16"))
+    assert prof[2:7] == ["50.00", "12.50", "25%", "1200", "1.0"]
+
+
+def test_peak_table_matches_a_gpu_name_in_any_case_and_refuses_an_infinite_peak(gc):
+    assert gc.find_peaks("nvidia h100 80gb hbm3", {})[0] == "H100"
+    with pytest.raises(ValueError, match=r"--peak 'bf16=inf': bf16's peak must be a positive number"):
+        gc.parse_peaks(["bf16=inf"])
+
+
+def test_the_json_records_the_shapes_gpu_hours_keys_its_step_times_on(gc, monkeypatch, tmp_path):
+    """gpu_hours reads each eager row's step time under the JSON's objective, batch, sequence length and model
+    shape: a run at batch 5 x 24, masked LM, is found there (and nowhere else)."""
+    from bench_helpers import load_benchmark
+
+    def rows_of(name, variant):
+        return {**_ok(name, variant, 4.0), "step_seconds": 0.25}
+
+    _, res, _, _ = _fake_gpu_main(gc, monkeypatch, tmp_path, ["--quick", "--compile", "off", "--precisions", "fp32",
+                                                              "--batch", "5", "--seq", "24", "--mlm"], rows_of=rows_of)
+    assert (res["device"], res["objective"], res["batch"], res["seq_len"], res["model"], res["step"]) == (
+        "cuda", "mlm", 5, 24, gc.QUICK, "engine")
+    meas = load_benchmark("gpu_hours").load_measurements([tmp_path / "g.json"])
+    assert dict(meas) == {("mlm", "fp32", 5, 24, gc.QUICK["num_hidden_layers"], gc.QUICK["hidden_size"]): [0.25]}
