@@ -192,3 +192,13 @@ def test_a_module_with_linear_like_sizes_that_is_no_linear_is_not_converted():
         in_features = out_features = 32
 
     assert not fp8.fp8_module_filter(Projection(), "bert.encoder.layer.0.proj")
+
+
+# ------------------------------------------------------------------ mutation audit 6 (gpu_check/flops/fp8)
+@pytest.mark.parametrize("fqn", ["lm_head", "lm_head.dense", "qa_outputs", "pooler.dense", "cls.predictions.decoder"])
+def test_every_default_head_prefix_stays_in_high_precision(fqn):
+    """HEAD_PREFIXES names the heads of other architectures too (a causal LM's lm_head, a QA model's qa_outputs, a
+    bare BertModel's pooler): a 16-aligned Linear under any of them is not converted; the same layer elsewhere is."""
+    lin = nn.Linear(32, 32)
+    assert not fp8.fp8_module_filter(lin, fqn)
+    assert fp8.fp8_module_filter(lin, "bert.encoder.layer.0." + fqn.split(".")[0])
