@@ -208,3 +208,23 @@ def test_bert_small_is_the_bert_small_config_and_the_docs_step_flops():
     assert got, "docs/gpu.md no longer states bert-small-scratch's step FLOPs"
     assert [float(g) for g in got.groups()] == [round(s1_engine / 1e12, 2), round(s1_stock / 1e12, 2),
                                                  round(s2_engine / 1e12, 2)]
+
+
+# ------------------------------------------------------------------ mutation audit 6 (gpu_check/flops/fp8)
+def test_bert_base_step_flops_are_the_docs():
+    """docs/gpu.md's BERT-base figures at batch 32 x 128: the stock steps (2.15 TFLOP classification, 2.71 masked LM,
+    0.56 of it the vocabulary projection over every token) and the engine's, which gpu_check reports (2.00, 2.23)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text()
+    got = re.search(r"BERT-base, batch 32 x 128: ([\d.]+) TFLOP per classification step, ([\d.]+) per masked-LM step "
+                    r"\(the\s+vocabulary projection over all 4,096 tokens is ([\d.]+) of it\).*?: ([\d.]+) TFLOP per "
+                    r"classification step \(\[CLS\]-only last\s+layer\) and ([\d.]+) per masked-LM step", doc, re.S)
+    assert got, "docs/gpu.md no longer states BERT-base's step FLOPs"
+    b = flops.BERT_BASE
+    want = [flops.train_step_flops(b, 32, 128, "classify"), flops.train_step_flops(b, 32, 128, "mlm"),
+            3 * flops.forward_flops(b, 32, 128, "mlm")["head"],
+            flops.train_step_flops(b, 32, 128, "classify", cls_only_last_layer=True),
+            flops.train_step_flops(b, 32, 128, "mlm", head_rows=flops.engine_head_rows(32, 128))]
+    assert [float(g) for g in got.groups()] == [round(w / 1e12, 2) for w in want]
