@@ -101,9 +101,17 @@ def peak_key(prec: P.Precision) -> str:
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[prec.compute_dtype]
 
 
+#: board variants of a table's GPU with lower clocks and power (H100 PCIe: 756 TFLOP/s dense bf16 on its data
+#: sheet against 989 for SXM; H100/H200 NVL): the SXM row would understate their MFU, so they get none
+PEAK_VARIANTS_NOT_IN_TABLE = ("pcie", "nvl")
+
+
 def find_peaks(device_name: str, overrides: dict[str, float]) -> tuple[str | None, dict[str, float]]:
+    name = device_name.lower()
+    if any(v in name for v in PEAK_VARIANTS_NOT_IN_TABLE):
+        return None, dict(overrides)  # no row for this board: MFU only with --peak
     for key, table in PEAKS_TFLOPS.items():
-        if key.lower() in device_name.lower():
+        if key.lower() in name:
             return key, {**table, **overrides}
     return None, dict(overrides)
 

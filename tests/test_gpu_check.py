@@ -730,6 +730,10 @@ def test_printed_table_units_memory_energy_and_profile(gc, capsys):
 
 def test_peak_table_matches_a_gpu_name_in_any_case_and_refuses_an_infinite_peak(gc):
     assert gc.find_peaks("nvidia h100 80gb hbm3", {})[0] == "H100"
+    # lower-clocked boards of the same chips: the SXM row would understate their MFU; --peak still applies
+    for board in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL"):
+        assert gc.find_peaks(board, {}) == (None, {}), board
+        assert gc.find_peaks(board, {"bf16": 756.0}) == (None, {"bf16": 756.0}), board
     with pytest.raises(ValueError, match=r"--peak 'bf16=inf': bf16's peak must be a positive number"):
         gc.parse_peaks(["bf16=inf"])
 
