@@ -13,7 +13,8 @@ benchmarks/job_overhead.py: ~16 s a job at BERT-base's size on the H200 of bench
 evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md). Several
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
 eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock or of a run on a CPU
-are refused. A job whose measurement is missing is named, not guessed.
+are refused. A job whose measurement is missing is named, not guessed. The config is read as the workflow
+reads `--configfile`: over config/config.yaml, with the schema's defaults.
 """
 
 from __future__ import annotations
@@ -156,6 +157,34 @@ def span(lo: float, hi: float, f: str) -> str:
     return a if a == b else f"{a}-{b}"
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def study_config(path: Path) -> dict:
+    """The study config as the workflow reads ``--configfile path``: config/config.yaml under it (nested maps
+    merged, a schedules map replacing the default one), then the schema's defaults; a partial config (only the
+    keys that differ) gave a KeyError or a shape of 'None layers'."""
+    import copy
+
+    from snakemake.utils import update_config, validate
+
+    user = yaml.safe_load(path.read_text())
+    if not isinstance(user, dict):
+        raise SystemExit(f"gpu_hours: {path}: a study config is a YAML mapping, got {type(user).__name__}")
+    cfg = copy.deepcopy(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    update_config(cfg, user)
+    if "schedules" in user:
+        cfg["schedules"] = user["schedules"]
+    try:
+        validate(cfg, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"), set_default=True)
+    except Exception as e:  # noqa: BLE001 - the schema's message, one line, naming the key (as the Snakefile does)
+        err = e.__cause__ or e.__context__ or e
+        key = ".".join(str(k) for k in getattr(err, "absolute_path", [])) or "(top level)"
+        raise SystemExit(f"gpu_hours: {path}: not a valid study config: config key {key}: "
+                         f"{str(getattr(err, 'message', err)).splitlines()[0]}") from None
+    return cfg
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", type=Path)
@@ -171,7 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--shape", type=_shape, default=None, metavar="LAYERS,HIDDEN",
                    help="the model's layers and hidden size (default: from the config, see model_shape)")
     args = p.parse_args(argv)
-    cfg = yaml.safe_load(args.config.read_text())
+    cfg = study_config(args.config)
     res = estimate(cfg, load_measurements(args.measured), args)
     if res["missing"]:
         print("gpu_hours: no eager measurement for: " + "; ".join(res["missing"]), file=sys.stderr)

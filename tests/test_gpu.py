@@ -743,6 +743,32 @@ def test_gpu_hours_of_the_shipped_config_from_the_h200_measurements():
     assert r.returncode != 0 and "not a gpu_check --out result" in r.stderr
 
 
+def test_gpu_hours_reads_a_partial_config_as_the_workflow_does(tmp_path, capsys):
+    """Only the keys that differ from config/config.yaml (as `snakemake --configfile` takes them): the rest comes
+    from config.yaml and the schema's defaults (it was a KeyError on 'seeds'); the schedules map replaces the
+    default one; a file that is no mapping, or a schema error, is one line naming the file."""
+    import yaml
+
+    gh = _gpu_hours()
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    shape = {"batch_size": 32, "max_length": 128}
+    part = {"model": {"init": "bert-base-cased"}, "schedules": {"x": {"finetune": "amp_bf16"}},
+            "analysis": {"baseline": "x", "contrasts": []}, "train": {"finetune": shape}}
+    (tmp_path / "part.yaml").write_text(yaml.safe_dump(part))
+    cfg = gh.study_config(tmp_path / "part.yaml")
+    assert cfg["seeds"] == base["seeds"] and list(cfg["schedules"]) == ["x"]
+    assert cfg["train"]["finetune"]["lr"] == base["train"]["finetune"]["lr"]  # merged, not replaced
+    cls = _check_json(tmp_path / "cls.json", "classify", 32, 128, 12, 768, {"amp_bf16": 0.03})
+    assert gh.main([str(tmp_path / "part.yaml"), str(cls)]) == 0
+    assert f"1 schedules x {len(base['seeds'])} seeds" in capsys.readouterr().out
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(SystemExit, match=r"list.yaml: a study config is a YAML mapping, got list"):
+        gh.study_config(tmp_path / "list.yaml")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"schedules": {"x": {"finetune": "fp64"}}}))
+    with pytest.raises(SystemExit, match=r"bad.yaml: not a valid study config: config key schedules.x.finetune: 'fp64' is not "):
+        gh.study_config(tmp_path / "bad.yaml")
+
+
 def _check_json(path, objective, batch, seq, layers, hidden, steps_s: dict, variant="eager", status="ok"):
     path.write_text(json.dumps({
         "schema": "precswitch-gpu-check/1", "objective": objective, "batch": batch, "seq_len": seq,
