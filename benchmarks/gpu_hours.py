@@ -13,7 +13,8 @@ benchmarks/job_overhead.py: ~16 s a job at BERT-base's size on the H200 of bench
 evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md). Several
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
 eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock or of a run on a CPU
-are refused. A job whose measurement is missing is named, not guessed. The config is read as the workflow
+are refused, and so are results of two different GPUs. A job whose measurement is missing is named, not
+guessed. The config is read as the workflow
 reads `--configfile`: over config/config.yaml, with the schema's defaults.
 """
 
@@ -33,6 +34,7 @@ from precswitch.sweeps import expand as expand_sweeps
 def load_measurements(paths: list[Path]) -> dict[tuple, list[float]]:
     """(objective, precision, batch, seq, layers, hidden) -> eager step seconds, one per measurement."""
     out: dict[tuple, list[float]] = defaultdict(list)
+    gpus: dict[str, Path] = {}
     for p in paths:
         res = json.loads(p.read_text())
         if not isinstance(res, dict) or res.get("schema") != "precswitch-gpu-check/1":
@@ -43,6 +45,12 @@ def load_measurements(paths: list[Path]) -> dict[tuple, list[float]]:
         if res.get("step", "engine") != "engine":  # stock: model(**batch).loss, a heavier step than the engine's
             raise SystemExit(f"gpu_hours: {p} timed gpu_check --step {res['step']}, not the study's step; "
                              "give results of --step engine (the default)")
+        if res.get("device_name"):  # files written before the name was recorded are read as they are
+            gpus.setdefault(res["device_name"], p)
+        if len(gpus) > 1:  # one range over two GPUs' step times would be neither GPU's
+            raise SystemExit("gpu_hours: the results were timed on different GPUs ("
+                             + ", ".join(f"{n}: {q}" for n, q in gpus.items())
+                             + "); give the results of the one GPU the study will run on")
         m = res["model"]
         for r in res["results"]:
             if r.get("status") == "ok" and r.get("variant") == "eager":

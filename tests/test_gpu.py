@@ -743,6 +743,20 @@ def test_gpu_hours_of_the_shipped_config_from_the_h200_measurements():
     assert r.returncode != 0 and "not a gpu_check --out result" in r.stderr
 
 
+def test_gpu_hours_refuses_results_of_two_gpus(tmp_path):
+    """Step times of an H100 and an H200 made one min-max range that was neither GPU's estimate."""
+    gh = _gpu_hours()
+    paths = []
+    for name in ("NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        p = _check_json(tmp_path / f"{len(paths)}.json", "classify", 32, 128, 12, 768, {"fp32": 0.05})
+        p.write_text(json.dumps({**json.loads(p.read_text()), "device": "cuda", "device_name": name}))
+        paths.append(p)
+    assert gh.load_measurements(paths[:2])[("classify", "fp32", 32, 128, 12, 768)] == [0.05, 0.05]
+    with pytest.raises(SystemExit, match=r"timed on different GPUs \(NVIDIA H200: .*0\.json, NVIDIA H100 80GB HBM3: "
+                                         r".*2\.json\); give the results of the one GPU"):
+        gh.load_measurements(paths)
+
+
 def test_gpu_hours_reads_a_partial_config_as_the_workflow_does(tmp_path, capsys):
     """Only the keys that differ from config/config.yaml (as `snakemake --configfile` takes them): the rest comes
     from config.yaml and the schema's defaults (it was a KeyError on 'seeds'); the schedules map replaces the
