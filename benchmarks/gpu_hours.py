@@ -14,8 +14,8 @@ evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
 eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock or of a run on a CPU
 are refused, and so are results of two different GPUs. A job whose measurement is missing is named, not
-guessed. The config is read as the workflow
-reads `--configfile`: over config/config.yaml, with the schema's defaults.
+guessed. The config is read as the workflow reads `--configfile`: over config/config.yaml, with the
+schema's defaults.
 """
 
 from __future__ import annotations
