@@ -114,8 +114,8 @@ def test_stage1_kinds_names_what_low_precision_meant():
     assert precision_kind("pure_bf16_kahan").startswith("pure 16 bits") and precision_kind("tf32").startswith("fp32 w")
     both = _stage1_kinds(["pure_bf16", "fp32", "amp_bf16"])
     assert both == ("**Stage 1 ran in:** `fp32`: fp32 throughout, TF32 off; `amp_bf16`: mixed precision (fp32 master "
-                    "weights, fp16/bf16 compute); `pure_bf16`: pure 16 bits (weights, gradients and optimizer state "
-                    "in fp16/bf16).")
+                    "weights, bf16 compute); `pure_bf16`: pure 16 bits (weights, gradients and optimizer state "
+                    "in bf16).")
     assert _stage1_kinds(["fp32", "pure_fp16"]).endswith("No stage 1 used mixed precision (`amp_fp16`, `amp_bf16`).")
     assert _stage1_kinds([]) == ""
 

@@ -510,3 +510,17 @@ def test_a_bootstrap_interval_is_printed_beside_the_t_interval_in_its_style():
     para = _para(render(_stats([r])))
     assert "paired difference +0.30 points [unadjusted 95% CI +0.10, +0.50], 8 paired seeds (bootstrap CI +0.12, +0.48)" in para
     assert "bootstrap CI" not in _para(render(_stats([_acc("better", 0.3, 0.1, 0.5, 0.01, n_pairs=8)])))
+
+
+def test_stage1_kinds_names_only_the_16_bit_formats_the_study_used():
+    """A study whose only mixed-precision stage 1 was amp_bf16 (an MRPC study with a bf16 sweep) read
+    '`amp_bf16`: mixed precision (fp32 master weights, fp16/bf16 compute)': amp_bf16 computes in bf16 only."""
+    from precswitch.analysis.verdict import _stage1_kinds
+
+    assert _stage1_kinds(["fp32", "amp_bf16"]).startswith(
+        "**Stage 1 ran in:** `fp32`: fp32 throughout, TF32 off; `amp_bf16`: mixed precision (fp32 master weights, "
+        "bf16 compute). No stage 1 kept its weights in 16 bits")
+    assert "(fp32 master weights, fp16 compute)" in _stage1_kinds(["amp_fp16-to-fp32-at80"])
+    assert "(fp32 master weights, fp16/bf16 compute)" in _stage1_kinds(["amp_fp16", "amp_bf16"])
+    assert "optimizer state in bf16)" in _stage1_kinds(["pure_bf16_kahan", "pure_bf16"])
+

@@ -46,6 +46,14 @@ def precision_kind(spec: str) -> str:
     return "other"
 
 
+def _formats(kind: str, specs: list[str]) -> str:
+    """The kind's 'fp16/bf16' narrowed to the 16-bit formats its precisions use: `amp_bf16` alone computes
+    in bf16, not 'fp16/bf16'."""
+    names = [str(x).split("-to-")[0] for x in specs]
+    used = [f for f in ("fp16", "bf16") if any(f in n for n in names)]
+    return kind.replace("fp16/bf16", "/".join(used)) if used else kind
+
+
 def _stage1_kinds(specs) -> str:
     """'**Stage 1 ran in:** fp32: ...; amp_bf16, amp_fp16: mixed precision (...). No stage 1 ...' for the
     stage-1 precisions of this study, so a reader of the question knows which "low precision" answered it."""
@@ -55,7 +63,8 @@ def _stage1_kinds(specs) -> str:
     if not groups:
         return ""
     order = [k for _, k in PRECISION_KINDS] + ["other"]
-    parts = [", ".join(f"`{x}`" for x in groups[k]) + (f": {k}" if k != "other" else "") for k in order if k in groups]
+    parts = [", ".join(f"`{x}`" for x in groups[k]) + (f": {_formats(k, groups[k])}" if k != "other" else "")
+             for k in order if k in groups]
     mixed, pure = PRECISION_KINDS[2][1] in groups, PRECISION_KINDS[3][1] in groups
     tail = ""
     if mixed and not pure:
