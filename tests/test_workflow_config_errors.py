@@ -105,6 +105,9 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
          "'a/b' does not match"),
         ({"sweeps": {"s/t": {"finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}}},
          "sweeps", "'s/t' does not match"),
+        # eval_precision's enum has 'same' besides the precisions: a bare 16-bit name still asks mixed or pure
+        ({"train": {"finetune": {"eval_precision": "bf16"}}}, "train.finetune.eval_precision",
+         "'bf16' is ambiguous: amp_bf16 = fp32 master weights"),
     ],
 )
 def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
