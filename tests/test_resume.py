@@ -99,19 +99,29 @@ def test_kill9_at_random_step_then_rerun_is_identical(setup, tmp_path):
     _same_result(ref, out)
 
 
-def test_resume_state_of_other_hparams_is_refused(setup, tmp_path):
+def test_resume_state_of_other_hparams_is_set_aside_and_the_stage_starts_over(setup, tmp_path):
+    """A stage stopped, then rerun with other hyper-parameters (the study's config edited before the rerun, which
+    Snakemake reruns the job for): its state cannot be resumed. The rerun used to stop with 'delete it to start
+    over', and Snakemake with it, after the first such job; now the state is moved aside (kept, not deleted), the
+    log says so, and the stage trains from step 0 under the new hyper-parameters."""
     hp, _ = setup
     out = tmp_path / "run"
     p = _start(hp, out)
     _wait_for(out / "resume" / "state.pt", p)
     p.kill()
     p.wait(timeout=30)
-    r = subprocess.run(
-        [sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps({**hp, "lr": 1e-3}), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert r.returncode == 2 and "different hyper-parameters" in r.stderr and "Traceback" not in r.stderr
-
+    old_state = (out / "resume" / "state.pt").read_bytes()
+    new = {**hp, "lr": 1e-3}
+    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(new), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stale = list(out.glob("resume.stale-*"))
+    assert len(stale) == 1 and (stale[0] / "state.pt").read_bytes() == old_state
+    line = next(ln for ln in r.stderr.splitlines() if "belongs to different hyper-parameters" in ln)
+    assert f"moved to {str(stale[0])!r}; the stage starts over" in line, line
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["resumed"] is False and m["attempts"] == 1 and m["hparams"]["lr"] == 1e-3
+    assert not (out / "resume").exists()
 
 
 @pytest.fixture

@@ -547,6 +547,22 @@ def _read_state_seconds(path: Path) -> dict:
     return done if ok else {}
 
 
+def _set_aside_stale_state(resume_dir: Path, old_hash, new_hash: str) -> Path:
+    """The resumable state of a stage stopped under other hyper-parameters (a config changed before the rerun)
+    cannot be resumed: it is moved aside, not deleted (``<resume_dir>.stale-<its hash>``, replacing an older
+    one of the same hash), and the stage starts over; one line in the log says so."""
+    stale = resume_dir.with_name(f"{resume_dir.name}.stale-{str(old_hash)[:16]}")
+    if stale.exists():
+        import shutil
+
+        shutil.rmtree(stale)  # the same hyper-parameters' older state
+    os.replace(resume_dir, stale)
+    print(f"precswitch train: resume state {str(resume_dir / 'state.pt')!r} belongs to different hyper-parameters "
+          f"(hash {old_hash} != {new_hash}): moved to {str(stale)!r}; the stage starts over", file=sys.stderr,
+          flush=True)
+    return stale
+
+
 # ====================================================================== the stage
 #: the file in a stage's output dir that the process training into it holds an exclusive lock on
 RUN_LOCK = ".lock"
@@ -742,6 +758,7 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "grad_norms": [],
     }
     resumed = False
+    saved = None
     if state_path.is_file():
         try:
             # to the CPU: the RNG states must stay CPU byte tensors, and a GPU copy of the whole state
@@ -750,10 +767,9 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         except Exception as e:  # noqa: BLE001
             raise PrecswitchError(f"resume state {str(state_path)!r} is corrupt: {e}; delete it to start over") from None
         if saved.get("config_hash") != chash:
-            raise PrecswitchError(
-                f"resume state {str(state_path)!r} belongs to different hyper-parameters "
-                f"(hash {saved.get('config_hash')} != {chash}); delete it to start over"
-            )
+            _set_aside_stale_state(resume_dir, saved.get("config_hash"), chash)
+            saved = None
+    if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
