@@ -110,3 +110,90 @@ def test_stats_settings_numbers_that_are_not_numbers_name_their_key(tmp_path, ca
 
     s = load_settings(cfg)
     assert (s["bootstrap_resamples"], s["seed"], s["margin"]) == (200, 3, 2.0) and type(s["bootstrap_resamples"]) is int
+
+
+# ------------------------------------------------------------------ mutation audit 7 (analysis cli/fakes/sweeps)
+def _stats_json(tmp_path, runs, sched):
+    assert main(["stats", "--runs", str(runs), "--schedules", str(sched), "--bootstrap-resamples", "0",
+                 "--out-dir", str(tmp_path / "st")]) == 0
+    return tmp_path / "st" / "stats.json"
+
+
+def test_a_wrong_table_or_stats_file_is_named_not_analysed(tmp_path, capsys):
+    """--runs and --schedules swapped, a schedules table given as both, any other CSV or a binary file gave
+    stats (exit 0) without the stage-1 analysis, or a traceback; a stats.json that is a JSON list ended plots and
+    verdict in a traceback (exit 1), `{}` gave an empty verdict and plots (exit 0), and plots met invalid JSON
+    with a traceback. Each is now one line naming the option or file, exit 2, nothing written."""
+    runs, sched = _tables(tmp_path)
+    stats = _stats_json(tmp_path, runs, sched)
+    capsys.readouterr()
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 50)
+    out = tmp_path / "o"
+    for r, s, want in ((sched, runs, f"--runs {sched}: not a runs table (runs.csv|parquet) of precswitch aggregate: "
+                                     "it has no column(s) run_id, stage"),
+                       (runs, runs, f"--schedules {runs}: not a schedules table (schedules.csv|parquet) of precswitch "
+                                    "aggregate: it has no column(s) stage2_precision"),
+                       (runs, sched.with_suffix(".parquet").with_name("runs.parquet"), "--schedules"),
+                       (other, sched, f"--runs {other}: not a runs table (runs.csv|parquet) of precswitch aggregate: "
+                                      "it has no column(s) run_id, stage, seed"),
+                       (binary, sched, f"--runs {binary}: not a table (CSV or parquet) that precswitch aggregate "
+                                       "wrote: UnicodeDecodeError")):
+        for argv in (["stats", "--runs", str(r), "--schedules", str(s), "--out-dir", str(out)],
+                     ["plots", "--runs", str(r), "--schedules", str(s), "--stats", str(stats), "--out-dir", str(out)]):
+            rc, err = main(argv), _err(capsys)
+            assert rc == 2 and err.startswith(f"precswitch: error: {want}") and err.count("\n") == 1, (argv, err)
+            assert not out.exists()
+    for text, want in (("[1]", "(got a JSON list)"), ("{}", "(it has no key(s) settings, baseline, schedules, deltas)"),
+                       ("{", "is not valid JSON")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        for argv in (["plots", "--runs", str(runs), "--schedules", str(sched), "--stats", str(bad), "--out-dir", str(out)],
+                     ["verdict", "--stats", str(bad), "--out", str(out / "verdict.md")]):
+            rc, err = main(argv), _err(capsys)
+            assert rc == 2 and err.startswith(f"precswitch: error: stats file {bad} ") and want in err, (argv, err)
+            assert err.count("\n") == 1 and not out.exists()
+
+
+def test_an_output_path_that_cannot_be_written_is_named_before_anything_is(tmp_path, capsys):
+    """An output directory that is a file, an output file that is a directory, or a file where a folder above an
+    output should be, ended in a traceback (exit 1) once the work was done: aggregate's after it had written
+    runs.csv and runs.parquet. Each is now one line naming the option and path, exit 2, nothing written; what the
+    commands print goes to stderr (stdout stays empty)."""
+    runs, sched = _tables(tmp_path)
+    stats = _stats_json(tmp_path, runs, sched)
+    metrics = [str(p) for p in (tmp_path / "s").glob("*/metrics.json")]
+    capsys.readouterr()
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    d = tmp_path / "d"
+    (d / "schedules.parquet").mkdir(parents=True)
+    (d / "verdict.md").mkdir()
+    T = ["--runs", str(runs), "--schedules", str(sched)]
+    cases = [
+        (["aggregate", "--metrics", *metrics, "--out-dir", str(afile)], f"--out-dir {afile}: is a file, not a directory"),
+        (["aggregate", "--metrics", *metrics, "--out-dir", str(afile / "x")],
+         f"--out-dir {afile / 'x'}: {afile} is a file, not a directory"),
+        (["aggregate", "--metrics", *metrics, "--out-dir", str(d)],
+         f"--out-dir {d / 'schedules.parquet'}: is a directory, not a file"),
+        (["stats", *T, "--out-dir", str(afile)], f"--out-dir {afile}: is a file, not a directory"),
+        (["stats", *T, "--summary-csv", str(tmp_path / "s.csv"), "--summary-md", str(d / "verdict.md"),
+          "--deltas-csv", str(tmp_path / "d.csv"), "--stats-json", str(tmp_path / "s.json")],
+         f"--summary-md {d / 'verdict.md'}: is a directory, not a file"),
+        (["plots", *T, "--stats", str(stats), "--out-dir", str(afile)], f"--out-dir {afile}: is a file, not a directory"),
+        (["plots", *T, "--stats", str(stats), "--out", str(afile / "accuracy.png")],
+         f"--out {afile / 'accuracy.png'}: {afile} is a file, not a directory"),
+        (["verdict", "--stats", str(stats), "--out", str(d / "verdict.md")],
+         f"--out {d / 'verdict.md'}: is a directory, not a file"),
+    ]
+    for argv, want in cases:
+        rc = main(argv)
+        got = capsys.readouterr()
+        assert rc == 2 and got.err == f"precswitch: error: {want}\n" and got.out == "", (argv, got)
+    assert sorted(p.name for p in d.iterdir()) == ["schedules.parquet", "verdict.md"]
+    assert not (tmp_path / "s.csv").exists() and afile.read_text() == ""
+    assert main(["verdict", "--stats", str(stats), "--out", str(d / "v.md")]) == 0
+    got = capsys.readouterr()
+    assert got.out == "" and got.err == f"precswitch verdict: wrote {d / 'v.md'}\n"

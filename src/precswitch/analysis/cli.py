@@ -17,11 +17,87 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+#: Columns every table of `precswitch aggregate` has, by option: a runs table (one row per stage run) and a
+#: schedules table (one row per schedule and seed) are told apart by them.
+TABLE_COLUMNS = {"--runs": ("run_id", "stage", "seed"), "--schedules": ("schedule", "seed", "stage2_precision")}
+#: Keys every stats.json of `precswitch stats` has.
+STATS_KEYS = ("settings", "baseline", "schedules", "deltas")
+
+
+def _error(msg: str):
+    from ..errors import PrecswitchError
+
+    return PrecswitchError(msg)
+
+
+def _check_table(path: str, option: str) -> None:
+    """``path`` (when it exists: a missing one is named by the command) is the table ``option`` asks for. The two
+    tables swapped, or any other file, gave numbers without the stage-1 analysis (exit 0), or a traceback."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    try:
+        if p.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            columns = set(pq.read_schema(p).names)
+        else:
+            import pandas as pd
+
+            columns = set(pd.read_csv(p, nrows=0).columns)
+    except Exception as e:  # noqa: BLE001 - whatever the reader says: the file is no table
+        raise _error(f"{option} {p}: not a table (CSV or parquet) that precswitch aggregate wrote: "
+                     f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}") from None
+    missing = [c for c in TABLE_COLUMNS[option] if c not in columns]
+    if missing:
+        what = "runs table (runs.csv|parquet)" if option == "--runs" else "schedules table (schedules.csv|parquet)"
+        raise _error(f"{option} {p}: not a {what} of precswitch aggregate: it has no column(s) {', '.join(missing)}")
+
+
+def _check_stats(path: str) -> None:
+    """``path`` (when it exists: a missing one is named by the command) is a stats.json of ``precswitch stats``:
+    a JSON list ended in a traceback (exit 1) and ``{}`` gave an empty verdict and plots (exit 0)."""
+    import json
+
+    p = Path(path)
+    if not p.is_file():
+        return
+    try:
+        stats = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _error(f"stats file {p} is not valid JSON: {e}") from None
+    missing = [k for k in STATS_KEYS if k not in stats] if isinstance(stats, dict) else None
+    if missing is None or missing:
+        got = f"it has no key(s) {', '.join(missing)}" if missing else f"got a JSON {type(stats).__name__}"
+        raise _error(f"stats file {p} is not a stats.json of precswitch stats ({got})")
+
+
+def _check_outputs(files=(), dirs=()) -> None:
+    """Each output file (option, path) can be written: it is not a directory and no folder above it is a file;
+    each output directory is not a file. These ended in a traceback (exit 1), aggregate's after runs.csv and
+    runs.parquet were written."""
+    for option, path, is_dir in [(o, p, True) for o, p in dirs] + [(o, p, False) for o, p in files]:
+        if path is None:
+            continue
+        p = Path(path)
+        if p.exists() and p.is_dir() != is_dir:
+            raise _error(f"{option} {p}: is a {'directory' if p.is_dir() else 'file'}, not a "
+                         f"{'directory' if is_dir else 'file'}")
+        for up in p.parents:
+            if up.exists():
+                if not up.is_dir():
+                    raise _error(f"{option} {p}: {up} is a file, not a directory")
+                break
 
 
 def _aggregate(args: argparse.Namespace) -> int:
     from .aggregate import aggregate
 
+    out = Path(args.out_dir)
+    _check_outputs([("--out-dir", out / f"{t}.{x}") for t in ("runs", "schedules") for x in ("csv", "parquet")],
+                   [("--out-dir", out)])
     runs, schedules = aggregate(args.metrics, args.out_dir)
     print(f"precswitch aggregate: {len(runs)} runs, {len(schedules)} (schedule, seed) rows → {args.out_dir}",
           file=sys.stderr)
@@ -35,6 +111,12 @@ def _stats(args: argparse.Namespace) -> int:
     explicit = [args.summary_csv, args.summary_md, args.deltas_csv, args.stats_json]
     if args.out_dir is None and any(e is None for e in explicit):
         raise PrecswitchError("stats: give --out-dir DIR, or all of --summary-csv --summary-md --deltas-csv --stats-json")
+    _check_table(args.runs, "--runs")
+    _check_table(args.schedules, "--schedules")
+    out = Path(args.out_dir) if args.out_dir is not None else None
+    _check_outputs([(f"--{name.replace('.', '-')}", e) if e is not None else ("--out-dir", out / name)
+                    for e, name in zip(explicit, ("summary.csv", "summary.md", "deltas.csv", "stats.json"))],
+                   [("--out-dir", out)])
     settings = load_settings(args.settings, baseline=args.baseline, margin=args.margin, alpha=args.alpha,
                              bootstrap_resamples=args.bootstrap_resamples, seed=args.seed)
     stats = run_stats(args.runs, args.schedules, settings, args.out_dir, summary_csv=args.summary_csv,
@@ -49,6 +131,10 @@ def _stats(args: argparse.Namespace) -> int:
 def _plots(args: argparse.Namespace) -> int:
     from .plots import make_plots
 
+    _check_table(args.runs, "--runs")
+    _check_table(args.schedules, "--schedules")
+    _check_stats(args.stats)
+    _check_outputs([("--out", f) for f in args.out or ()], [("--out-dir", args.out_dir)])
     written = make_plots(args.runs, args.schedules, args.stats, out_dir=args.out_dir, outputs=args.out)
     print(f"precswitch plots: wrote {len(written)} files", file=sys.stderr)
     return 0
@@ -57,6 +143,8 @@ def _plots(args: argparse.Namespace) -> int:
 def _verdict(args: argparse.Namespace) -> int:
     from .verdict import write_verdict
 
+    _check_stats(args.stats)
+    _check_outputs([("--out", args.out)])
     write_verdict(args.stats, args.out)
     print(f"precswitch verdict: wrote {args.out}", file=sys.stderr)
     return 0
