@@ -311,3 +311,84 @@ def test_model_keys_a_tokenizer_or_bert_config_may_set_are_accepted_and_init_rev
 def test_auto_device_is_the_gpu_where_there_is_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert C.resolve_device("auto") == torch.device("cuda")
+
+
+# ------------------------------------------------------------------ mutation audit 7 (analysis cli/fakes/sweeps)
+def test_exit_codes_are_the_documented_ones_and_an_unsupported_precision_is_a_user_error(monkeypatch, capsys):
+    """2 for bad input, 75 after SIGTERM (docs/contracts.md, docs/slurm.md: the retry resumes on 75); a precision
+    the device cannot run is bad input like any other: one line, exit 2, not a traceback (exit 1)."""
+    from precswitch.cli import main
+    from precswitch.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, PrecisionUnsupported
+    from precswitch.train import engine
+
+    assert (EXIT_USER_ERROR, EXIT_PREEMPTED) == (2, 75)
+
+    def refuse(hp, out):
+        raise PrecisionUnsupported("precision 'tf32' cannot run on device 'cpu'")
+
+    monkeypatch.setattr(engine, "run_stage", refuse)
+    assert main(["train", "--hparams", '{"data": "d", "steps": 3}', "--out", "o"]) == 2
+    got = capsys.readouterr()
+    assert got.err == "precswitch: error: precision 'tf32' cannot run on device 'cpu'\n" and got.out == ""
+
+
+def test_train_cli_prints_one_json_summary_line_and_keeps_a_text_value_as_given(monkeypatch, capsys):
+    """stdout is one JSON line with the run's id, status, times, eval figures (accuracy and mlm_accuracy alike)
+    and peak memory; a --set VALUE that is not JSON is kept verbatim, spaces included."""
+    from precswitch.cli import main
+    from precswitch.train import engine
+
+    seen = {}
+    m = {"run_id": "r", "status": "ok", "train_seconds": 1.5, "steps_per_second": 2.0, "eval_loss": 0.5,
+         "accuracy": None, "mlm_accuracy": 0.25, "peak_memory_bytes": 7, "other": 1}
+    monkeypatch.setattr(engine, "run_stage", lambda hp, out: seen.update(hp) or m)
+    assert main(["train", "--hparams", '{"data": "d", "steps": 3}', "--out", "o", "--set", "run_id= a b "]) == 0
+    assert seen["run_id"] == " a b "
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and json.loads(out) == {k: v for k, v in m.items() if k != "other"}
+
+
+def test_train_cli_dotted_set_names_the_first_key_that_is_not_a_mapping(capsys):
+    from precswitch.cli import main
+
+    rc = main(["train", "--hparams", '{"data": "d", "steps": 3, "tags": {"a": {"b": 1}}}', "--out", "o",
+               "--set", "steps.x.y=1"])
+    assert rc == 2 and "--set 'steps.x.y=1': steps is not a mapping (it is 3)" in capsys.readouterr().err
+    rc = main(["train", "--hparams", '{"data": "d", "steps": 3, "tags": {"a": {"b": 1}}}', "--out", "o",
+               "--set", "tags.a.b.c=1"])
+    assert rc == 2 and "--set 'tags.a.b.c=1': tags.a.b is not a mapping (it is 1)" in capsys.readouterr().err
+
+
+def test_a_command_module_missing_a_dependency_is_an_error_not_a_missing_command(monkeypatch):
+    """Only a command module that does not exist is left out of `precswitch --help`; one that exists but cannot
+    import a library it needs raises (the command silently vanishing would hide the broken install)."""
+    import importlib
+
+    from precswitch import cli
+
+    real = importlib.import_module
+
+    def fake(name, *a):
+        if name == "precswitch.warm":
+            raise ModuleNotFoundError("No module named 'nosuchlib'", name="nosuchlib")
+        if name == "precswitch.fetch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    with pytest.raises(ModuleNotFoundError, match="nosuchlib"):
+        cli.build_parser()
+    monkeypatch.setattr(cli, "COMMAND_MODULES", tuple(m for m in cli.COMMAND_MODULES if m != "precswitch.warm"))
+    help_text = cli.build_parser().format_help()
+    assert "train" in help_text and "fetch" not in help_text
+
+
+def test_main_returns_the_warm_servers_exit_status(monkeypatch):
+    """With no argv (the console script), a command the warm-start server ran exits with its child's status."""
+    import sys
+
+    from precswitch import cli, warm
+
+    monkeypatch.setattr(warm, "delegate", lambda argv: 75 if argv == ["train", "x"] else None)
+    monkeypatch.setattr(sys, "argv", ["precswitch", "train", "x"])
+    assert cli.main() == 75
