@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from precswitch.errors import PrecswitchError
 from precswitch.sweeps import expand as expand_sweeps
 
 
@@ -132,7 +133,7 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
     jobs, missing = [], set()
     for stage, (objective, job_s, rows) in stages.items():
         specs = {}
-        for name, sched in {**cfg["schedules"], **expand_sweeps(cfg.get("sweeps"))}.items():
+        for name, sched in {**cfg["schedules"], **expand_sweeps(cfg.get("sweeps"), cfg["schedules"])}.items():
             if stage not in sched:  # no stage 1: the schedule fine-tunes model.init directly
                 continue
             spec = sched[stage]
@@ -190,6 +191,10 @@ def study_config(path: Path) -> dict:
         key = ".".join(str(k) for k in getattr(err, "absolute_path", [])) or "(top level)"
         raise SystemExit(f"gpu_hours: {path}: not a valid study config: config key {key}: "
                          f"{str(getattr(err, 'message', err)).splitlines()[0]}") from None
+    try:  # the sweeps the workflow refuses (a traceback, or points dropped or replacing a schedule, here)
+        expand_sweeps(cfg.get("sweeps"), cfg["schedules"])
+    except PrecswitchError as e:
+        raise SystemExit(f"gpu_hours: {path}: not a valid study config: {e}") from None
     return cfg
 
 

@@ -1705,3 +1705,26 @@ def test_nvml_finds_a_gpu_without_a_uuid_by_its_pci_bus_id(monkeypatch):
                         lambda bus: {"00000000:17:00.0": "hA", "00000000:AB:00.0": "hC"}[bus])
     assert gpu.gpu_provenance(1)["uuid"] == "GPU-cccc"
     assert gpu.gpu_provenance(0)["uuid"] == "GPU-aaaa"
+
+
+def test_gpu_hours_refuses_the_sweeps_the_workflow_refuses(tmp_path):
+    """A sweep with no swept stage was an IndexError (a traceback); a sweep point named like a schedule replaced
+    it, and two points that round to one name counted as one, so the GPU-hours left jobs out. Each is now one line
+    naming the file and the config key, with the workflow's message (mutation audit 7)."""
+    import yaml
+
+    gh = _gpu_hours()
+    sw = {"precision": "amp_bf16", "switch_to": "fp32"}
+    for sweeps, schedules, msg in (
+            ({"s": {"finetune": "fp32", "switch_at": [0.5]}}, None, "config key sweeps.s: exactly one stage must be swept"),
+            ({"s": {"finetune": sw, "switch_at": [0.5]}}, {"s-at50": {"finetune": "fp32"}},
+             "config key sweeps.s: schedule 's-at50' (sweep point 0.5) is already a schedule"),
+            ({"s": {"finetune": sw, "switch_at": [0.1234561, 0.1234564]}}, None,
+             "config key sweeps.s.switch_at[1]: 0.1234564 and 0.1234561 give one schedule name, 's-at12.3456'")):
+        cfg = {"sweeps": sweeps, **({"schedules": schedules} if schedules else {})}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+        with pytest.raises(SystemExit) as e:
+            gh.study_config(tmp_path / "c.yaml")
+        assert str(e.value).startswith(f"gpu_hours: {tmp_path / 'c.yaml'}: not a valid study config: {msg}"), e.value
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"sweeps": {"s": {"finetune": sw, "switch_at": [0.5, 1]}}}))
+    assert "s-at50" not in gh.study_config(tmp_path / "c.yaml")["schedules"]  # the config is left as it was

@@ -36,11 +36,34 @@ def point_stages(sweep: dict, stage: str, fraction: float) -> dict:
     return stages
 
 
-def expand(sweeps: dict | None) -> dict[str, dict]:
-    """Every point of every (valid) sweep: ``{schedule name: stages}``."""
-    out = {}
+def expand(sweeps: dict | None, schedules: dict | None = None) -> dict[str, dict]:
+    """Every point of every sweep: ``{schedule name: stages}``.
+
+    Refuses, as the workflow does (``common.smk``'s ``expand_sweeps``, same messages), a sweep that does not sweep
+    exactly one stage, two points of a sweep that get one name, and a point named like one of ``schedules``: an
+    IndexError, or points silently dropped or replacing a schedule, before.
+    """
+    from .errors import PrecswitchError
+
+    out: dict[str, dict] = {}
     for name, sweep in (sweeps or {}).items():
-        stage = swept_stages(sweep)[0]
-        for f in sweep["switch_at"]:
-            out[point_name(name, f)] = point_stages(sweep, stage, f)
+        swept = swept_stages(sweep)
+        if len(swept) != 1:
+            raise PrecswitchError(
+                f"config key sweeps.{name}: exactly one stage must be swept: give it {{precision: P, switch_to: Q}} "
+                "without switch_at, e.g. {pretrain: amp_fp16, finetune: {precision: amp_fp16, switch_to: fp32}, "
+                "switch_at: [0.0, 0.5, 1.0]}")
+        at: dict[str, float] = {}
+        for i, f in enumerate(sweep["switch_at"]):
+            schedule = point_name(name, f)
+            if schedule in at:
+                raise PrecswitchError(
+                    f"config key sweeps.{name}.switch_at[{i}]: {f} and {at[schedule]} give one schedule name, "
+                    f"{schedule!r}; make them equal or further apart")
+            if schedule in (schedules or {}) or schedule in out:
+                raise PrecswitchError(
+                    f"config key sweeps.{name}: schedule {schedule!r} (sweep point {f}) is already a schedule; "
+                    "rename the sweep or the schedule")
+            at[schedule] = f
+            out[schedule] = point_stages(sweep, swept[0], f)
     return out
