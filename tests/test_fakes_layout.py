@@ -116,3 +116,33 @@ def test_pure_fp16_fakes_scale_the_loss_too(tmp_path):
         rows = _rows(p.parent / "steps.csv")
         assert m["param_dtype"] == "float16" and m["skipped_steps"] == 2 and m["loss_scale_start"] == 65536.0
         assert [float(r["loss_scale"]) for r in rows[:3]] == [65536.0, 32768.0, 16384.0]
+
+
+# ------------------------------------------------------------------ mutation audit 7 (analysis cli/fakes/sweeps)
+def test_fake_schedules_pair_by_seed_and_failed_stages_have_no_eval_figures(tmp_path):
+    """The seed effect is shared by every schedule (sd 0: one accuracy per seed, whatever the schedule) and a
+    planted effect shifts only its schedule, capped at accuracy 1; a fine-tune-only schedule starts from scratch
+    with no stage-1 run (init_run_id/precision/status null, no 'None' directory); every stage's tags name its
+    schedule; a diverged stage has a status_reason and null eval figures (contracts: NaN -> null), an ok one
+    neither; pure_bf16 keeps bfloat16 weights."""
+    schedules = {"a": ("fp32", "fp32"), "b": ("amp_fp16", "fp32"), "up": ("fp32", "fp32"), "ft": (None, "pure_bf16")}
+    paths = write_fake_study(tmp_path, schedules=schedules, seeds=[1, 2, 3], sd=0.0, effects={"up": 50.0},
+                             diverged={("amp_fp16", 2), ("a", 3)})
+    metrics = [json.loads(p.read_text()) for p in paths]
+    assert not (tmp_path / "runs" / "pretrain" / "None").exists()
+    acc = {(m["schedule"], m["seed"]): m["accuracy"] for m in metrics if m["stage"] == "finetune"}
+    for s in (1, 2, 3):
+        same = {acc[(n, s)] for n in ("a", "b", "ft") if acc[(n, s)] is not None}
+        assert len(same) == 1 and acc[("up", s)] == 1.0, (s, acc)
+    assert len({acc[("ft", s)] for s in (1, 2, 3)}) == 3
+    for m in metrics:
+        assert m["tags"] == {"schedule": m["schedule"]}
+        failed = m["status"] != "ok"
+        assert (m["status_reason"] is not None) == failed, m["run_id"]
+        evals = ("eval_loss", "mlm_accuracy", "perplexity") if m["stage"] == "pretrain" else (
+            "eval_loss", "accuracy", "f1", "mcc")
+        assert all((m[k] is None) == failed for k in evals), m["run_id"]
+        if m["schedule"] == "ft":
+            assert (m["init"], m["init_run_id"], m["init_precision"], m["init_status"]) == ("scratch", None, None, None)
+            assert m["param_dtype"] == "bfloat16"
+    assert sum(m["status"] == "diverged" for m in metrics) == 3  # amp_fp16 seed 2, b seed 2, a seed 3
