@@ -197,3 +197,14 @@ def test_an_output_path_that_cannot_be_written_is_named_before_anything_is(tmp_p
     assert main(["verdict", "--stats", str(stats), "--out", str(d / "v.md")]) == 0
     got = capsys.readouterr()
     assert got.out == "" and got.err == f"precswitch verdict: wrote {d / 'v.md'}\n"
+
+
+def test_stats_of_the_baseline_alone_says_so(tmp_path, capsys):
+    """The stderr line of a study that ran only the baseline says there is nothing to compare (not an empty list)."""
+    path = write_stage(tmp_path / "s", run_id="fin-b", stage="finetune", precision="fp32", seed=1,
+                       schedule="fp32-fp32", metrics=ACC)
+    aggregate([path], tmp_path / "t")
+    capsys.readouterr()
+    assert main(["stats", "--runs", str(tmp_path / "t" / "runs.csv"), "--schedules", str(tmp_path / "t" / "schedules.csv"),
+                 "--bootstrap-resamples", "0", "--out-dir", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr() == ("", "precswitch stats: vs fp32-fp32: no other schedules\n")
