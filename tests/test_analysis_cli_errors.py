@@ -136,7 +136,9 @@ def test_a_wrong_table_or_stats_file_is_named_not_analysed(tmp_path, capsys):
                                      "it has no column(s) run_id, stage"),
                        (runs, runs, f"--schedules {runs}: not a schedules table (schedules.csv|parquet) of precswitch "
                                     "aggregate: it has no column(s) stage2_precision"),
-                       (runs, sched.with_suffix(".parquet").with_name("runs.parquet"), "--schedules"),
+                       (runs, runs.with_suffix(".parquet"), f"--schedules {runs.with_suffix('.parquet')}: not a "
+                                                            "schedules table (schedules.csv|parquet) of precswitch "
+                                                            "aggregate: it has no column(s) stage2_precision"),
                        (other, sched, f"--runs {other}: not a runs table (runs.csv|parquet) of precswitch aggregate: "
                                       "it has no column(s) run_id, stage, seed"),
                        (binary, sched, f"--runs {binary}: not a table (CSV or parquet) that precswitch aggregate "

@@ -17,6 +17,13 @@ def test_a_point_is_named_by_its_percent_to_six_significant_digits():
     names = {0: "s-at0", 0.0: "s-at0", 1: "s-at100", 0.29: "s-at29", 0.57: "s-at57", 0.125: "s-at12.5",
              1 / 3: "s-at33.3333", 0.1234561: "s-at12.3456", 0.1234564: "s-at12.3456", 0.12345: "s-at12.345"}
     assert {f: point_name("s", f) for f in names} == names
+    # the percent as a switched stage-1 run's name has it (aggregate.spec_name, common.smk): 6 decimals, then 6
+    # significant digits, also for a tiny fraction
+    from precswitch.analysis.aggregate import spec_name
+
+    for f in (*names, 0.0000123456789, 0.999999, 0.5000004):
+        assert point_name("s", f).removeprefix("s-at") == spec_name("a", "b", f).removeprefix("a-to-b-at"), f
+    assert point_name("s", 0.0000123456789) == "s-at0.001235"
 
 
 def test_each_point_runs_the_swept_stage_by_its_fraction_and_keeps_the_other_stage():
@@ -37,6 +44,10 @@ def test_each_point_runs_the_swept_stage_by_its_fraction_and_keeps_the_other_sta
     finetune_only = {"finetune": dict(SWITCH), "switch_at": [0.5]}  # no stage 1: none appears
     assert expand({"f": finetune_only}) == {"f-at50": {"finetune": {**SWITCH, "switch_at": 0.5}}}
     assert expand(None) == expand({}) == {}
+    # a stage given as a mapping without switch_to is a plain stage, not a second swept one
+    plain = {"pretrain": {"precision": "fp32"}, "finetune": dict(SWITCH), "switch_at": [0.5]}
+    assert swept_stages(plain) == ["finetune"]
+    assert expand({"q": plain}) == {"q-at50": {"pretrain": {"precision": "fp32"}, "finetune": {**SWITCH, "switch_at": 0.5}}}
 
 
 @pytest.mark.parametrize("sweeps, schedules, msg", [
