@@ -741,3 +741,28 @@ def test_stop_reports_a_server_that_does_not_go(tmp_path):
     finally:
         stuck.kill()
         stuck.wait()
+
+
+# ------------------------------------------------------------------ mutation audit 7 (warm/io): malformed requests
+@pytest.mark.parametrize("req", [["--version"], "text", {"argv": ["--version"], "cwd": "/", "env": ["PATH"], "host": "h"}])
+def test_a_request_that_is_json_but_no_mapping_is_dropped_not_fatal(monkeypatch, req):
+    """A request that parses as JSON but is no mapping (or whose env is none) is a bad request like any other:
+    dropped, the client's output let go, nothing forked. It used to raise AttributeError out of the serve loop,
+    which stopped the server and SIGTERMed every running command of every other client."""
+    import socket as socketlib
+
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked a malformed request"))
+    host = socketlib.gethostname()
+    if isinstance(req, dict):
+        req = {**req, "host": host}
+    server_end, client_end = socketlib.socketpair(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    r, w = os.pipe()
+    warm._send(client_end, req, [w] * 3)
+    os.close(w)
+    try:
+        assert warm._accept(server_end, {}, {}, host) is None
+        assert warm._recv(client_end)[0] is None  # no answer: the client starts cold
+        assert os.read(r, 1) == b""  # the server holds no copy of the client's stdout
+    finally:
+        os.close(r)
+        client_end.close()

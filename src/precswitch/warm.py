@@ -372,6 +372,8 @@ def _accept(conn: socket.socket, base_env: dict, added: dict, host: str) -> int 
         req, fds = _recv(conn, with_fds=3)
         if req is None or len(fds) != 3:
             raise OSError("incomplete request")
+        if not isinstance(req, dict) or not isinstance(req.get("env"), dict) or not isinstance(req.get("argv"), list):
+            raise ValueError("a request is a mapping with an env mapping and an argv list")
         reason = None
         if req.get("host") != host:
             reason = f"client on host {req.get('host')!r}, server on {host!r}"
