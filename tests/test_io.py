@@ -415,3 +415,20 @@ def test_a_file_system_that_cannot_fsync_a_directory_still_gets_the_write(tmp_pa
         _write_checkpoint(tmp, "dir", "new")
     assert (tmp_path / "metrics.json").read_text() == "{}\n" and _read_checkpoint(tmp_path / "checkpoint", "dir") == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.json"]
+
+
+# ------------------------------------------------------------------ mutation audit 7 (warm/io): mapping arguments
+def test_load_mapping_arg_reads_padded_json_upper_case_yaml_and_refuses_an_unreadable_file(tmp_path):
+    """Surrounding whitespace (a quoted multi-line --hparams) is no file name; a .YAML file is YAML; a file that
+    is not UTF-8 text is the usual one-line refusal naming the option, not a UnicodeDecodeError traceback."""
+    from precswitch.errors import PrecswitchError
+    from precswitch.io import load_mapping_arg
+
+    assert load_mapping_arg('\n  {"steps": 3}\n', "--hparams") == {"steps": 3}
+    y = tmp_path / "h.YAML"
+    y.write_text("steps: 3\nname: x\n")
+    assert load_mapping_arg(f"@{y}", "--hparams") == {"steps": 3, "name": "x"}
+    bad = tmp_path / "h.json"
+    bad.write_bytes(b'{"name": "\xff"}')
+    with pytest.raises(PrecswitchError, match=r"^--source: cannot parse .*h\.json"):
+        load_mapping_arg(str(bad), "--source")

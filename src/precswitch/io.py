@@ -230,8 +230,8 @@ def load_mapping_arg(value: str | os.PathLike, option: str) -> dict:
                 f"{option}: {text!r} is neither a JSON object nor an existing file "
                 "(allowed: '{...}', @file.json, file.yaml)"
             )
-        raw = path.read_text(encoding="utf-8")
         try:
+            raw = path.read_text(encoding="utf-8")  # not UTF-8 text, or unreadable: a user error too
             if path.suffix.lower() in (".yaml", ".yml"):
                 import yaml
 
