@@ -8,6 +8,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -766,3 +767,37 @@ def test_a_request_that_is_json_but_no_mapping_is_dropped_not_fatal(monkeypatch,
     finally:
         os.close(r)
         client_end.close()
+
+
+def test_serve_refuses_to_take_over_a_file_or_a_live_servers_socket(tmp_path, monkeypatch):
+    """serve unlinked whatever was at --socket: a mistyped --socket naming a config file deleted it, and a second
+    server took over a live one's socket and pid file. Both are refused before anything is written; a stale
+    socket (its server gone) is still replaced, and a negative idle timeout (which stopped the server at once)
+    is refused."""
+    import argparse
+
+    served = []
+    monkeypatch.setattr(warm, "serve", lambda path, *a, **k: served.append(path) or 0)
+
+    def cmd(path, idle=0.0):
+        return warm._cmd_serve(argparse.Namespace(socket=str(path), parent_pid=None, idle_timeout=idle))
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("seeds: [1]\n")
+    with pytest.raises(SystemExit, match=r"--socket .*config\.yaml exists and is not a socket; not replacing it"):
+        cmd(cfg)
+    assert cfg.read_text() == "seeds: [1]\n" and not (tmp_path / "config.yaml.pid").exists() and not served
+    live = tmp_path / "live"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(live))
+    listener.listen(1)
+    warm.write_pid(str(live), 4242)
+    try:
+        with pytest.raises(SystemExit, match=r"a server already serves on .*live \(pid 4242\); stop it first"):
+            cmd(live)
+        assert warm.server_pid(str(live)) == 4242 and live.exists() and not served
+    finally:
+        listener.close()
+    assert cmd(live) == 0 and served == [str(live)]  # its server gone: a stale socket, replaced
+    with pytest.raises(SystemExit, match=r"--idle-timeout -1: must be >= 0"):
+        cmd(tmp_path / "new", idle=-1)

@@ -525,7 +525,33 @@ def register(sub) -> None:
     t.set_defaults(func=lambda a: 0 if stop_server(a.socket) else 1)
 
 
+def _check_serve_path(path: str, idle_timeout: float) -> None:
+    """Refused before anything is written: serving replaces what is at ``path``, so a file that is no socket (a
+    mistyped --socket naming a config) or the socket of a server that still answers must not be taken over."""
+    import stat
+
+    if idle_timeout < 0:
+        raise SystemExit(f"precswitch warm: --idle-timeout {idle_timeout:g}: must be >= 0 (0: never)")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SystemExit(f"precswitch warm: --socket {path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:  # a stale socket of a server that is gone: serve replaces it
+        return
+    finally:
+        probe.close()
+    pid = server_pid(path)
+    raise SystemExit(f"precswitch warm: a server already serves on {path}"
+                     + (f" (pid {pid})" if pid else "") + "; stop it first (precswitch warm stop --socket ...)")
+
+
 def _cmd_serve(args) -> int:
+    _check_serve_path(args.socket, args.idle_timeout)
     write_pid(args.socket, os.getpid())
     try:
         return serve(args.socket, args.parent_pid, args.idle_timeout)
