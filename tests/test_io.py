@@ -432,3 +432,29 @@ def test_load_mapping_arg_reads_padded_json_upper_case_yaml_and_refuses_an_unrea
     bad.write_bytes(b'{"name": "\xff"}')
     with pytest.raises(PrecswitchError, match=r"^--source: cannot parse .*h\.json"):
         load_mapping_arg(str(bad), "--source")
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-step"])
+def test_atomic_path_puts_a_directory_over_a_file_and_clears_a_crashed_swaps_leftover(tmp_path, monkeypatch, exchange):
+    """A directory written where a file stands raised ENOTDIR (a file over a directory worked); and on a file
+    system without rename-exchange, a '.NAME.old-<pid>' directory left by a crashed process with this pid made
+    every later replace fail with ENOTEMPTY."""
+    from precswitch import io
+
+    if not exchange:
+        monkeypatch.setattr(io, "_exchange", lambda a, b: False)
+    target = tmp_path / "checkpoint"
+    target.write_text("a file")
+    with io.atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("new")
+    assert (target / "w").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    leftover = tmp_path / f".checkpoint.old-{os.getpid()}"
+    leftover.mkdir()
+    (leftover / "w").write_text("a crashed swap's")
+    with io.atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "w").write_text("newer")
+    assert (target / "w").read_text() == "newer"
+    # the one-step swap never uses the name: the leftover is not its to clear
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["checkpoint"] + [leftover.name] * exchange)

@@ -102,6 +102,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             # one atomic step where it can: tmp then holds the old directory (removed below)
             if not _exchange(tmp, path):
                 old = path.parent / f".{path.name}.old-{os.getpid()}"
+                _remove(old, ignore_errors=False)  # left by a crashed process of this pid: path is the current one
                 os.replace(path, old)
                 try:
                     os.replace(tmp, path)
@@ -109,9 +110,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                     os.replace(old, path)  # the new one could not go in: put the old one back
                     raise
                 shutil.rmtree(old, ignore_errors=True)
-        elif path.is_symlink() and tmp.is_dir() and not tmp.is_symlink():
-            # a directory cannot be renamed over a link (ENOTDIR): swap the two (tmp then holds the link,
-            # removed below; the directory it points to is left alone), else unlink it first
+        elif (path.is_symlink() or path.is_file()) and tmp.is_dir() and not tmp.is_symlink():
+            # a directory cannot be renamed over a link or a file (ENOTDIR): swap the two (tmp then holds the
+            # link or file, removed below; a directory a link points to is left alone), else unlink it first
             if not _exchange(tmp, path):
                 path.unlink()
                 os.replace(tmp, path)
