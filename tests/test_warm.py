@@ -192,16 +192,25 @@ def test_a_dead_server_pid_means_cold_start_at_once(tmp_path):
 
 
 def test_a_server_that_never_listens_is_given_up_on(tmp_path):
-    sleeper = subprocess.Popen(["sleep", "60"])
+    """A live process that names the socket (as `precswitch warm serve --socket PATH` does) but never listens is
+    waited for up to the timeout; a live process that does not name it (the dead server's pid, reused) is not
+    waited for at all: each client used to wait the full 300 s for it."""
+    sock = tmp_path / "s"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--socket", str(sock)])
+    other = subprocess.Popen(["sleep", "60"])
     try:
-        sock = tmp_path / "s"
         warm.write_pid(str(sock), sleeper.pid)
         t = time.monotonic()
         assert not warm._wait_until_listening(str(sock), timeout=0.5)
         assert 0.5 <= time.monotonic() - t < 5
+        warm.write_pid(str(sock), other.pid)
+        t = time.monotonic()
+        assert not warm._wait_until_listening(str(sock), timeout=30)
+        assert time.monotonic() - t < 5
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        for p in (sleeper, other):
+            p.kill()
+            p.wait()
 
 
 def test_a_large_environment_still_runs_warm(server, tmp_path):

@@ -186,11 +186,12 @@ def delegate(argv: list[str]) -> int | None:
 
 def _wait_until_listening(path: str, timeout: float = STARTUP_WAIT_S) -> bool:
     """True once the socket exists; while it does not, wait as long as the server named by the pid
-    file is alive and still starting (False at once when there is no live server)."""
+    file is alive and still starting (False at once when there is no live server, or the pid file's number
+    now belongs to another program: a server that died while importing)."""
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         pid = server_pid(path)
-        if pid is None or not alive(pid):
+        if pid is None or not alive(pid) or not _serves(pid, path):  # gone, or its number reused by another program
             return False
         if time.monotonic() > deadline:
             print(f"precswitch: warm-start server pid {pid} not listening on {path} after {timeout:.0f} s; "
