@@ -61,7 +61,8 @@ except WorkflowError as e:
     if (
         error.validator == "enum"
         and isinstance(error.instance, str)
-        and set(error.validator_value) - {"same"} <= set(PRECISION_NAMES)  # eval_precision adds 'same'
+        and set(error.validator_value) - {"same"}
+        <= set(PRECISION_NAMES)  # eval_precision adds 'same'
     ):
         allowed = name_hint(error.instance)  # bf16: amp_bf16 or pure_bf16?
     message = error.message

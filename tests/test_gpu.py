@@ -955,7 +955,9 @@ def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
                                                                          .read_text()) if m.get("device") == "cuda")
     assert 8 <= gpu_setup <= 11
     assert res["cuda_setup_extra_s"] == pytest.approx(max(gpu_setup - res["tiny_setup_s"], 0.0))
-    assert res["gpu_stage2_job_s"] > res["stage2_fixed_s"]
+    # the GPU adds CUDA's setup and its per-process cost beyond this machine's, each clamped at 0: a loaded
+    # machine here can take longer for both (CI once saw 22.44 == 22.44)
+    assert res["gpu_stage2_job_s"] >= res["stage2_fixed_s"] + res["cuda_setup_extra_s"]
     assert res["gpu_stage1_job_s"] == pytest.approx(res["gpu_stage2_job_s"] - res["stage2_fixed_s"]
                                                     + res["stage1_fixed_s"] - res["state_save_s"])
     assert "estimated fixed cost per job on that GPU" in r.stdout

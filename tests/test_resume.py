@@ -315,9 +315,10 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
 
 
-def test_a_corrupt_or_foreign_resume_state_is_refused_naming_it(small_mlm, tmp_path):
-    """A state.pt that cannot be read (a disk that filled) or that another configuration wrote is refused before
-    training, naming the file and saying to delete it; nothing is written."""
+def test_a_corrupt_resume_state_is_refused_naming_it_and_a_foreign_one_set_aside(small_mlm, tmp_path):
+    """A state.pt that cannot be read (a disk that filled) is refused before training, naming the file and saying
+    to delete it; nothing is written. One that another configuration wrote is moved aside (resume.stale-<hash>),
+    not deleted, and the stage trains from step 0."""
     import torch
 
     from precswitch.errors import PrecswitchError
@@ -330,10 +331,11 @@ def test_a_corrupt_or_foreign_resume_state_is_refused_naming_it(small_mlm, tmp_p
     state.write_bytes(b"PK\x03\x04 half a zip")
     with pytest.raises(PrecswitchError, match=r"resume state .*state\.pt' is corrupt: .*delete it to start over"):
         run_stage(hp, out)
-    torch.save({"config_hash": "0123abcd"}, state)
-    with pytest.raises(PrecswitchError, match=r"different hyper-parameters \(hash 0123abcd != \w+\); delete it"):
-        run_stage(hp, out)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "resume"]
+    torch.save({"config_hash": "0123abcd"}, state)
+    m = run_stage(hp, out)
+    assert m["resumed"] is False and m["steps_completed"] == 2
+    assert torch.load(out / "resume.stale-0123abcd" / "state.pt") == {"config_hash": "0123abcd"}
 
 
 def test_a_state_save_that_fails_halfway_keeps_the_previous_state(tmp_path, monkeypatch):
