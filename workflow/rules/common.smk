@@ -302,17 +302,11 @@ def expand_sweeps(cfg):
     Each schedule's stage-2 tags carry sweep, sweep_at (= f) and sweep_stage.
     """
     sweeps = cfg.get("sweeps") or {}
-    meta = {}
     for name, sweep in sweeps.items():
         key = f"sweeps.{name}"
         swept = precswitch_sweeps.swept_stages(sweep)
         if len(swept) != 1:
-            raise config_error(
-                key,
-                "exactly one stage must be swept: give it {precision: P, switch_to: Q} without "
-                "switch_at, e.g. {pretrain: amp_fp16, finetune: {precision: amp_fp16, "
-                "switch_to: fp32}, switch_at: [0.0, 0.5, 1.0]}",
-            )
+            continue  # precswitch.sweeps.expand below says what is wrong
         stage = swept[0]
         first, then = sweep[stage]["precision"], sweep[stage]["switch_to"]
         _check_precision(first, f"{key}.{stage}.precision")
@@ -323,21 +317,20 @@ def expand_sweeps(cfg):
                     f"{key}.switch_at[{i}]",
                     f"{f} is outside [0, 1] (fraction in {first})",
                 )
-            schedule = precswitch_sweeps.point_name(name, f)
-            if meta.get(schedule, {}).get("sweep") == name:
-                raise config_error(
-                    f"{key}.switch_at[{i}]",
-                    f"{f} and {meta[schedule]['sweep_at']} give one schedule name, {schedule!r}; "
-                    "make them equal or further apart",
-                )
-            if schedule in cfg["schedules"]:
-                raise config_error(
-                    key,
-                    f"schedule {schedule!r} (sweep point {f}) is already a schedule; "
-                    "rename the sweep or the schedule",
-                )
-            cfg["schedules"][schedule] = precswitch_sweeps.point_stages(sweep, stage, f)
-            meta[schedule] = {"sweep": name, "sweep_at": f, "sweep_stage": stage}
+    try:  # one stage swept, no two points or schedules of one name (the messages name the key)
+        points = precswitch_sweeps.expand(sweeps, cfg["schedules"])
+    except PrecswitchError as e:
+        raise WorkflowError(str(e)) from None
+    meta = {}
+    for name, sweep in sweeps.items():
+        stage = precswitch_sweeps.swept_stages(sweep)[0]
+        for f in sweep["switch_at"]:
+            meta[precswitch_sweeps.point_name(name, f)] = {
+                "sweep": name,
+                "sweep_at": f,
+                "sweep_stage": stage,
+            }
+    cfg["schedules"].update(points)
     return meta
 
 
