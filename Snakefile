@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from precswitch.io import type_cli_config
-from precswitch.precision import NAMES as PRECISION_NAMES, name_hint
+from precswitch.catalog import NAMES as PRECISION_NAMES, name_hint
 
 min_version("9.0")
 

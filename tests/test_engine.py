@@ -855,7 +855,7 @@ def test_steady_energy_leaves_out_the_warm_up(data, tmp_path, monkeypatch):
 
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-#: the table of precision.py's docstring: (weights, autocast, loss scaling, TF32, compensation, fp8 Linear)
+#: the table of catalog.py's docstring: (weights, autocast, loss scaling, TF32, compensation, fp8 Linear)
 TABLE = {
     "fp32": (F32, None, False, False, None, False),
     "tf32": (F32, None, False, True, None, False),
@@ -870,7 +870,7 @@ TABLE = {
 
 
 def test_catalog_is_the_documented_table():
-    """Every precision name means exactly what precision.py's table says: a catalog entry with fp16 master
+    """Every precision name means exactly what catalog.py's table says: a catalog entry with fp16 master
     weights for amp_fp16, or a GradScaler on amp_bf16, would silently change what a column of the study means."""
     assert set(P.NAMES) == set(TABLE)
     for name, (param, autocast, scaling, tf32, comp, fp8) in TABLE.items():

@@ -979,6 +979,28 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     assert results[-5]["ok"] and results[-5]["warm"] == "device cuda:1: GPU jobs start cold"
 
 
+
+def test_reading_a_cpu_study_config_does_not_import_torch(tmp_path):
+    """The workflow reads and checks a config (every dry run, every SLURM job's Snakemake) without importing torch:
+    the precision names come from the torch-free catalog (precswitch.catalog). It used to import torch through
+    precswitch.precision and precswitch.train.config: ~3 of a dry run's 7 s on a 2-core CPU. (device auto asks
+    torch whether there is a GPU: not here, device cpu.)"""
+    script = _each_config_script("""\
+            result = {"ok": True, "torch": "torch" in sys.modules, "schedules": sorted(g["SCHEDULES"])}
+""")
+    cases = [{}, {"schedules": {"x": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5},
+                                      "finetune": "pure_bf16"}},
+                  "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1],
+                  "sweeps": {"s": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32"}, "switch_at": [0.5]}},
+                  "train": {"finetune": {"eval_precision": "fp32"}}}]
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps(cases))
+    proc = subprocess.run([sys.executable, "-c", script, str(ROOT / "Snakefile"), str(tmp_path), str(configs)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
+    assert [r.get("torch") for r in results] == [False, False], (results, proc.stderr[-3000:])
+    assert results[1]["schedules"] == ["s-at50", "x"]
+
 # ------------------------------------------------------------------------------ mutation audit 4: what each job gets
 # Like _CONFIGS_SCRIPT, one process for several configs; for each: the config error, or the stage-1 runs, schedules,
 # sweep tags, whether the hub is needed, and the hparams of every training job (what `precswitch train` gets).

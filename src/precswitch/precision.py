@@ -1,36 +1,8 @@
-"""THE precision catalog: every precision name the study knows, and exactly what it means.
-
-Each name means one thing, on CPU and on CUDA, everywhere (config, code, tables, plots):
-
-=============  =====================  ====================  ==============================  ======
-name           weights / grads /      matmul compute        loss scaling                    TF32
-               optimizer state
-=============  =====================  ====================  ==============================  ======
-``fp32``       fp32                   fp32                  none                            OFF
-``tf32``       fp32                   TF32 tensor cores     none                            ON
-``amp_fp16``   fp32 (master)          fp16 (autocast)       dynamic (torch.amp.GradScaler)  OFF
-``amp_bf16``   fp32 (master)          bf16 (autocast)       none                            OFF
-``pure_fp16``  fp16                   fp16                  dynamic (GradScaler, fp16 grads) OFF
-``pure_bf16``  bf16                   bf16                  none                            OFF
-``pure_bf16_   bf16 (+ bf16 Kahan     bf16; update math     none                            OFF
-kahan``        compensation buffer)   fp32, Kahan-summed
-``pure_bf16_   bf16                   bf16; update          none                            OFF
-sr``                                  stochastically
-                                      rounded to bf16
-``fp8``        fp32 (master)          fp8 Linear matmuls    none (per-tensor dynamic        OFF
-                                      (torchao, e4m3 fwd /  scaling of fp8 casts), bf16
-                                      e5m2 grad), bf16      autocast elsewhere
-                                      autocast elsewhere
-=============  =====================  ====================  ==============================  ======
-
-``pure_bf16_kahan`` / ``pure_bf16_sr``: pure bf16 with a compensated weight update
-(:mod:`precswitch.optim`; Zamirai et al. 2020). ``fp8`` needs an Ada/Hopper GPU (compute capability
-8.9+) and torchao (:mod:`precswitch.fp8`); elsewhere it is refused like any unsupported precision.
-
-This module is the one place where a precision name turns into an autocast context, a loss scaler,
-a parameter dtype and the TF32 switches (nanoGPT style). Adding a precision means adding one entry
-to :data:`CATALOG` (and, if it needs new machinery, a branch in :meth:`Precision.autocast`,
-:meth:`Precision.make_scaler` or :func:`check_supported`).
+"""The one place where a precision name turns into an autocast context, a loss scaler, a parameter dtype
+and the TF32 switches (nanoGPT style). What each name means is the catalog, :mod:`precswitch.catalog`
+(torch-free, read by the workflow); :data:`CATALOG` here is that catalog with torch dtypes. A new precision
+that needs new machinery adds a branch in :meth:`Precision.autocast`, :meth:`Precision.make_scaler` or
+:func:`check_supported`.
 
 Unsupported combinations (``tf32`` on CPU, bf16 on a CUDA GPU without bf16) are detected by
 :func:`check_supported` *before* training. The engine then either refuses with
@@ -41,13 +13,13 @@ stage as ``status: skipped`` with the reason (``on_unsupported: skip``).
 from __future__ import annotations
 
 import contextlib
-import difflib
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
 import torch
 
-from .errors import PrecisionUnsupported, PrecswitchError
+from .catalog import NAMES, SPECS, eval_precision_problem, name_hint, spec  # noqa: F401 (the catalog's names, here too)
+from .errors import PrecisionUnsupported, PrecswitchError  # noqa: F401 (get raises it)
 
 
 @dataclass(frozen=True)
@@ -154,100 +126,29 @@ class PureFP16GradScaler(torch.amp.GradScaler):
             self._scale.clamp_(max=self.MAX_SCALE)
 
 
+#: the catalog (:mod:`precswitch.catalog`) with torch dtypes
 CATALOG: dict[str, Precision] = {
-    p.name: p
-    for p in [
-        Precision("fp32", "fp32 weights and compute; TF32 explicitly off", torch.float32, None, False, False),
-        Precision(
-            "tf32", "fp32 weights; matmuls on TF32 tensor cores", torch.float32, None, False, True, ("cuda",)
-        ),
-        Precision(
-            "amp_fp16",
-            "fp32 master weights, fp16 autocast, dynamic loss scaling (GradScaler)",
-            torch.float32,
-            torch.float16,
-            True,
-            False,
-        ),
-        Precision("amp_bf16", "fp32 master weights, bf16 autocast, no loss scaling", torch.float32, torch.bfloat16, False, False),
-        Precision(
-            "pure_fp16",
-            "fp16 weights, gradients and optimizer state; dynamic loss scaling",
-            torch.float16,
-            None,
-            True,
-            False,
-        ),
-        Precision("pure_bf16", "bf16 weights, gradients and optimizer state", torch.bfloat16, None, False, False),
-        Precision(
-            "pure_bf16_kahan",
-            "bf16 weights, gradients and optimizer state; Kahan-compensated updates (bf16 buffer)",
-            torch.bfloat16,
-            None,
-            False,
-            False,
-            update_compensation="kahan",
-        ),
-        Precision(
-            "pure_bf16_sr",
-            "bf16 weights, gradients and optimizer state; stochastically rounded updates",
-            torch.bfloat16,
-            None,
-            False,
-            False,
-            update_compensation="stochastic_rounding",
-        ),
-        Precision(
-            "fp8",
-            "fp32 master weights; fp8 matmuls in Linear layers (torchao float8), bf16 autocast elsewhere",
-            torch.float32,
-            torch.bfloat16,
-            False,
-            False,
-            ("cuda",),
-            fp8_linear=True,
-        ),
-    ]
+    n: Precision(
+        s.name,
+        s.description,
+        getattr(torch, s.param_dtype),
+        getattr(torch, s.autocast_dtype) if s.autocast_dtype else None,
+        s.loss_scaling,
+        s.tf32,
+        s.device_types,
+        s.update_compensation,
+        s.fp8_linear,
+    )
+    for n, s in SPECS.items()
 }
-
-NAMES: tuple[str, ...] = tuple(CATALOG)
 
 #: dtype names as written in metrics.json and checkpoints
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-_BARE_HALF = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
-
-
-def name_hint(name: Any) -> str:
-    """A hint for a name that is not a precision: a bare 16-bit type asks which of mixed (amp_) or pure
-    16-bit is meant (the distinction the study is about); a near miss gets 'did you mean'. '' if none."""
-    n = str(name).strip().lower().replace("-", "_")
-    if n in _BARE_HALF:
-        h = _BARE_HALF[n]
-        return (f" ({name!r} is ambiguous: amp_{h} = fp32 master weights with {h} autocast, the usual "
-                f"'mixed precision'; pure_{h} = weights, grads and optimizer state in {h})")
-    close = [n] if n in CATALOG else difflib.get_close_matches(n, NAMES, n=2, cutoff=0.6)
-    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-
-
 def get(name: str) -> Precision:
     """Look up a precision by name; an unknown name is a clear error listing the allowed ones."""
-    try:
-        return CATALOG[name]
-    except KeyError:
-        raise PrecswitchError(f"unknown precision {name!r}{name_hint(name)}; allowed: {', '.join(NAMES)}") from None
-
-
-def eval_precision_problem(stage_precision: str, eval_precision: str) -> str | None:
-    """Why ``eval_precision`` cannot evaluate a stage trained in ``stage_precision`` (None: it can).
-
-    An fp8 stage's Linear layers stay torchao Float8Linear: an evaluation "in" another precision
-    would still run them in fp8 and be mislabelled. (The config check and the engine both ask here.)
-    """
-    if get(stage_precision).fp8_linear and eval_precision != "same" and not get(eval_precision).fp8_linear:
-        return "its Linear layers stay fp8 (torchao Float8Linear), so the evaluation would still be fp8; use same (or fp8)"
-    return None
+    return CATALOG[spec(name).name]
 
 
 def check_supported(precision: Precision, device: torch.device) -> None:

@@ -14,7 +14,7 @@ from snakemake.exceptions import WorkflowError
 WORKFLOW_DIR = os.path.dirname(
     str(workflow.current_basedir.get_path_or_uri(secret_free=True))
 )
-# the precision names come from the package's catalog (src/precswitch/precision.py); the package is
+# the precision names come from the package's catalog (src/precswitch/catalog.py, torch-free); the package is
 # installed editable, and this checkout's src/ goes first in case another copy is installed
 _SRC = os.path.join(os.path.dirname(WORKFLOW_DIR), "src")
 if os.path.isdir(_SRC) and _SRC not in sys.path:
@@ -22,7 +22,7 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:
 import precswitch.gpu as precswitch_gpu
 import precswitch.warm as precswitch_warm
 import precswitch.sweeps as precswitch_sweeps
-from precswitch.precision import CATALOG, NAMES, eval_precision_problem
+from precswitch.catalog import SPECS, NAMES, eval_precision_problem
 from precswitch.train.config import DEFAULTS as HP_DEFAULTS
 from precswitch.train.config import switch_step as precswitch_switch_step
 from precswitch.fetch import is_hub_model, resolve_local_model
@@ -238,19 +238,19 @@ def _refuse_gpu_only(spec, train, key, where, stage):
         for n in dict.fromkeys(
             [spec["precision"], spec["switch_to"], train["eval_precision"]]
         )
-        if n in CATALOG and "cpu" not in CATALOG[n].device_types
+        if n in SPECS and "cpu" not in SPECS[n].device_types
     ]
     if names:
         raise config_error(
             key,
             f"{', '.join(names)} cannot run on a CPU ({where}): "
-            f"{' and '.join(f'{n} needs {CATALOG[n].device_types[0]}' for n in names)}; set device: cuda "
+            f"{' and '.join(f'{n} needs {SPECS[n].device_types[0]}' for n in names)}; set device: cuda "
             f"on a GPU machine, or train.{stage}.on_unsupported: skip to record such runs as skipped",
         )
 
 
 def _storage(name):
-    p = CATALOG[name]
+    p = SPECS[name]
     return (p.param_dtype, p.update_compensation, p.fp8_linear)
 
 

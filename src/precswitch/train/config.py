@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from .. import precision as P
+from .. import catalog as P  # torch-free: the workflow checks configs with this module
 from ..errors import PrecswitchError
 from ..io import load_mapping_arg
 
@@ -119,7 +119,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
             raise PrecswitchError(f"model.hidden_size {m['hidden_size']} is not a multiple of "
                                   f"model.num_attention_heads {m['num_attention_heads']}")
 
-    P.get(hp["precision"])  # raises with the allowed names
+    P.spec(hp["precision"])  # raises with the allowed names
     if hp["eval_precision"] not in ("same",) + P.NAMES:
         raise PrecswitchError(f"eval_precision {hp['eval_precision']!r}: allowed 'same' or one of {', '.join(P.NAMES)}")
     if hp["objective"] not in OBJECTIVES:
@@ -197,7 +197,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     if (hp["switch_to"] is None) != (hp["switch_at"] is None):
         raise PrecswitchError("switch_to and switch_at go together: set both (or neither)")
     if hp["switch_to"] is not None:
-        a, b = P.get(hp["precision"]), P.get(hp["switch_to"])
+        a, b = P.spec(hp["precision"]), P.spec(hp["switch_to"])
         at = hp["switch_at"]
         if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 < at <= 1:
             raise PrecswitchError(f"switch_at must be a fraction of the steps in (0, 1], got {at!r}")
@@ -223,7 +223,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _storage(p) -> str:
     """How a precision stores and updates the weights (what an in-stage switch must keep), for messages."""
-    return " + ".join([P.dtype_name(p.param_dtype)] + (["fp8 Linear layers"] if p.fp8_linear else [])
+    return " + ".join([p.param_dtype] + (["fp8 Linear layers"] if p.fp8_linear else [])
                       + ([f"{p.update_compensation} update"] if p.update_compensation else []))
 
 
