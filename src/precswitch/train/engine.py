@@ -426,8 +426,6 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
 # ====================================================================== evaluation
 @torch.no_grad()
 def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, device, meta: dict) -> dict:
-    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-
     model.eval()
     total_loss, total_n = 0.0, 0
     correct, masked = 0, 0
@@ -478,6 +476,8 @@ def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, devi
             res.update(accuracy=None, f1=None, mcc=None)
             res["eval_note"] = f"non-finite logits for {nonfinite} of {len(labels)} eval examples: predictions meaningless"
         else:
+            from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
             binary = int(meta.get("num_labels", 2)) == 2
             res["accuracy"] = float(accuracy_score(labels, preds))
             res["f1"] = float(f1_score(labels, preds, pos_label=1, average="binary" if binary else "macro", zero_division=0))
@@ -681,7 +681,8 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     flags = P.backend_flags()
 
     _quiet_transformers()
-    import sklearn.metrics  # noqa: F401 - imported in set-up, so eval_seconds times evaluation, not imports
+    if hp["objective"] == "classify":  # the task metrics; a masked-LM stage is spared sklearn and scipy (~3 s)
+        import sklearn.metrics  # noqa: F401 - imported in set-up, so eval_seconds times evaluation, not imports
     import transformers
 
     # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in PyTorch's AMP
