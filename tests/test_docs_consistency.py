@@ -146,7 +146,12 @@ def _param_cases(file: str, func: str) -> list:
 
     for dec in _test_functions(file)[func].decorator_list:
         if isinstance(dec, ast.Call) and getattr(dec.func, "attr", "") == "parametrize":
-            return dec.args[1].elts
+            cases = dec.args[1]
+            if isinstance(cases, ast.Name):  # a module-level list: CASES = [...]
+                tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+                cases = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                             and any(getattr(t, "id", None) == cases.id for t in n.targets))
+            return cases.elts
     raise AssertionError(f"{file}::{func} is not parametrized")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, dry_run, job_counts, snakemake, write_config
+from workflow_helpers import ROOT, dry_run, each_config_script, job_counts, snakemake, write_config
 
 DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
 DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
@@ -880,32 +880,8 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
 
 
 # ------------------------------------------------------------------------------ mutation audit 3: config checks
-# One process loads the workflow once per config (the first load imports Snakemake and the package; each further
-# config costs ~0.3 s, not a 4-s dry run) and prints the config error of each, or OK and what common.smk made of it.
-def _each_config_script(body: str) -> str:
-    """A script that loads the workflow once per config of a JSON list (argv: Snakefile, workdir, list) and prints
-    `CONFIG {json}` for each: {"ok": False, "error": its first line}, or the `result` that `body` (code indented for
-    the `with` block, `g` the workflow's globals) makes of it."""
-    return """
-import json, sys
-from pathlib import Path
-from types import SimpleNamespace
-import yaml
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
-snakefile, workdir = Path(sys.argv[1]), Path(sys.argv[2])
-for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
-    path = workdir / f"config{i}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    try:
-        with SnakemakeApi() as api:
-            wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
-                              config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
-            g = wf._workflow.globals
-""" + body + """    except Exception as e:
-        result = {"ok": False, "error": str(e).strip().splitlines()[0]}
-    print("CONFIG " + json.dumps(result))
-"""
+# One process loads the workflow once per config (workflow_helpers.each_config_script).
+_each_config_script = each_config_script
 
 
 _CONFIGS_SCRIPT = _each_config_script("""\

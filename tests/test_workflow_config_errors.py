@@ -1,21 +1,20 @@
 """The workflow refuses a bad config before the DAG is built, with a message that names the config key.
 
-Dry runs only (a few seconds each); kept apart from test_workflow.py so that the two share the test workers.
-docs/errors.md refers to the cases here by their ids (cfgN).
+One process reads every case's config as a dry run reads it (the workflow loaded once per config: ~0.3 s each, not a
+4-s dry run); two cases also go through the `snakemake -n` command line. docs/errors.md refers to the cases here by
+their ids (cfgN).
 """
 
 from __future__ import annotations
 
 import pytest
-from workflow_helpers import ROOT, dry_run
+from workflow_helpers import ROOT, dry_run, load_configs
 
 # --------------------------------------------------------------------------- config errors
 GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
 
 
-@pytest.mark.parametrize(
-    "cfg, key, allowed",
-    [
+CASES = [
         ({"schedules": {"x": {"pretrain": "fp64", "finetune": "fp32"}}}, "schedules.x.pretrain",
          "amp_bf16"),
         ({"schedule": GOOD_SCHEDULES}, "(top level)", "schedules"),
@@ -108,13 +107,35 @@ GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
         # eval_precision's enum has 'same' besides the precisions: a bare 16-bit name still asks mixed or pure
         ({"train": {"finetune": {"eval_precision": "bf16"}}}, "train.finetune.eval_precision",
          "'bf16' is ambiguous: amp_bf16 = fp32 master weights"),
-    ],
-)
-def test_config_error_names_the_key(tmp_path, cfg, key, allowed):
-    proc = dry_run(tmp_path, cfg)
-    assert proc.returncode != 0, f"config {cfg} was accepted"
-    err = proc.stdout + proc.stderr
+    ]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """What reading each case's config raised (all of its text), or ok."""
+    return load_configs(tmp_path_factory.mktemp("config-errors"), [cfg for cfg, _, _ in CASES],
+                        '            result = {"ok": True}\n', full_error=True)
+
+
+def _assert_names_the_key(err: str, cfg, key, allowed):
     assert f"config key {key}:" in err, err[-3000:]
     line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
     assert allowed in line, line
+
+
+@pytest.mark.parametrize("cfg, key, allowed", CASES)
+def test_config_error_names_the_key(refusals, cfg, key, allowed):
+    result = refusals[CASES.index((cfg, key, allowed))]
+    assert not result["ok"], f"config {cfg} was accepted"  # refused while the workflow is read: before any DAG
+    _assert_names_the_key(result["error"], cfg, key, allowed)
+
+
+@pytest.mark.parametrize("case", [0, 2])
+def test_a_config_error_reaches_the_dry_run_command(tmp_path, case):
+    """The same refusal through `snakemake -n`: the line naming the key is printed, and no job is planned."""
+    cfg, key, allowed = CASES[case]
+    proc = dry_run(tmp_path, cfg)
+    assert proc.returncode != 0, f"config {cfg} was accepted"
+    err = proc.stdout + proc.stderr
+    _assert_names_the_key(err, cfg, key, allowed)
     assert "Job stats" not in err  # rejected before the DAG is built
