@@ -101,10 +101,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as t:
         root = Path(t)
         t_prep = time.perf_counter()
-        tiny_data = prepare(root / "tiny-data")  # what precision_throughput.py prepares before its runs (tiny model)
+        tiny_root = root / "tiny-data"
+        tiny_data = prepare(tiny_root)  # what precision_throughput.py prepares before its runs (tiny model)
         prep_seconds = time.perf_counter() - t_prep
         # BERT-base's jobs read 128-token blocks, as the GPU configs' stage 1; the tiny smoke run reads the tiny data
-        data_root = root if a.model == "base" else root / "tiny-data"
+        data_root = root if a.model == "base" else tiny_root
         data = prepare(root, max_length=128, pack=True) if a.model == "base" else tiny_data
         vocab = json.loads((data_root / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
         sizes = BASE_MODEL if a.model == "base" else MODEL
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
         # the tiny model on the tiny benchmark's data, as the GPU's tiny runs it is compared with
         tiny = timed_run({**common, "objective": "mlm", "data": str(tiny_data["mlm"]), "init": "scratch",
                           "model": MODEL, "save_checkpoint": False, "steps": 20,
-                          "tokenizer": str(root / "tiny-data" / "tokenizer")}, root / "tiny")
+                          "tokenizer": str(tiny_root / "tokenizer")}, root / "tiny")
     print(f"# job overhead: {a.model} model's layers and widths (vocab {len(vocab)}), {a.precision}, {a.steps} steps, "
           f"threads {a.threads}, device cpu; seconds")
     print(f"{'job':<8} {'params':>6} {'wall':>7} {'rest':>6} {'setup':>6} {'train':>7} {'eval':>6} {'ckpt':>6} "

@@ -144,11 +144,12 @@ def _param_cases(file: str, func: str) -> list:
     """The argument tuples of ``@pytest.mark.parametrize`` on ``func`` (ast nodes, in id order)."""
     import ast
 
-    for dec in _test_functions(file)[func].decorator_list:
+    tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+    test = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func)
+    for dec in test.decorator_list:
         if isinstance(dec, ast.Call) and getattr(dec.func, "attr", "") == "parametrize":
             cases = dec.args[1]
             if isinstance(cases, ast.Name):  # a module-level list: CASES = [...]
-                tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
                 cases = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                              and any(getattr(t, "id", None) == cases.id for t in n.targets))
             return cases.elts

@@ -14,7 +14,7 @@ import re
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import ROOT, job_counts, load_configs, snakemake, write_config
+from workflow_helpers import ROOT, assert_names_the_key, config_refusals, job_counts, snakemake, write_config
 
 from precswitch.analysis.aggregate import aggregate, read_table
 from precswitch.analysis.fakes import write_stage
@@ -152,18 +152,14 @@ FRONTIER_CASES = [
 def frontier_refusals(tmp_path_factory):
     """What reading each case's config raised (one process, the workflow loaded once per config, as a dry run
     loads it), or ok; test_workflow_config_errors.py runs a dry run for the same kind of refusal."""
-    return load_configs(tmp_path_factory.mktemp("frontier-errors"), [cfg for cfg, _, _ in FRONTIER_CASES],
-                        '            result = {"ok": True}\n', full_error=True)
+    return config_refusals(tmp_path_factory.mktemp("frontier-errors"), [cfg for cfg, _, _ in FRONTIER_CASES])
 
 
 @pytest.mark.parametrize("cfg, key, allowed", FRONTIER_CASES)
 def test_config_errors_name_the_key(frontier_refusals, cfg, key, allowed):
     result = frontier_refusals[FRONTIER_CASES.index((cfg, key, allowed))]
     assert not result["ok"], f"config {cfg} was accepted"  # refused while the workflow is read, before any DAG
-    err = result["error"]
-    assert f"config key {key}:" in err, err[-3000:]
-    line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
-    assert allowed in line, line
+    assert_names_the_key(result["error"], key, allowed)
 
 
 # ------------------------------------------------------------------------------------ analysis

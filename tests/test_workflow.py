@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, dry_run, each_config_script, job_counts, snakemake, write_config
+from workflow_helpers import ROOT, dry_run, job_counts, load_configs, snakemake, write_config
 
 DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
 DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
@@ -880,15 +880,13 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
 
 
 # ------------------------------------------------------------------------------ mutation audit 3: config checks
-# One process loads the workflow once per config (workflow_helpers.each_config_script).
-_each_config_script = each_config_script
-
-
-_CONFIGS_SCRIPT = _each_config_script("""\
+# One process loads the workflow once per config (workflow_helpers.load_configs); for each: the config error, or
+# what common.smk made of it.
+_CONFIGS_BODY = """\
             result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
                       "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"],
                       "warm": g["_warm_off_reason"]()}
-""")
+"""
 
 
 def test_config_checks_the_schema_cannot_express(tmp_path):
@@ -931,12 +929,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
           "sweeps": {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
                              "switch_at": [0.25]}}}, None),
     ]
-    configs = tmp_path / "configs.json"
-    configs.write_text(json.dumps([cfg for cfg, _ in cases]))
-    proc = subprocess.run([sys.executable, "-c", _CONFIGS_SCRIPT, str(ROOT / "Snakefile"), str(tmp_path), str(configs)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
-    assert len(results) == len(cases), (proc.stdout + proc.stderr)[-3000:]
+    results = load_configs(tmp_path, [cfg for cfg, _ in cases], _CONFIGS_BODY)
     for (cfg, expected), result in zip(cases, results):
         if expected is None:
             assert result["ok"], (cfg, result)
@@ -955,32 +948,28 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     assert results[-5]["ok"] and results[-5]["warm"] == "device cuda:1: GPU jobs start cold"
 
 
-
 def test_reading_a_cpu_study_config_does_not_import_torch(tmp_path):
     """The workflow reads and checks a config (every dry run, every SLURM job's Snakemake) without importing torch:
     the precision names come from the torch-free catalog (precswitch.catalog). It used to import torch through
     precswitch.precision and precswitch.train.config: ~3 of a dry run's 7 s on a 2-core CPU. (device auto asks
     torch whether there is a GPU: not here, device cpu.)"""
-    script = _each_config_script("""\
+    body = """\
             result = {"ok": True, "torch": "torch" in sys.modules, "schedules": sorted(g["SCHEDULES"])}
-""")
+"""
     cases = [{}, {"schedules": {"x": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5},
                                       "finetune": "pure_bf16"}},
                   "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1],
                   "sweeps": {"s": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32"}, "switch_at": [0.5]}},
                   "train": {"finetune": {"eval_precision": "fp32"}}}]
-    configs = tmp_path / "configs.json"
-    configs.write_text(json.dumps(cases))
-    proc = subprocess.run([sys.executable, "-c", script, str(ROOT / "Snakefile"), str(tmp_path), str(configs)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
-    assert [r.get("torch") for r in results] == [False, False], (results, proc.stderr[-3000:])
+    results = load_configs(tmp_path, cases, body)
+    assert [r.get("torch") for r in results] == [False, False], results
     assert results[1]["schedules"] == ["s-at50", "x"]
 
+
 # ------------------------------------------------------------------------------ mutation audit 4: what each job gets
-# Like _CONFIGS_SCRIPT, one process for several configs; for each: the config error, or the stage-1 runs, schedules,
+# Like _CONFIGS_BODY, one process for several configs; for each: the config error, or the stage-1 runs, schedules,
 # sweep tags, whether the hub is needed, and the hparams of every training job (what `precswitch train` gets).
-_JOBS_SCRIPT = _each_config_script("""\
+_JOBS_BODY = """\
             hps = {}
             for seed in g["SEEDS"]:
                 for p in g["STAGE1"]:
@@ -991,7 +980,7 @@ _JOBS_SCRIPT = _each_config_script("""\
                     hps[hp["run_id"]] = hp
             result = {"ok": True, "stage1": g["STAGE1"], "schedules": g["SCHEDULES"], "sweeps": g["SWEEPS"],
                       "fetch": g["fetch_needed"](), "warm": g["_warm_off_reason"](), "hparams": hps}
-""")
+"""
 
 
 # every key of a stage set to a value that is not its default (and not the other stage's): what reaches the job
@@ -1054,20 +1043,14 @@ AUDIT4_CONFIGS = {
 
 @pytest.fixture(scope="module")
 def audit4(tmp_path_factory):
-    """What common.smk makes of each of AUDIT4_CONFIGS (see _JOBS_SCRIPT), by name; HOME holds ~/init, a local
+    """What common.smk makes of each of AUDIT4_CONFIGS (see _JOBS_BODY), by name; HOME holds ~/init, a local
     model whose config.json has 64 position embeddings."""
     tmp = tmp_path_factory.mktemp("audit4")
     init = tmp / "home" / "init"
     init.mkdir(parents=True)
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
     (init / "model.safetensors").write_bytes(b"")  # check_config asks for weights by name
-    path = tmp / "configs.json"
-    path.write_text(json.dumps(list(AUDIT4_CONFIGS.values())))
-    proc = subprocess.run([sys.executable, "-c", _JOBS_SCRIPT, str(ROOT / "Snakefile"), str(tmp), str(path)],
-                          capture_output=True, text=True, timeout=180, cwd=tmp,
-                          env={**os.environ, "HOME": str(tmp / "home")})
-    results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
-    assert len(results) == len(AUDIT4_CONFIGS), (proc.stdout + proc.stderr)[-3000:]
+    results = load_configs(tmp, list(AUDIT4_CONFIGS.values()), _JOBS_BODY, env={**os.environ, "HOME": str(tmp / "home")})
     return dict(zip(AUDIT4_CONFIGS, results))
 
 

@@ -8,7 +8,7 @@ their ids (cfgN).
 from __future__ import annotations
 
 import pytest
-from workflow_helpers import ROOT, dry_run, load_configs
+from workflow_helpers import ROOT, assert_names_the_key, config_refusals, dry_run
 
 # --------------------------------------------------------------------------- config errors
 GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
@@ -113,21 +113,14 @@ CASES = [
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory):
     """What reading each case's config raised (all of its text), or ok."""
-    return load_configs(tmp_path_factory.mktemp("config-errors"), [cfg for cfg, _, _ in CASES],
-                        '            result = {"ok": True}\n', full_error=True)
-
-
-def _assert_names_the_key(err: str, cfg, key, allowed):
-    assert f"config key {key}:" in err, err[-3000:]
-    line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
-    assert allowed in line, line
+    return config_refusals(tmp_path_factory.mktemp("config-errors"), [cfg for cfg, _, _ in CASES])
 
 
 @pytest.mark.parametrize("cfg, key, allowed", CASES)
 def test_config_error_names_the_key(refusals, cfg, key, allowed):
     result = refusals[CASES.index((cfg, key, allowed))]
     assert not result["ok"], f"config {cfg} was accepted"  # refused while the workflow is read: before any DAG
-    _assert_names_the_key(result["error"], cfg, key, allowed)
+    assert_names_the_key(result["error"], key, allowed)
 
 
 @pytest.mark.parametrize("case", [0, 2])
@@ -137,5 +130,5 @@ def test_a_config_error_reaches_the_dry_run_command(tmp_path, case):
     proc = dry_run(tmp_path, cfg)
     assert proc.returncode != 0, f"config {cfg} was accepted"
     err = proc.stdout + proc.stderr
-    _assert_names_the_key(err, cfg, key, allowed)
+    assert_names_the_key(err, key, allowed)
     assert "Job stats" not in err  # rejected before the DAG is built

@@ -110,14 +110,27 @@ for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
 """
 
 
-def load_configs(workdir: Path, configs: list[dict], body: str, full_error: bool = False) -> list[dict]:
-    """Run each_config_script(body) on `configs` in one process (cwd workdir); one result per config."""
+def load_configs(workdir: Path, configs: list[dict], body: str, full_error: bool = False,
+                 env: dict | None = None) -> list[dict]:
+    """Run each_config_script(body) on `configs` in one process (cwd workdir, environment env); one result each."""
     import json
 
     path = workdir / "configs.json"
     path.write_text(json.dumps(configs))
     proc = subprocess.run([sys.executable, "-c", each_config_script(body, full_error), str(SNAKEFILE), str(workdir),
-                           str(path)], capture_output=True, text=True, timeout=300, cwd=workdir)
+                           str(path)], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
     results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
     assert len(results) == len(configs), (proc.stdout + proc.stderr)[-3000:]
     return results
+
+
+def config_refusals(workdir: Path, configs: list[dict]) -> list[dict]:
+    """What reading each config raised ({"ok": False, "error": all of its text}), or {"ok": True}."""
+    return load_configs(workdir, configs, '            result = {"ok": True}\n', full_error=True)
+
+
+def assert_names_the_key(err: str, key: str, allowed: str) -> None:
+    """`err` has a line `config key KEY: ...` that says `allowed`."""
+    assert f"config key {key}:" in err, err[-3000:]
+    line = next(ln for ln in err.splitlines() if f"config key {key}:" in ln)
+    assert allowed in line, line

@@ -128,17 +128,8 @@ class PureFP16GradScaler(torch.amp.GradScaler):
 
 #: the catalog (:mod:`precswitch.catalog`) with torch dtypes
 CATALOG: dict[str, Precision] = {
-    n: Precision(
-        s.name,
-        s.description,
-        getattr(torch, s.param_dtype),
-        getattr(torch, s.autocast_dtype) if s.autocast_dtype else None,
-        s.loss_scaling,
-        s.tf32,
-        s.device_types,
-        s.update_compensation,
-        s.fp8_linear,
-    )
+    n: Precision(**{**vars(s), "param_dtype": getattr(torch, s.param_dtype),
+                    "autocast_dtype": getattr(torch, s.autocast_dtype) if s.autocast_dtype else None})
     for n, s in SPECS.items()
 }
 

@@ -302,6 +302,7 @@ def expand_sweeps(cfg):
     Each schedule's stage-2 tags carry sweep, sweep_at (= f) and sweep_stage.
     """
     sweeps = cfg.get("sweeps") or {}
+    meta = {}
     for name, sweep in sweeps.items():
         key = f"sweeps.{name}"
         swept = precswitch_sweeps.swept_stages(sweep)
@@ -317,20 +318,15 @@ def expand_sweeps(cfg):
                     f"{key}.switch_at[{i}]",
                     f"{f} is outside [0, 1] (fraction in {first})",
                 )
-    try:  # one stage swept, no two points or schedules of one name (the messages name the key)
-        points = precswitch_sweeps.expand(sweeps, cfg["schedules"])
-    except PrecswitchError as e:
-        raise WorkflowError(str(e)) from None
-    meta = {}
-    for name, sweep in sweeps.items():
-        stage = precswitch_sweeps.swept_stages(sweep)[0]
-        for f in sweep["switch_at"]:
             meta[precswitch_sweeps.point_name(name, f)] = {
                 "sweep": name,
                 "sweep_at": f,
                 "sweep_stage": stage,
             }
-    cfg["schedules"].update(points)
+    try:  # one stage swept, no two points or schedules of one name (the messages name the key)
+        cfg["schedules"].update(precswitch_sweeps.expand(sweeps, cfg["schedules"]))
+    except PrecswitchError as e:
+        raise WorkflowError(str(e)) from None
     return meta
 
 
