@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from precswitch.errors import PrecswitchError
+from precswitch.specs import run_spec, spec_name
 from precswitch.sweeps import expand as expand_sweeps
 
 
@@ -74,13 +75,10 @@ def stage_parts(spec) -> list[tuple[str, float]]:
 
 
 def run_key(spec) -> str:
-    """One stage-1 run per key, as the workflow names them (common.smk run_spec / spec_name): "fp32",
-    {precision: fp32} (no switch_to) and a switch at 1 (every step before the switch) are the same run."""
-    if isinstance(spec, str):
-        return spec
-    if "switch_to" not in spec or spec["switch_at"] == 1:
-        return spec["precision"]
-    return json.dumps(spec, sort_keys=True)
+    """One stage-1 run per key, as the workflow names them (precswitch.specs run_spec / spec_name): "fp32",
+    {precision: fp32} (no switch_to) and a switch at 1 (every step before the switch) are the same run; overrides
+    make another run."""
+    return spec_name(run_spec(spec))
 
 
 def stage_steps(train: dict, rows: int | None, name: str) -> int:
@@ -224,7 +222,7 @@ def main(argv=None) -> int:
     tot = defaultdict(lambda: [0.0, 0.0])
     for j in res["jobs"]:
         lo, hi = j["run_s"]
-        spec = j["spec"] if isinstance(j["spec"], str) else json.dumps(j["spec"])
+        spec = j["spec"] if j["stage"] == "finetune" else run_key(j["spec"])  # a schedule; a stage-1 run's name
         print(f"{j['stage']:<9} {spec:<40} {j['steps']:>6} {span(lo / 60, hi / 60, '.1f'):>14} "
               f"{span(lo * j['seeds'] / 3600, hi * j['seeds'] / 3600, '.2f'):>14}")
         tot[j["stage"]][0] += lo * j["seeds"] / 3600

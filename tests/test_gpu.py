@@ -862,7 +862,9 @@ def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
                                 "finetune": "amp_bf16"},
                          "s": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.75},
                                "finetune": "fp32"},
-                         "c": {"finetune": "amp_bf16"}},
+                         "c": {"finetune": "amp_bf16"},
+                         # its own optimizer values: another stage-1 run (named fp32-with-adam_eps0.0001)
+                         "e": {"pretrain": {"precision": "fp32", "overrides": {"adam_eps": 1e-4}}, "finetune": "fp32"}},
            "train": {"pretrain": {"steps": 100, "epochs": None, "batch_size": 128, "max_length": 64},
                      "finetune": {"steps": None, "epochs": 3, "batch_size": 16, "max_length": 64}}}
     meas = gh.load_measurements([
@@ -870,13 +872,15 @@ def test_gpu_hours_counts_the_workflows_jobs(tmp_path):
         _check_json(tmp_path / "cls.json", "classify", 16, 64, 4, 512, {"fp32": 0.1, "amp_bf16": 0.05})])
     res = gh.estimate(cfg, meas, _hours_args())
     assert res["missing"] == []
-    # stage 1: fp32 100 x 0.502 + 25 = 75.2 s; the switch 75 x 0.202 + 25 x 0.502 + 25 = 52.7 s
-    # stage 2: fp32 18 x 0.102 + 18 = 19.836 s (a, s); amp_bf16 18 x 0.052 + 18 = 18.936 s (b, c)
+    # stage 1: fp32 100 x 0.502 + 25 = 75.2 s (twice: a's, e's); the switch 75 x 0.202 + 25 x 0.502 + 25 = 52.7 s
+    # stage 2: fp32 18 x 0.102 + 18 = 19.836 s (a, s, e); amp_bf16 18 x 0.052 + 18 = 18.936 s (b, b1, c)
     jobs = sorted((j["stage"], j["steps"], j["seeds"], round(j["run_s"][0], 6)) for j in res["jobs"])
     assert jobs == [("finetune", 18, 3, 18.936), ("finetune", 18, 3, 18.936), ("finetune", 18, 3, 18.936),
-                    ("finetune", 18, 3, 19.836), ("finetune", 18, 3, 19.836), ("pretrain", 100, 3, 52.7),
-                    ("pretrain", 100, 3, 75.2)]
-    total_h = 3 * (75.2 + 52.7 + 2 * 19.836 + 3 * 18.936) / 3600
+                    ("finetune", 18, 3, 19.836), ("finetune", 18, 3, 19.836), ("finetune", 18, 3, 19.836),
+                    ("pretrain", 100, 3, 52.7), ("pretrain", 100, 3, 75.2), ("pretrain", 100, 3, 75.2)]
+    assert sorted(gh.run_key(j["spec"]) for j in res["jobs"] if j["stage"] == "pretrain") == [
+        "amp_bf16-to-fp32-at75", "fp32", "fp32-with-adam_eps0.0001"]
+    total_h = 3 * (2 * 75.2 + 52.7 + 3 * 19.836 + 3 * 18.936) / 3600
     assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(total_h)
 
 

@@ -1038,6 +1038,19 @@ AUDIT4_CONFIGS = {
     "cpu_tf32_finetune_pretrain_skipped": {"device": "cpu", "schedules": {"x": {"pretrain": "fp32", "finetune": "tf32"}},
                                            "train": {"pretrain": {"on_unsupported": "skip"}}, **_ONE},
     "hub_without_name": {"data": {"finetune": {"kind": "hub", "name": ""}}},
+    # optimizer overrides of one stage of one schedule: a stage-1 run of their own, shared by equal overrides
+    "overrides": {"schedules": {
+        "x": {"pretrain": "pure_fp16", "finetune": "fp32"},
+        "e1": {"pretrain": {"precision": "pure_fp16", "overrides": {"adam_eps": 1e-4}}, "finetune": "fp32"},
+        "e2": {"pretrain": {"precision": "pure_fp16", "overrides": {"adam_eps": 1.0e-4}},
+               "finetune": {"precision": "fp32", "overrides": {"lr": 1e-4, "max_grad_norm": 0}}},
+        # a switch at 1 is the run without a switch, its overrides kept
+        "s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 1, "overrides": {"lr": 0.002}},
+              "finetune": "fp32"}},
+        "sweeps": {"w": {"pretrain": "fp32", "finetune": {"precision": "amp_bf16", "switch_to": "fp32",
+                                                           "overrides": {"weight_decay": 0}},
+                         "switch_at": [0, 0.5, 1]}},
+        "device": "cuda", **_ONE},
 }
 
 
@@ -1109,6 +1122,37 @@ def test_every_stage_key_reaches_its_stages_jobs(audit4):
         assert ("compile" in hp, "telemetry_every" in hp) == ((False, True) if stage == "pretrain" else (True, False))
         assert (hp["seed"], hp["device"], hp["threads"]) == (int(run_id.rsplit("seed", 1)[1]), "cuda", 3), run_id
     assert hps["pretrain-amp_bf16-seed7"]["model"]["max_position_embeddings"] == 128
+
+
+def test_stage_overrides_make_a_run_of_their_own_with_those_values(audit4):
+    """A stage's overrides reach its jobs (and only its: the stage's other values, and the other stage's, are
+    train.<stage>'s) and name its run: pure_fp16 with adam_eps 1e-4 is stage-1 run pure_fp16-with-adam_eps0.0001,
+    apart from plain pure_fp16 and shared by the two schedules that ask for it (1e-4 and 1.0e-4 are one value);
+    the job's tags say which values are overrides (the analysis' spec column). A switch at 1 keeps its overrides;
+    a sweep's overrides apply at every point."""
+    result = audit4["overrides"]
+    assert result["ok"], result
+    assert sorted(result["stage1"]) == ["amp_fp16-with-lr0.002", "fp32", "pure_fp16", "pure_fp16-with-adam_eps0.0001"]
+    hps = result["hparams"]
+    plain, tuned = hps["pretrain-pure_fp16-seed1"], hps["pretrain-pure_fp16-with-adam_eps0.0001-seed1"]
+    assert (plain["adam_eps"], plain["tags"]) == (1e-6, {})
+    assert (tuned["adam_eps"], tuned["tags"]) == (1e-4, {"overrides": {"adam_eps": 1e-4}})
+    assert {k: v for k, v in tuned.items() if k not in ("adam_eps", "tags", "run_id")} == \
+        {k: v for k, v in plain.items() if k not in ("adam_eps", "tags", "run_id")}
+    for name in ("e1", "e2"):
+        assert hps[f"finetune-{name}-seed1"]["init"] == "results/runs/pretrain/pure_fp16-with-adam_eps0.0001/seed1/checkpoint"
+    assert hps["finetune-x-seed1"]["init"] == "results/runs/pretrain/pure_fp16/seed1/checkpoint"
+    e1, e2 = hps["finetune-e1-seed1"], hps["finetune-e2-seed1"]
+    assert (e1["lr"], e1["max_grad_norm"], e1["tags"]) == (3e-4, 1.0, {"schedule": "e1"})
+    assert (e2["lr"], e2["max_grad_norm"], e2["adam_eps"]) == (1e-4, 0, e1["adam_eps"])
+    assert e2["tags"] == {"schedule": "e2", "overrides": {"lr": 1e-4, "max_grad_norm": 0}}
+    s1 = hps["pretrain-amp_fp16-with-lr0.002-seed1"]
+    assert (s1["precision"], s1["lr"], "switch_to" in s1) == ("amp_fp16", 0.002, False)
+    for at, precision in ((0, "fp32"), (50, "amp_bf16"), (100, "amp_bf16")):
+        hp = hps[f"finetune-w-at{at}-seed1"]
+        assert (hp["precision"], hp["weight_decay"], hp["tags"]["overrides"]) == (precision, 0, {"weight_decay": 0})
+        assert hp["tags"]["sweep"] == "w"
+    assert hps["finetune-w-at50-seed1"]["switch_to"] == "fp32"
 
 
 def test_a_sweep_point_is_named_by_its_percent_and_runs_its_stages(audit4):

@@ -107,6 +107,16 @@ CASES = [
         # eval_precision's enum has 'same' besides the precisions: a bare 16-bit name still asks mixed or pure
         ({"train": {"finetune": {"eval_precision": "bf16"}}}, "train.finetune.eval_precision",
          "'bf16' is ambiguous: amp_bf16 = fp32 master weights"),
+        # a stage's overrides: the optimizer's values only (steps would unpair the schedules), each one a change
+        ({"schedules": {"x": {"pretrain": {"precision": "pure_fp16", "overrides": {"steps": 10}}, "finetune": "fp32"}},
+          "analysis": {"baseline": "x"}}, "schedules.x.pretrain.overrides", "'steps' was unexpected"),
+        ({"schedules": {"x": {"pretrain": {"precision": "pure_fp16", "overrides": {"adam_eps": 1.0e-6}},
+                              "finetune": "fp32"}}, "analysis": {"baseline": "x"}},
+         "schedules.x.pretrain.overrides.adam_eps", "1e-06 is train.pretrain.adam_eps already"),
+        ({"schedules": {"x": {"pretrain": "fp32", "finetune": {"precision": "fp32", "overrides": {"lr": 0}}}},
+          "analysis": {"baseline": "x"}}, "schedules.x.finetune.overrides.lr", "less than or equal to the minimum of 0"),
+        ({"schedules": {"x": {"pretrain": "fp32", "finetune": {"precision": "fp32", "overrides": {"lr": float("nan")}}}},
+          "analysis": {"baseline": "x"}}, "schedules.x.finetune.overrides.lr", "nan is not a finite number"),
     ]
 
 

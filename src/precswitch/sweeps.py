@@ -9,6 +9,8 @@ runs) and ``benchmarks/gpu_hours.py``. A sweep names one stage with ``{precision
 
 from __future__ import annotations
 
+from .specs import percent
+
 STAGES = ("pretrain", "finetune")
 
 
@@ -20,19 +22,21 @@ def swept_stages(sweep: dict) -> list[str]:
 
 def point_name(name: str, fraction: float) -> str:
     """``fp16-switch-at25`` for point 0.25 of sweep ``fp16-switch``."""
-    return f"{name}-at{round(fraction * 100, 6):g}"
+    return f"{name}-at{percent(fraction)}"
 
 
 def point_stages(sweep: dict, stage: str, fraction: float) -> dict:
-    """The schedule (stage -> precision or switch spec) of one point of ``sweep``, ``stage`` being the swept one."""
+    """The schedule (stage -> precision or stage spec) of one point of ``sweep``, ``stage`` being the swept one
+    (its overrides, if any, apply at every point)."""
     first, then = sweep[stage]["precision"], sweep[stage]["switch_to"]
+    overrides = {"overrides": sweep[stage]["overrides"]} if sweep[stage].get("overrides") else {}
     stages = {st: sweep[st] for st in STAGES if st in sweep and st != stage}
     if fraction == 1:
-        stages[stage] = first
+        stages[stage] = {"precision": first, **overrides} if overrides else first
     elif fraction == 0:
-        stages[stage] = then
+        stages[stage] = {"precision": then, **overrides} if overrides else then
     else:
-        stages[stage] = {"precision": first, "switch_to": then, "switch_at": fraction}
+        stages[stage] = {"precision": first, "switch_to": then, "switch_at": fraction, **overrides}
     return stages
 
 

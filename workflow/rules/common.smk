@@ -22,6 +22,7 @@ if os.path.isdir(_SRC) and _SRC not in sys.path:
 import precswitch.gpu as precswitch_gpu
 import precswitch.warm as precswitch_warm
 import precswitch.sweeps as precswitch_sweeps
+from precswitch.specs import run_spec, spec_name, stage_spec
 from precswitch.catalog import SPECS, NAMES, eval_precision_problem
 from precswitch.train.config import DEFAULTS as HP_DEFAULTS
 from precswitch.train.config import switch_step as precswitch_switch_step
@@ -198,27 +199,9 @@ def _check_source(stage, source):
         )
 
 
-# --- stage specs: a precision name, or {precision, switch_to, switch_at} (an in-stage switch) ----------
-def stage_spec(value):
-    """The normalised spec of one stage of a schedule: {precision, switch_to, switch_at}."""
-    if isinstance(value, str):
-        return {"precision": value, "switch_to": None, "switch_at": None}
-    return {
-        "precision": value.get("precision"),
-        "switch_to": value.get("switch_to"),
-        "switch_at": value.get("switch_at"),
-    }
-
-
-def _percent(fraction):
-    return f"{round(fraction * 100, 6):g}"
-
-
-def spec_name(spec):
-    """amp_fp16, or amp_fp16-to-fp32-at80 for 80% of the steps in amp_fp16 then fp32."""
-    if spec["switch_to"] is None:
-        return spec["precision"]
-    return f"{spec['precision']}-to-{spec['switch_to']}-at{_percent(spec['switch_at'])}"
+# --- stage specs: a precision name, or {precision, switch_to, switch_at, overrides} -------------------
+# (an in-stage switch, and optimizer hyper-parameters of that stage only): precswitch.specs normalises
+# them and names their runs (stage_spec, run_spec, spec_name)
 
 
 def _check_precision(name, key):
@@ -291,6 +274,17 @@ def check_stage(value, key):
             )
         _check_switch(spec["precision"], spec["switch_to"], key)
     return spec
+
+
+def _check_overrides(spec, train, key, stage):
+    """An override that repeats train.<stage>'s value would train the same run again under another name."""
+    for k, v in spec["overrides"].items():
+        if float(v) == float(train[k]):
+            raise config_error(
+                f"{key}.overrides.{k}",
+                f"{v} is train.{stage}.{k} already: the stage would repeat the run without overrides "
+                f"under another name; leave {k} out of overrides (or give it another value)",
+            )
 
 
 def expand_sweeps(cfg):
@@ -495,6 +489,12 @@ def check_config(cfg):
             _check_switch_step(
                 stage_spec(value), cfg["train"][stage], f"schedules.{name}.{stage}"
             )
+            _check_overrides(
+                stage_spec(value),
+                cfg["train"][stage],
+                f"schedules.{name}.{stage}",
+                stage,
+            )
     if model["hidden_size"] % model["num_attention_heads"]:
         raise config_error(
             "model.num_attention_heads",
@@ -563,14 +563,6 @@ def _local_cores():
 _THREADS_NOTE = threads_note(config["threads"], _local_cores())
 if _THREADS_NOTE:
     print(_THREADS_NOTE, file=sys.stderr)
-
-
-def run_spec(value):
-    """The stage a schedule runs: switch_at 1 runs every step in its first precision, which is the run of that
-    precision without a switch (as a sweep's point 1 is written), so that schedules share it instead of training
-    a copy of it under another name."""
-    spec = stage_spec(value)
-    return stage_spec(spec["precision"]) if spec["switch_at"] == 1 else spec
 
 
 SCHEDULES = {
@@ -765,6 +757,10 @@ def _hparams(stage, spec, seed, init, tags):
         hp["init_revision"] = revision
     if spec["switch_to"] is not None:
         hp.update(switch_to=spec["switch_to"], switch_at=spec["switch_at"])
+    if spec["overrides"]:
+        # this schedule's own optimizer values for the stage; the tag says which they are (the spec column)
+        hp.update(spec["overrides"])
+        hp["tags"] = {**tags, "overrides": spec["overrides"]}
     if stage == "pretrain":
         hp["save_checkpoint"] = True
     return json.dumps(hp, sort_keys=True)

@@ -10,7 +10,8 @@ not among the inputs (fine-tuning from scratch or from a hub model) gives a row 
 columns (``stage1_precision`` then falls back to the finetune run's ``init_precision``).
 
 The contract columns (docs/contracts.md) come first, in contract order; extra columns follow:
-in-stage switches (``switch_to``, ``switch_at`` per stage; ``spec`` = ``amp_fp16-to-fp32-at80``),
+in-stage switches (``switch_to``, ``switch_at`` per stage; ``spec`` = ``amp_fp16-to-fp32-at80``, and
+``pure_fp16-with-adam_eps0.0001`` for a stage with optimizer overrides, from its tags),
 switch-point sweeps (``sweep``, ``sweep_at``, ``sweep_stage`` from the stage-2 tags) and, in runs, the
 activation-telemetry summary (``act_max_abs``, ``act_max_abs_layer``, ``act_frac_overflow_fp16``,
 ``act_frac_underflow_fp16``; empty when telemetry was off).
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import specs
 from ..errors import PrecswitchError
 
 #: schedules.csv columns fixed by docs/contracts.md (in this order).
@@ -58,12 +60,14 @@ TELEMETRY_COLUMNS = {
 TAG_COLUMNS = ("sweep", "sweep_at", "sweep_stage")
 
 
-def spec_name(precision: Any, switch_to: Any, switch_at: Any) -> Any:
-    """``amp_fp16``, or ``amp_fp16-to-fp32-at80`` for a stage that switched after 80% of its steps
-    (the workflow's stage-1 directory name)."""
-    if _is_missing(switch_to) or _is_missing(switch_at):
+def spec_name(precision: Any, switch_to: Any, switch_at: Any, overrides: Any = None) -> Any:
+    """``amp_fp16``, ``amp_fp16-to-fp32-at80`` for a stage that switched after 80% of its steps, and
+    ``pure_fp16-with-adam_eps0.0001`` for a stage run with its own optimizer values (the workflow's stage-1
+    directory name: :func:`precswitch.specs.spec_name`)."""
+    if _is_missing(precision):
         return precision
-    return f"{precision}-to-{switch_to}-at{round(float(switch_at) * 100, 6):g}"
+    return specs.spec_name({"precision": precision, "switch_to": switch_to, "switch_at": switch_at,
+                            "overrides": overrides if isinstance(overrides, dict) else None})
 
 #: Statuses in order of severity: the schedule's status is the worst of its stages'.
 STATUS_SEVERITY = {"ok": 0, "skipped": 1, "diverged": 2}
@@ -107,7 +111,8 @@ def flatten_metrics(metrics: dict, path: str | os.PathLike | None = None) -> dic
     hp = metrics.get("hparams")
     if _is_missing(row.get("init")) and isinstance(hp, dict) and isinstance(hp.get("init"), str):
         row["init"] = hp["init"]  # a skipped stage records no init: its hparams do
-    row["spec"] = spec_name(row.get("precision"), row.get("switch_to"), row.get("switch_at"))
+    overrides = tags.get("overrides") if isinstance(tags, dict) else None
+    row["spec"] = spec_name(row.get("precision"), row.get("switch_to"), row.get("switch_at"), overrides)
     tel = metrics.get("activation_telemetry")
     for col, key in TELEMETRY_COLUMNS.items():
         v = tel.get(key) if isinstance(tel, dict) else None

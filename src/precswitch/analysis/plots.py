@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import PrecswitchError
+from ..specs import first_precision, switch_precision
 from .stats import conf_level
 
 PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1", "switch_point",
@@ -593,10 +594,9 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
 
 def _scales_loss(spec: Any) -> bool:
     """True when the stage runs in fp16 in any part of its spec: a precision, or an in-stage switch
-    ``<first>-to-<second>-at<percent>`` into or out of fp16 (fp32 → amp_fp16 makes its loss scaler at the
+    ``<first>-to-<second>-at<percent>`` into or out of fp16 (a ``-with-...`` overrides suffix aside) (fp32 → amp_fp16 makes its loss scaler at the
     switch and logs the scale from then on)."""
-    first, _, rest = str(spec).partition("-to-")
-    return first in FP16_PRECISIONS or rest.rsplit("-at", 1)[0] in FP16_PRECISIONS
+    return first_precision(spec) in FP16_PRECISIONS or switch_precision(spec) in FP16_PRECISIONS
 
 
 def plot_loss_scale(steps, plt, sns):

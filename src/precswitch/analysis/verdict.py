@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
+from ..specs import first_precision
 from .stats import (
     NEGLIGIBLE_LOSS_FRACTION,
     _sign_seeds,
@@ -39,7 +40,7 @@ PRECISION_KINDS = (
 
 
 def precision_kind(spec: str) -> str:
-    name = str(spec).split("-to-")[0]
+    name = first_precision(spec)
     for prefix, kind in PRECISION_KINDS:
         if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
             return kind
@@ -49,7 +50,7 @@ def precision_kind(spec: str) -> str:
 def _formats(kind: str, specs: list[str]) -> str:
     """The kind's 'fp16/bf16' narrowed to the 16-bit formats its precisions use: `amp_bf16` alone computes
     in bf16, not 'fp16/bf16'."""
-    names = [str(x).split("-to-")[0] for x in specs]
+    names = [first_precision(x) for x in specs]
     used = [f for f in ("fp16", "bf16") if any(f in n for n in names)]
     return kind.replace("fp16/bf16", "/".join(used)) if used else kind
 
