@@ -457,13 +457,16 @@ def test_report_captions_render_and_match_the_rules():
 
 
 def test_report_front_page_names_switched_stages_and_sweeps():
-    """workflow.rst lists a switched stage in words (not as a Python dict) and every sweep of the config,
-    whose schedules the verdict judges too."""
+    """workflow.rst lists a switched stage and a stage's overrides in words (not as a Python dict) and every sweep
+    of the config, whose schedules the verdict judges too."""
     from docutils.core import publish_parts
 
     cfg = _config()
     cfg["schedules"]["fp16x80-fp32"] = {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.8},
                                         "finetune": "fp32"}
+    cfg["schedules"]["purefp16eps-fp32"] = {"pretrain": {"precision": "pure_fp16",
+                                                         "overrides": {"lr": 5e-4, "adam_eps": 1e-4}},
+                                            "finetune": "fp32"}
     cfg["sweeps"] = {"fp16-ft": {"pretrain": "amp_fp16", "finetune": {"precision": "amp_fp16", "switch_to": "fp32"},
                                  "switch_at": [0.0, 0.5, 1.0]}}
     text = _render_rst("workflow.rst", cfg)
@@ -472,6 +475,8 @@ def test_report_front_page_names_switched_stages_and_sweeps():
     assert "{'precision'" not in wf
     assert "``fp16x80-fp32``: pretrain = ``amp_fp16``, then ``fp32`` after 80% of the steps, finetune = ``fp32``" in wf
     assert "sweep ``fp16-ft`` (one schedule ``fp16-ft-at<100·F>`` per F in 0.0, 0.5, 1.0)" in wf
+    assert ("``purefp16eps-fp32``: pretrain = ``pure_fp16`` with ``adam_eps`` 0.0001, ``lr`` 0.0005 (the stage's "
+            "other settings as below), finetune = ``fp32``") in wf
     assert "``fp32-fp32``: pretrain = ``fp32``, finetune = ``fp32``" in wf
     assert "Data: stage 1 ``synthetic``, stage 2 ``synthetic``" in wf and "- pretrain: " in wf
 

@@ -594,8 +594,8 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
 
 def _scales_loss(spec: Any) -> bool:
     """True when the stage runs in fp16 in any part of its spec: a precision, or an in-stage switch
-    ``<first>-to-<second>-at<percent>`` into or out of fp16 (a ``-with-...`` overrides suffix aside) (fp32 → amp_fp16 makes its loss scaler at the
-    switch and logs the scale from then on)."""
+    ``<first>-to-<second>-at<percent>`` into or out of fp16 (fp32 → amp_fp16 makes its loss scaler at the
+    switch and logs the scale from then on); an overrides suffix (``-with-...``) changes nothing."""
     return first_precision(spec) in FP16_PRECISIONS or switch_precision(spec) in FP16_PRECISIONS
 
 
