@@ -56,7 +56,7 @@ def test_frontier_dry_run_counts_and_sharing(tmp_path):
     stage1 = set(re.findall(RES + r"/runs/pretrain/([\w.+-]+)/seed(\d+)/metrics\.json", out))
     assert {p for p, _ in stage1} == {"fp32", "amp_fp16", "amp_bf16", "pure_bf16", "amp_fp16-to-fp32-at80"}
     stage2 = {n for n, _ in re.findall(RES + r"/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out)}
-    assert {"fp16-ft-at0", "fp16-ft-at50", "fp16-ft-at100", "bf16-fp8", "fp16x80-fp32"} <= stage2
+    assert {"fp16-ft-at0", "fp16-ft-at50", "fp16-ft-at100", "bf16-fp8", "fp16x80-fp32", "pbf16-lr2x"} <= stage2
     assert f"{RES}/plots/switch_point.svg" in out and f"{RES}/plots/overflow.svg" in out  # a sweep, telemetry
 
 
@@ -73,6 +73,10 @@ def test_frontier_hparams(tmp_path):
     fin = by_id["finetune-fp16x80-fp32-seed1"]
     assert fin["init"] == f"{RES}/runs/pretrain/amp_fp16-to-fp32-at80/seed1/checkpoint"
     assert "telemetry_every" not in fin  # 0 = off: left to the engine's default
+    # a stage-2 override: that schedule's lr only, from the shared pure_bf16 stage 1
+    lr2x, plain = by_id["finetune-pbf16-lr2x-seed1"], by_id["finetune-pbf16-pbf16-seed1"]
+    assert (lr2x["lr"], lr2x["tags"]["overrides"]) == (6e-4, {"lr": 6e-4}) and plain["lr"] == 3e-4
+    assert lr2x["init"] == plain["init"] == f"{RES}/runs/pretrain/pure_bf16/seed1/checkpoint"
     # sweep points: 1.0 = no switch, 0.0 = all in switch_to, else a switch
     at50, at100, at0 = (by_id[f"finetune-fp16-ft-at{p}-seed2"] for p in (50, 100, 0))
     assert (at50["precision"], at50["switch_to"], at50["switch_at"]) == ("amp_fp16", "fp32", 0.5)
@@ -293,7 +297,7 @@ def test_plots_without_sweep_or_telemetry_say_so(tmp_path):
 @pytest.mark.slow
 def test_frontier_end_to_end(tmp_path):
     """config/frontier.yaml for real, shortened to stay near 3 minutes on 2 cores (one seed, 10 steps per
-    stage, one sweep point less: 17 training jobs, each mostly process start-up)."""
+    stage, one sweep point less: 18 training jobs, each mostly process start-up)."""
     short = {"seeds": [1], "train": {"pretrain": {"steps": 10}, "finetune": {"steps": 10}},
              "sweeps": {"fp16-ft": {**FRONTIER_CFG["sweeps"]["fp16-ft"], "switch_at": [0.0, 0.5]}}}
     cfg = yaml.safe_load(FRONTIER.read_text())
@@ -319,6 +323,11 @@ def test_frontier_end_to_end(tmp_path):
     pre = runs[runs["stage"] == "pretrain"]
     assert pre["act_max_abs"].astype(float).gt(0).all()
     assert set(sched.loc[sched["schedule"] == "fp16-ft-at50", "stage2_switch_to"]) == {"fp32"}
+    # a stage-2 override, through the engine: the run trained with it and the tables name it
+    lr2x = sched[sched["schedule"] == "pbf16-lr2x"]
+    assert set(lr2x["stage2_spec"]) == {"pure_bf16-with-lr0.0006"} and set(lr2x["stage1_spec"]) == {"pure_bf16"}
+    lr2x_run = json.loads((res / "runs" / "finetune" / "pbf16-lr2x" / "seed1" / "metrics.json").read_text())
+    assert lr2x_run["hparams"]["lr"] == 6e-4 and lr2x_run["tags"]["overrides"] == {"lr": 6e-4}
     for name in PLOT_NAMES:
         assert (res / "plots" / f"{name}.png").is_file()
     verdict = (res / "verdict.md").read_text()

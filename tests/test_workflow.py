@@ -1051,6 +1051,8 @@ AUDIT4_CONFIGS = {
                                                            "overrides": {"weight_decay": 0}},
                          "switch_at": [0, 0.5, 1]}},
         "device": "cuda", **_ONE},
+    # the shipped opt-in study of pure_fp16's eps, as `--configfile config/pure-fp16-eps.yaml` reads it
+    "pure_fp16_eps": yaml.safe_load((ROOT / "config" / "pure-fp16-eps.yaml").read_text()),
 }
 
 
@@ -1153,6 +1155,22 @@ def test_stage_overrides_make_a_run_of_their_own_with_those_values(audit4):
         assert (hp["precision"], hp["weight_decay"], hp["tags"]["overrides"]) == (precision, 0, {"weight_decay": 0})
         assert hp["tags"]["sweep"] == "w"
     assert hps["finetune-w-at50-seed1"]["switch_to"] == "fp32"
+
+
+def test_the_pure_fp16_eps_study_differs_in_the_eps_alone(audit4):
+    """config/pure-fp16-eps.yaml: the two pure_fp16 stage-1 runs of a seed get the same hparams but adam_eps (1e-8,
+    the study's train.pretrain value, against the schedule's override 1e-4), and each schedule fine-tunes its own."""
+    result = audit4["pure_fp16_eps"]
+    assert result["ok"], result
+    assert sorted(result["stage1"]) == ["fp32", "pure_fp16", "pure_fp16-with-adam_eps0.0001"]
+    hps = result["hparams"]
+    for seed in (1, 2, 3):
+        plain, tuned = hps[f"pretrain-pure_fp16-seed{seed}"], hps[f"pretrain-pure_fp16-with-adam_eps0.0001-seed{seed}"]
+        assert (plain["adam_eps"], tuned["adam_eps"], plain["steps"]) == (1e-8, 1e-4, 200)
+        differ = {k for k in plain.keys() | tuned.keys() if plain.get(k) != tuned.get(k)}
+        assert differ == {"adam_eps", "run_id", "tags"}, differ
+        assert hps[f"finetune-purefp16eps-fp32-seed{seed}"]["init"].endswith(
+            f"/pure_fp16-with-adam_eps0.0001/seed{seed}/checkpoint")
 
 
 def test_a_sweep_point_is_named_by_its_percent_and_runs_its_stages(audit4):
