@@ -1162,7 +1162,7 @@ def test_the_pure_fp16_eps_study_differs_in_the_eps_alone(audit4):
     the study's train.pretrain value, against the schedule's override 1e-4), and each schedule fine-tunes its own."""
     result = audit4["pure_fp16_eps"]
     assert result["ok"], result
-    assert sorted(result["stage1"]) == ["fp32", "pure_fp16", "pure_fp16-with-adam_eps0.0001"]
+    assert sorted(result["stage1"]) == ["fp32", "fp32-with-adam_eps0.0001", "pure_fp16", "pure_fp16-with-adam_eps0.0001"]
     hps = result["hparams"]
     for seed in (1, 2, 3):
         plain, tuned = hps[f"pretrain-pure_fp16-seed{seed}"], hps[f"pretrain-pure_fp16-with-adam_eps0.0001-seed{seed}"]

@@ -92,3 +92,15 @@ def switch_precision(name: Any) -> str | None:
     if "-to-" not in head:
         return None
     return head.split("-to-", 1)[1].rsplit("-at", 1)[0]
+
+
+_OVERRIDE = re.compile(r"(" + "|".join(OVERRIDE_KEYS) + r")(.+?)(?=-(?:" + "|".join(OVERRIDE_KEYS) + r")|$)")
+
+
+def describe(name: Any) -> str:
+    """A spec name in words, for the verdict: ``pure_fp16 with adam_eps 0.0001, lr 0.002`` for
+    ``pure_fp16-with-adam_eps0.0001-lr0.002``; a name without overrides is returned as it is."""
+    head, sep, tail = str(name).partition("-with-")
+    if not sep:
+        return head
+    return f"{head} with " + ", ".join(f"{k} {v}" for k, v in _OVERRIDE.findall(tail))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
-from ..specs import first_precision
+from ..specs import describe, first_precision
 from .stats import (
     NEGLIGIBLE_LOSS_FRACTION,
     _sign_seeds,
@@ -213,7 +213,9 @@ def _class_phrase(r: dict | None, b: str, margin: float) -> str:
 def _question_phrase(a: str, b: str, info: dict) -> str:
     """What a contrast asks, derived from the schedules' precisions."""
     ia, ib = info.get(a, {}), info.get(b, {})
-    a1, a2, b1, b2 = ia.get("stage1_precision"), ia.get("stage2_precision"), ib.get("stage1_precision"), ib.get("stage2_precision")
+    a1, a2, b1, b2 = (describe(x) if isinstance(x, str) else x  # pure_fp16 with adam_eps 0.0001: overrides in words
+                      for x in (ia.get("stage1_precision"), ia.get("stage2_precision"),
+                                ib.get("stage1_precision"), ib.get("stage2_precision")))
     if a1 and a1 == b1 and a2 != b2:
         return f"After {a1} pre-training, fine-tuning in {a2} instead of {b2}"
     if a2 and a2 == b2 and a1 != b1 and a1 and b1:
