@@ -778,3 +778,37 @@ def test_seeds_needed_reach_the_power_by_the_noncentral_t():
     for sd, want in ((2.0, 34), (1.5, 20)):  # margin 1 point: es 0.5 and 0.67
         n = power_analysis(sd, 5, 0.05, 0.8, 1.0)["seeds_needed"]
         assert n == want and power(1 / sd, n) >= 0.8 > power(1 / sd, n - 1), sd
+
+
+def test_a_named_contrast_of_two_other_stage_1s_gets_its_own_stage1_row(tmp_path):
+    """fp16-fp32 vs bf16-fp32 start from amp_fp16 and amp_bf16, neither the stage-1 baseline (fp32): their
+    stage 1s are compared directly (pure fp16 against fp32 at one set of overrides is the case this is for), in
+    the stage-1 Holm family, sharing its p and label with the contrast's own stage-1 metrics; summary.md and the
+    verdict show it. A contrast that has fp32's stage 1 on one side, or a shared stage 1, adds nothing."""
+    from precswitch.analysis.stats import render_summary_md
+    from precswitch.analysis.verdict import render
+
+    runs, sched = _study(tmp_path, seeds=range(1, 5), rng_seed=5)
+    s = load_settings(bootstrap_resamples=0, contrasts=[["fp16-fp32", "bf16-fp32"], ["fp16-fp32", "fp32-fp32"],
+                                                        ["fp16-fp32", "fp16-fp16"]])
+    summary, deltas, stats = compute(runs, sched, s)
+    st1 = deltas[deltas["family"] == "stage1"]
+    assert sorted({(a, b) for a, b in zip(st1["a"], st1["b"])}) == [
+        ("amp_bf16", "fp32"), ("amp_fp16", "amp_bf16"), ("amp_fp16", "fp32")]
+    row = _acc(deltas, "amp_fp16", "amp_bf16", family="stage1", metric="eval_loss")
+    pre = runs[runs["stage"] == "pretrain"].set_index(["precision", "seed"])["eval_loss"].astype(float)
+    by_hand = [pre[("amp_fp16", k)] - pre[("amp_bf16", k)] for k in range(1, 5)]
+    assert row["mean"] == pytest.approx(np.mean(by_hand)) and row["n_pairs"] == 4
+    # one Holm family over the three stage-1 comparisons of the metric
+    fam = st1[st1["metric"] == "eval_loss"].set_index(["a", "b"])
+    assert list(holm(list(fam["p_t"]), 0.05)) == pytest.approx(list(fam["p_holm"]))
+    shared = _acc(deltas, "fp16-fp32", "bf16-fp32", family="named", metric="stage1_eval_loss")
+    assert (shared["p_holm"], shared["classification"]) == (row["p_holm"], row["classification"])
+    md = render_summary_md(summary, s, deltas, stats["stage1_baseline_precision"])
+    assert "## Stage 1: paired differences of the named contrasts' stage 1s" in md and "| amp_fp16 − amp_bf16 |" in md
+    verdict = render(stats)
+    assert "- **amp_fp16** vs amp_bf16 (4 paired seeds): eval loss" in verdict
+    assert "- **amp_fp16** vs fp32 (4 paired seeds)" in verdict
+    # without that contrast: only the comparisons with fp32
+    _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0, contrasts=[["fp16-fp32", "fp16-fp16"]]))
+    assert set(deltas.loc[deltas["family"] == "stage1", "b"]) == {"fp32"}

@@ -783,6 +783,22 @@ STAGE1_OF_SCHEDULE = {"stage1_train_seconds": "train_seconds", "stage1_samples_p
                       "stage1_mlm_accuracy": "mlm_accuracy"}
 
 
+def _named_stage1_pairs(sched, named: list, specs: set, baseline) -> list[tuple]:
+    """The stage-1 runs a named contrast compares when its two schedules start from different stage 1s that are
+    not already compared (with the stage-1 baseline): e.g. purefp16eps-fp32 vs fp32eps-fp32 compares
+    pure_fp16-with-adam_eps0.0001 with fp32-with-adam_eps0.0001, pure fp16 against fp32 at one recipe, which the
+    comparisons with fp32 (another recipe) do not. In the stage-1 Holm family with the others."""
+    col = "stage1_spec" if "stage1_spec" in sched else "stage1_precision"
+    pairs: list[tuple] = []
+    for a, b in named:
+        sa, sb = _first(sched[sched["schedule"] == a], col), _first(sched[sched["schedule"] == b], col)
+        if sa is None or sb is None or sa == sb or not {sa, sb} <= specs or baseline in (sa, sb):
+            continue
+        if (sa, sb) not in pairs and (sb, sa) not in pairs:
+            pairs.append((sa, sb))
+    return pairs
+
+
 def _share_stage1_labels(rows: list[dict], stage_rows: list[dict], sched, alpha: float) -> None:
     """A schedule comparison's stage-1 metric (bf16-fp32 vs fp32-fp32: stage-1 train time) compares the very
     runs a ``stage1`` row compares (amp_bf16 vs fp32). Both are reported, so they share that row's Holm p
@@ -992,8 +1008,9 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             stage1_baseline = "fp32" if "fp32" in set(pre["precision"]) else None
         if stage1_baseline is not None:
             precs = sorted(p for p in pre["precision"].unique() if p != stage1_baseline)
-            stage_rows = _contrast_rows(pre, "precision", [("stage1", [(p, stage1_baseline) for p in precs])],
-                                        STAGE1_METRICS, settings)
+            pairs = [(p, stage1_baseline) for p in precs] + _named_stage1_pairs(
+                sched, named, set(pre["precision"]), stage1_baseline)
+            stage_rows = _contrast_rows(pre, "precision", [("stage1", pairs)], STAGE1_METRICS, settings)
     if len(fin):
         # a finished stage 2 of a schedule whose stage 1 failed: the schedule is left out, so is the run
         failed_init = []
@@ -1263,23 +1280,18 @@ def render_summary_md(summary, settings: dict, deltas=None, stage1_baseline: str
     if deltas is not None and stage1_baseline and len(deltas):
         st1 = deltas[deltas["family"] == "stage1"]
         if len(st1):
-            bl = summary[(summary["level"] == "stage1") & (summary["group"] == stage1_baseline)
-                         & (summary["metric"] == "eval_loss")]
-            base_loss = float(bl["mean"].iloc[0]) if len(bl) else math.nan
-            pct = NEGLIGIBLE_LOSS_FRACTION * 100
-            out.append(f"## Stage 1: paired differences against {stage1_baseline}\n")
-            out.append(f"A − {stage1_baseline}, paired by seed (the same rows as deltas.csv, family `stage1`): mean "
-                       f"[unadjusted {conf}% t CI]; labels from the Holm-adjusted p over the stage-1 precisions. "
-                       f"The eval-loss difference is also given in % of {stage1_baseline}'s mean eval loss; "
-                       f"*negligible* = the whole CI lies within ±{pct:g}% of that loss.\n")
-            rows = []
-            for a, g in st1.groupby("a", sort=True):
+            def loss_of(group):
+                bl = summary[(summary["level"] == "stage1") & (summary["group"] == group)
+                             & (summary["metric"] == "eval_loss")]
+                return float(bl["mean"].iloc[0]) if len(bl) else math.nan
+
+            def row(name, g, base_loss):
                 el = g[g["metric"] == "eval_loss"]
                 ma = g[g["metric"] == "mlm_accuracy"]
                 el = el.iloc[0].to_dict() if len(el) else None
                 ma = ma.iloc[0].to_dict() if len(ma) else None
                 n = (el or ma or {}).get("n_pairs")
-                r = [a, int(n) if isinstance(n, (int, float)) and math.isfinite(n) else "–"]
+                r = [name, int(n) if isinstance(n, (int, float)) and math.isfinite(n) else "–"]
                 if el is not None and math.isfinite(float(el.get("mean", math.nan))):
                     m, lo, hi = fmt_triple(el["mean"], el.get("ci_low"), el.get("ci_high"))
                     r.append(f"{m} [{lo}, {hi}]")
@@ -1296,10 +1308,30 @@ def render_summary_md(summary, settings: dict, deltas=None, stage1_baseline: str
                     r += [f"{m} [{lo}, {hi}]", diff_label(ma)]
                 else:
                     r += ["–", "–"]
-                rows.append(r)
+                return r
+
+            pct = NEGLIGIBLE_LOSS_FRACTION * 100
+            out.append(f"## Stage 1: paired differences against {stage1_baseline}\n")
+            out.append(f"A − {stage1_baseline}, paired by seed (the same rows as deltas.csv, family `stage1`): mean "
+                       f"[unadjusted {conf}% t CI]; labels from the Holm-adjusted p over the stage-1 comparisons. "
+                       f"The eval-loss difference is also given in % of {stage1_baseline}'s mean eval loss; "
+                       f"*negligible* = the whole CI lies within ±{pct:g}% of that loss.\n")
+            vs_base = st1[st1["b"] == stage1_baseline]
+            rows = [row(a, g, loss_of(stage1_baseline)) for a, g in vs_base.groupby("a", sort=True)]
             out.append(md_table(["precision", "pairs", "eval loss Δ (nats)", f"Δ in % of {stage1_baseline}'s loss",
                                  "eval loss label", "masked-token accuracy Δ (points)", "accuracy label"], rows)
                        + "\n")
+            others = st1[st1["b"] != stage1_baseline]
+            if len(others):
+                out.append("## Stage 1: paired differences of the named contrasts' stage 1s\n")
+                out.append("A − B for a named contrast whose two schedules start from different stage 1s, neither of "
+                           f"them {stage1_baseline} (e.g. two precisions at one set of `overrides`); the same Holm "
+                           "family as above, the loss difference in % of B's mean eval loss.\n")
+                rows = [row(f"{a} − {b}", g, loss_of(b))
+                        for (a, b), g in others.groupby(["a", "b"], sort=False)]
+                out.append(md_table(["stage 1s", "pairs", "eval loss Δ (nats)", "Δ in % of B's loss",
+                                     "eval loss label", "masked-token accuracy Δ (points)", "accuracy label"], rows)
+                           + "\n")
     return "\n".join(out)
 
 

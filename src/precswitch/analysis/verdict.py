@@ -550,19 +550,22 @@ def render(stats: dict) -> str:
         base_loss = ((stats.get("stage1_summary") or {}).get(b1) or {}).get("eval_loss", {}).get("mean")
         out.append("Masked-LM eval metrics of the pre-trained models, paired by seed. At small scale a "
                    "pre-training precision effect may show here without reaching fine-tuning accuracy. "
-                   f"Brackets: unadjusted {conf}% CIs; labels from Holm-adjusted p over the stage-1 precisions. "
+                   f"Brackets: unadjusted {conf}% CIs; labels from Holm-adjusted p over the stage-1 comparisons "
+                   f"(each stage 1 against {b1}, then those of the named contrasts whose stage 1s differ). "
                    "Paired seeds share data and masks, so a loss difference far too small to matter can still be "
                    f"significant: one whose whole CI lies within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of "
-                   f"{b1}'s eval loss is called negligible.")
+                   f"the other stage 1's eval loss is called negligible.")
         out.append("")
-        for p in sorted({r["a"] for r in st1}):
-            el = next((r for r in st1 if r["a"] == p and r["metric"] == "eval_loss"), None)
-            ma = next((r for r in st1 if r["a"] == p and r["metric"] == "mlm_accuracy"), None)
-            ts = next((r for r in st1 if r["a"] == p and r["metric"] == "train_seconds"), None)
-            pm = next((r for r in st1 if r["a"] == p and r["metric"] == "peak_memory_bytes"), None)
+        summary1 = stats.get("stage1_summary") or {}
+        pairs = sorted({(r["a"], r["b"]) for r in st1 if r["b"] == b1}) + list(
+            dict.fromkeys((r["a"], r["b"]) for r in st1 if r["b"] != b1))
+        for p, q in pairs:
+            el, ma, ts, pm = (next((r for r in st1 if (r["a"], r["b"]) == (p, q) and r["metric"] == m), None)
+                              for m in ("eval_loss", "mlm_accuracy", "train_seconds", "peak_memory_bytes"))
             bits = []
             if el and _f(el.get("mean")):
-                bits.append(_loss_phrase(el, base_loss, b1))
+                q_loss = base_loss if q == b1 else (summary1.get(q) or {}).get("eval_loss", {}).get("mean")
+                bits.append(_loss_phrase(el, q_loss, q))
             if ma and _f(ma.get("mean")):
                 m, l, h = fmt_triple(ma["mean"], ma.get("ci_low"), ma.get("ci_high"))
                 ci = f" [{l}, {h}]" if _f(ma.get("ci_low")) and _f(ma.get("ci_high")) else ""
@@ -578,7 +581,7 @@ def render(stats: dict) -> str:
             n = next((r.get("n_pairs") for r in (el, ma, ts, pm) if r and _f(r.get("mean"))), 0)
             cnt = stats.get("stage1_precisions", {}).get(p, {})
             fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
-            out.append(f"- **{p}** vs {b1} ({_count(n, 'paired seed')}{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
+            out.append(f"- **{p}** vs {q} ({_count(n, 'paired seed')}{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
         bf = stats.get("stage1_precisions", {}).get(b1, {})
         if bf.get("n_failed"):
             out.append(f"- baseline {b1}: {bf['n_failed']} failed run(s).")
