@@ -809,6 +809,9 @@ def test_a_named_contrast_of_two_other_stage_1s_gets_its_own_stage1_row(tmp_path
     verdict = render(stats)
     assert "- **amp_fp16** vs amp_bf16 (4 paired seeds): eval loss" in verdict
     assert "- **amp_fp16** vs fp32 (4 paired seeds)" in verdict
+    # the other side's failed runs are named too (the baseline's are listed on a line of their own)
+    stats["stage1_precisions"]["amp_bf16"]["n_failed"] = 2
+    assert "- **amp_fp16** vs amp_bf16 (4 paired seeds; amp_bf16: 2 failed run(s)): eval loss" in render(stats)
     # without that contrast: only the comparisons with fp32
     _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0, contrasts=[["fp16-fp32", "fp16-fp16"]]))
     assert set(deltas.loc[deltas["family"] == "stage1", "b"]) == {"fp32"}

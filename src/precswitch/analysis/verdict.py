@@ -581,6 +581,8 @@ def render(stats: dict) -> str:
             n = next((r.get("n_pairs") for r in (el, ma, ts, pm) if r and _f(r.get("mean"))), 0)
             cnt = stats.get("stage1_precisions", {}).get(p, {})
             fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
+            cnt_q = stats.get("stage1_precisions", {}).get(q, {}) if q != b1 else {}  # b1's are listed below
+            fail += f"; {q}: {cnt_q.get('n_failed')} failed run(s)" if cnt_q.get("n_failed") else ""
             out.append(f"- **{p}** vs {q} ({_count(n, 'paired seed')}{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
         bf = stats.get("stage1_precisions", {}).get(b1, {})
         if bf.get("n_failed"):
