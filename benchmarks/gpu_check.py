@@ -267,9 +267,113 @@ def fp8_import_problem() -> str | None:
     return _FP8_PROBE["fp8"]
 
 
-def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[dict], peaks: dict) -> dict:
+class BuiltStep:
+    """One precision's training step as measure_one times it (build_step): the model, optimizer and scaler
+    it updates and step(batch) -> loss."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def build_step(name: str, cfg: dict, device, *, mlm: bool, step_kind: str = "engine", attn: str | None = None,
+               fused: bool = True, lr: float = 2e-5, eps: float = 1e-8, variant: str = "eager",
+               compile_mode: str = "reduce-overhead", seed: int = 0) -> BuiltStep:
+    """The training step of precision `name` for a BertConfig(**cfg) on device: forward and loss under the
+    precision's autocast (the engine's step: masked-LM head on the masked rows only, [CLS]-only last layer
+    for classification; or stock model(**batch).loss), backward (scaled for fp16 AMP), the engine's gradient
+    clipping, AdamW (fused or foreach, wrapped for Kahan / stochastic rounding) and zeroing the gradients.
+    Used by measure_one (timed) and count_ops (counted)."""
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
+    prec = P.get(name)
+    objective = "mlm" if mlm else "classify"
+    torch.manual_seed(seed)
+    bcfg = BertConfig(**cfg, num_labels=2, attn_implementation=attn)
+    if not mlm:  # else the first forward sets it, and a compiled step recompiles on the second
+        bcfg.problem_type = "single_label_classification"
+    model = (BertForMaskedLM if mlm else BertForSequenceClassification)(bcfg)
+    model = prec.prepare_model(model).to(device)
+    cls_only = step_kind == "engine" and not mlm and not prec.fp8_linear
+    if cls_only:
+        cls_only_last_layer(model)  # the engine's classification step (fp8 keeps full shapes, as there)
+    model.train()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt_kw = {"fused": True} if fused else {"foreach": True}
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, eps=eps, **opt_kw)
+    opt = prec.wrap_optimizer(opt, seed=0)  # Kahan / stochastic rounding for the compensated bf16 variants
+    scaler = prec.make_scaler(device.type)
+    if step_kind == "engine":
+        def loss_of(b):
+            return forward_loss(model, b, objective)
+    else:
+        def loss_of(b):
+            return model(**{k: v for k, v in b.items() if k not in HEAD_KEYS}).loss
+    step_model = torch.compile(loss_of, mode=compile_mode) if variant == "compiled" else loss_of
+
+    cudagraphs = variant == "compiled" and compile_mode in ("reduce-overhead", "max-autotune")
+
+    def step(b):
+        if cudagraphs:  # a new iteration: CUDA-graph outputs of the last one may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        with prec.autocast(device.type):
+            loss = step_model(b)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
+        clip_grad_norm(model.parameters(), 1.0)  # the engine's (16-bit gradients' norm in fp32)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return BuiltStep(step=step, model=model, opt=opt, scaler=scaler, bcfg=bcfg, cls_only=cls_only,
+                     cudagraphs=cudagraphs)
+
+
+def count_ops(cfg: dict, name: str, *, mlm: bool, batch: int = 2, seq: int = 16, attn: str | None = "sdpa",
+              width: int | None = 64) -> int:
+    """Aten ops one eager training step of precision `name` dispatches (build_step, counted on a CPU on the
+    second step: AdamW's first creates its state). On a GPU each of them is host work (a kernel launch, or a
+    view or allocation), which is what an eager step's host time is made of: the op count of two models' steps
+    scales the host time measured for one to the other (gpu_hours.py --extrapolate). The count depends on the
+    layers and the step, not on widths, batch or sequence length (tests/test_gpu.py), so a copy of the model
+    narrowed to `width` (default 64; None: cfg's own widths) is counted. tf32 is fp32's step with a backend
+    flag: fp32's count."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if name == "tf32":
+        name = "fp32"
+    if P.get(name).fp8_linear:
+        raise PrecswitchError(f"precision {name!r}: its step needs a GPU (fp8 matmuls); its ops are not counted on a CPU")
+    narrow = dict(cfg) if width is None else {
+        **cfg, "hidden_size": width, "num_attention_heads": 2, "intermediate_size": 4 * width,
+        "vocab_size": min(int(cfg.get("vocab_size", 1000)), 1000), "max_position_embeddings": max(seq, 64)}
+    eps = 1e-4 if name == "pure_fp16" else 1e-8
+    device = torch.device("cpu")
+    built = build_step(name, narrow, device, mlm=mlm, attn=attn, eps=eps)
+    batches = make_batches(narrow, batch, seq, mlm, device, n=2)
+    built.step(batches[0])
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        built.step(batches[1])
+    return Count.n
+
+
+def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[dict], peaks: dict) -> dict:
     prec = P.get(name)
     objective = "mlm" if args.mlm else "classify"
     eps = args.pure_fp16_eps if name == "pure_fp16" else args.adam_eps
@@ -288,57 +392,16 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         return {**row, "status": "error", "reason": problem}
     flags = prec.apply_backend_flags()
     row.update(flags)
-    model = opt = step_model = None
+    built = step = scaler = None
     try:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         measure.reset_peak_memory(device)
-        torch.manual_seed(0)
-        bcfg = BertConfig(**cfg, num_labels=2, attn_implementation=args.attn)
-        if not args.mlm:  # else the first forward sets it, and a compiled step recompiles on the second
-            bcfg.problem_type = "single_label_classification"
-        model = (BertForMaskedLM if args.mlm else BertForSequenceClassification)(bcfg)
-        model = prec.prepare_model(model).to(device)
-        cls_only = args.step == "engine" and not args.mlm and not prec.fp8_linear
-        if cls_only:
-            cls_only_last_layer(model)  # the engine's classification step (fp8 keeps full shapes, as there)
-        model.train()
-        decay = [p for p in model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in model.parameters() if p.ndim < 2]
-        opt_kw = {"fused": True} if fused else {"foreach": True}
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=args.lr, eps=eps, **opt_kw)
-        opt = prec.wrap_optimizer(opt, seed=0)  # Kahan / stochastic rounding for the compensated bf16 variants
-        scaler = prec.make_scaler(device.type)
-        if args.step == "engine":
-            def loss_of(b):
-                return forward_loss(model, b, objective)
-        else:
-            def loss_of(b):
-                return model(**{k: v for k, v in b.items() if k not in HEAD_KEYS}).loss
-        step_model = torch.compile(loss_of, mode=args.compile_mode) if variant == "compiled" else loss_of
-
-        cudagraphs = variant == "compiled" and args.compile_mode in ("reduce-overhead", "max-autotune")
-
-        def step(b):
-            if cudagraphs:  # a new iteration: CUDA-graph outputs of the last one may be overwritten
-                torch.compiler.cudagraph_mark_step_begin()
-            with prec.autocast(device.type):
-                loss = step_model(b)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-            else:
-                loss.backward()
-            clip_grad_norm(model.parameters(), 1.0)  # the engine's (16-bit gradients' norm in fp32)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+        built = build_step(name, cfg, device, mlm=args.mlm, step_kind=args.step, attn=args.attn, fused=fused,
+                           lr=args.lr, eps=eps, variant=variant, compile_mode=args.compile_mode)
+        step, bcfg, scaler, cls_only = built.step, built.bcfg, built.scaler, built.cls_only
+        cudagraphs = built.cudagraphs
 
         t_w = time.perf_counter()
         for i in range(args.warmup):
@@ -407,7 +470,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
     except Exception as e:  # noqa: BLE001 - one failing variant (OOM, compile error) must not end the check
         row.update(status="failed", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500])
     finally:
-        del model, opt, step_model
+        built = step = scaler = None  # the step's closure holds the model and optimizer: free them
         try:  # after a sticky CUDA error these raise again: the row already says what failed
             gc.collect()
             if device.type == "cuda":

@@ -14,7 +14,14 @@ evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
 eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock or of a run on a CPU
 are refused, and so are results of two different GPUs. A job whose measurement is missing is named, not
-guessed. The config is read as the workflow reads `--configfile`: over config/config.yaml, with the
+guessed; unless --extrapolate: then its step time is scaled from a measured step of the same objective and
+precision at another shape (another model, batch or length) by the largest of four ratios (target over
+measured): aten ops per eager step (the host's launches, counted on this CPU: gpu_check.count_ops), model
+FLOPs (the matmuls), activation elements (the memory-bound kernels: tokens x layers x (hidden +
+intermediate + heads x length)) and parameters (the optimizer). Each part of a step scales by at most the
+largest ratio, so the step does too, if the GPU's cost per op, per FLOP and per byte is no worse at the new
+shape than at the measured one: an upper estimate, not a measurement, and marked so (docs/gpu.md). The
+config is read as the workflow reads `--configfile`: over config/config.yaml, with the
 schema's defaults.
 """
 
@@ -91,8 +98,19 @@ def stage_steps(train: dict, rows: int | None, name: str) -> int:
     return max(1, int(round(float(train["epochs"]) * (rows // int(train["batch_size"])))))
 
 
-#: (layers, hidden) of hub model families known without a download, by the start of the repo name
-KNOWN_SHAPES = {"bert-base": (12, 768), "bert-large": (24, 1024)}
+#: sizes of hub model families known without a download, by the start of the repo name (vocabulary: 28,996
+#: words cased, 30,522 uncased)
+KNOWN_CONFIGS = {
+    "bert-base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                      max_position_embeddings=512),
+    "bert-large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096,
+                       max_position_embeddings=512),
+}
+#: (layers, hidden) of those families
+KNOWN_SHAPES = {k: (v["num_hidden_layers"], v["hidden_size"]) for k, v in KNOWN_CONFIGS.items()}
+#: the BertConfig sizes --extrapolate needs
+SIZE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+             "max_position_embeddings")
 
 
 def model_shape(cfg: dict) -> tuple[int, int]:
@@ -115,6 +133,102 @@ def model_shape(cfg: dict) -> tuple[int, int]:
                      f"{' or '.join(KNOWN_SHAPES)} name): give --shape LAYERS,HIDDEN")
 
 
+def model_config(cfg: dict) -> dict:
+    """The BertConfig sizes (SIZE_KEYS) of the model the study trains, for --extrapolate: a model built from
+    scratch has model.* and tokenizer.vocab_size; a pretrained model.init its local config.json, else a known
+    hub family's sizes (KNOWN_CONFIGS)."""
+    m = cfg.get("model") or {}
+    init = m.get("init") or "scratch"
+    if init == "scratch":
+        sizes = {**{k: m.get(k) for k in SIZE_KEYS}, "vocab_size": (cfg.get("tokenizer") or {}).get("vocab_size")}
+    else:
+        local = Path(str(init)) / "config.json"
+        name = str(init).rstrip("/").rsplit("/", 1)[-1].lower()
+        family = next((f for f in KNOWN_CONFIGS if name.startswith(f)), None)
+        if local.is_file():
+            sizes = {k: json.loads(local.read_text()).get(k) for k in SIZE_KEYS}
+        elif family:
+            sizes = {**KNOWN_CONFIGS[family], "vocab_size": 30522 if "uncased" in name else 28996}
+        else:
+            raise SystemExit(f"gpu_hours: model.init {init!r}: its sizes are unknown here (no {local}, not a "
+                             f"{' or '.join(KNOWN_CONFIGS)} name): --extrapolate needs them")
+    lacking = [k for k in SIZE_KEYS if sizes.get(k) is None]
+    if lacking:
+        raise SystemExit(f"gpu_hours: the model's {', '.join(lacking)} unknown: --extrapolate needs them")
+    return {k: int(sizes[k]) for k in SIZE_KEYS}
+
+
+def load_references(paths: list[Path]) -> dict[tuple[str, str], list[dict]]:
+    """(objective, precision) -> the measured eager steps --extrapolate scales from: each with its model's
+    sizes, batch, sequence length, step seconds and file (load_measurements has checked the files)."""
+    out: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for p in paths:
+        res = json.loads(p.read_text())
+        lacking = [k for k in SIZE_KEYS if (res.get("model") or {}).get(k) is None]
+        if lacking:  # gpu_check records every size; a hand-made file may not
+            raise SystemExit(f"gpu_hours: {p} records no model {', '.join(lacking)}: --extrapolate cannot scale from it")
+        for r in res["results"]:
+            if r.get("status") == "ok" and r.get("variant") == "eager":
+                out[(res["objective"], r["precision"])].append(
+                    {"model": res["model"], "batch": res["batch"], "seq": res["seq_len"],
+                     "step_seconds": r["step_seconds"], "file": p.name})
+    return out
+
+
+def op_count(layers: int, objective: str, precision: str) -> int:
+    """Aten ops of one eager engine step of a `layers`-layer BERT (gpu_check.count_ops, on this CPU): the
+    counts of a 1- and a 2-layer model, extended by the second's extra ops per layer (each layer adds the
+    same number: tests/test_gpu_check.py; widths, batch and length change nothing), cached per process."""
+    key = (objective, precision)
+    if key not in _OPS:
+        import gpu_check  # torch and transformers: only for --extrapolate
+
+        try:
+            _OPS[key] = tuple(gpu_check.count_ops({"num_hidden_layers": n, "vocab_size": 1000}, precision,
+                                                  mlm=objective == "mlm") for n in (1, 2))
+        except PrecswitchError as e:  # fp8: its step needs a GPU
+            raise SystemExit(f"gpu_hours: --extrapolate: {e}") from None
+    one, two = _OPS[key]
+    return one + (int(layers) - 1) * (two - one)
+
+
+_OPS: dict[tuple[str, str], tuple[int, int]] = {}
+
+
+def _engine_flops(sizes: dict, batch: int, seq: int, objective: str, mlm_probability: float) -> int:
+    from precswitch import flops
+
+    kw = ({"head_rows": flops.engine_head_rows(batch, seq, mlm_probability)} if objective == "mlm"
+          else {"cls_only_last_layer": True})
+    return flops.train_step_flops(sizes, batch, seq, objective, **kw)
+
+
+def _activations(sizes: dict, batch: int, seq: int) -> int:
+    return batch * seq * sizes["num_hidden_layers"] * (
+        sizes["hidden_size"] + sizes["intermediate_size"] + sizes["num_attention_heads"] * seq)
+
+
+def scale_ratios(ref: dict, sizes: dict, batch: int, seq: int, objective: str, precision: str,
+                 mlm_probability: float = 0.15) -> dict[str, float]:
+    """Target over measured, per part of a step (--extrapolate): ops, flops, activations, parameters; and
+    `factor`, the largest."""
+    from precswitch import flops
+
+    m = ref["model"]
+    r = {
+        "ops": op_count(sizes["num_hidden_layers"], objective, precision)
+        / op_count(m["num_hidden_layers"], objective, precision),
+        # the measured step masked 15% (gpu_check), the study's step its mlm_probability
+        "flops": _engine_flops(sizes, batch, seq, objective, mlm_probability)
+        / _engine_flops(m, ref["batch"], ref["seq"], objective, 0.15),
+        "activations": _activations(sizes, batch, seq) / _activations(m, ref["batch"], ref["seq"]),
+        "parameters": flops.parameter_count(sizes, objective, max_position_embeddings=sizes["max_position_embeddings"])
+        / flops.parameter_count(m, objective, max_position_embeddings=m.get("max_position_embeddings", 512)),
+    }
+    r["factor"] = max(r.values())
+    return r
+
+
 def _shape(text: str) -> tuple[int, int]:
     try:
         layers, hidden = (int(v) for v in text.split(","))
@@ -123,8 +237,13 @@ def _shape(text: str) -> tuple[int, int]:
     return layers, hidden
 
 
-def estimate(cfg: dict, meas: dict, args) -> dict:
+def estimate(cfg: dict, meas: dict, args, refs: dict | None = None) -> dict:
+    """The workflow's jobs with their run seconds (fastest, slowest measurement) and the measurements
+    missing; with refs (load_references; --extrapolate) a missing one is scaled from a measured step of its
+    objective and precision (scale_ratios), and listed under "extrapolated"."""
     layers, hidden = getattr(args, "shape", None) or model_shape(cfg)
+    sizes = model_config(cfg) if refs is not None else None
+    extrapolated: dict[tuple, list[dict]] = {}
     seeds = cfg["seeds"]
     stages = {"pretrain": ("mlm", args.stage1_job_s, args.pretrain_rows),
               "finetune": ("classify", args.stage2_job_s, args.finetune_rows)}
@@ -145,8 +264,20 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
         b, seq = int(train["batch_size"]), int(train["max_length"])
         for key, spec in specs.items():
             lo = hi = 0.0
+            scaled = False
             for prec, frac in stage_parts(spec):
                 t = meas.get((objective, prec, b, seq, layers, hidden))
+                if not t and refs is not None and refs.get((objective, prec)):
+                    target = (objective, prec, b, seq, layers, hidden)
+                    if target not in extrapolated:
+                        extrapolated[target] = []
+                        for ref in refs[(objective, prec)]:
+                            r = scale_ratios(ref, sizes, b, seq, objective, prec,
+                                             float(train.get("mlm_probability", 0.15)))
+                            extrapolated[target].append({**r, "ref": ref,
+                                                         "step_seconds": ref["step_seconds"] * r["factor"]})
+                    t = [e["step_seconds"] for e in extrapolated[target]]
+                    scaled = True
                 if not t:
                     missing.add(f"{objective} {prec} batch {b} x {seq} ({layers} layers, {hidden} hidden)")
                     continue
@@ -154,8 +285,8 @@ def estimate(cfg: dict, meas: dict, args) -> dict:
                 lo += frac * steps * (min(t) + per)
                 hi += frac * steps * (max(t) + per)
             jobs.append({"stage": stage, "spec": key if stage == "finetune" else spec, "steps": steps,
-                         "seeds": len(seeds), "run_s": (lo + job_s, hi + job_s)})
-    return {"jobs": jobs, "missing": sorted(missing)}
+                         "seeds": len(seeds), "run_s": (lo + job_s, hi + job_s), "extrapolated": scaled})
+    return {"jobs": jobs, "missing": sorted(missing), "extrapolated": extrapolated}
 
 
 def span(lo: float, hi: float, f: str) -> str:
@@ -210,9 +341,15 @@ def main(argv=None) -> int:
     p.add_argument("--finetune-rows", type=int, default=3668, help="stage-2 training examples (default 3668: MRPC)")
     p.add_argument("--shape", type=_shape, default=None, metavar="LAYERS,HIDDEN",
                    help="the model's layers and hidden size (default: from the config, see model_shape)")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="scale a job's step time from a measured step at another shape when its own shape was not "
+                        "measured (an upper estimate: see the module's docstring), marked '*'")
     args = p.parse_args(argv)
+    if args.extrapolate and args.shape:
+        p.error("--extrapolate needs the model's own sizes (from the config), not --shape")
     cfg = study_config(args.config)
-    res = estimate(cfg, load_measurements(args.measured), args)
+    res = estimate(cfg, load_measurements(args.measured), args,
+                   load_references(args.measured) if args.extrapolate else None)
     if res["missing"]:
         print("gpu_hours: no eager measurement for: " + "; ".join(res["missing"]), file=sys.stderr)
         return 2
@@ -224,14 +361,27 @@ def main(argv=None) -> int:
         lo, hi = j["run_s"]
         spec = j["spec"] if j["stage"] == "finetune" else run_key(j["spec"])  # a schedule; a stage-1 run's name
         print(f"{j['stage']:<9} {spec:<40} {j['steps']:>6} {span(lo / 60, hi / 60, '.1f'):>14} "
-              f"{span(lo * j['seeds'] / 3600, hi * j['seeds'] / 3600, '.2f'):>14}")
+              f"{span(lo * j['seeds'] / 3600, hi * j['seeds'] / 3600, '.2f'):>14}" + (" *" if j["extrapolated"] else ""))
         tot[j["stage"]][0] += lo * j["seeds"] / 3600
         tot[j["stage"]][1] += hi * j["seeds"] / 3600
     all_lo, all_hi = sum(v[0] for v in tot.values()), sum(v[1] for v in tot.values())
     for stage, (lo, hi) in tot.items():
         print(f"{stage}: {span(lo, hi, '.1f')} GPU-hours")
     print(f"total: {span(all_lo, all_hi, '.1f')} GPU-hours (step overhead {args.step_overhead_ms:g} ms; "
-          f"per job {args.stage1_job_s:g} s stage 1, {args.stage2_job_s:g} s stage 2)")
+          f"per job {args.stage1_job_s:g} s stage 1, {args.stage2_job_s:g} s stage 2)"
+          + (", * extrapolated" if res["extrapolated"] else ""))
+    if res["extrapolated"]:
+        print("* not measured at its shape: the step time measured at another, times the largest ratio (target over "
+              "measured) of ops per step, model FLOPs, activations and parameters; an upper estimate if the GPU "
+              "does no worse per op, FLOP and byte at the new shape:")
+        for (objective, prec, b, seq, layers, hidden), rows in res["extrapolated"].items():
+            for e in rows:
+                ref, m = e["ref"], e["ref"]["model"]
+                print(f"  {objective} {prec} batch {b} x {seq} ({layers} layers, {hidden} hidden) from batch "
+                      f"{ref['batch']} x {ref['seq']} ({m['num_hidden_layers']} layers, {m['hidden_size']} hidden; "
+                      f"{ref['file']}): ops x{e['ops']:.2f}, FLOPs x{e['flops']:.2f}, activations "
+                      f"x{e['activations']:.2f}, parameters x{e['parameters']:.2f}: "
+                      f"{ref['step_seconds'] * 1000:.1f} ms -> {e['step_seconds'] * 1000:.1f} ms")
     return 0
 
 

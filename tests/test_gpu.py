@@ -1734,3 +1734,129 @@ def test_gpu_hours_refuses_the_sweeps_the_workflow_refuses(tmp_path):
         assert str(e.value).startswith(f"gpu_hours: {tmp_path / 'c.yaml'}: not a valid study config: {msg}"), e.value
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"sweeps": {"s": {"finetune": sw, "switch_at": [0.5, 1]}}}))
     assert "s-at50" not in gh.study_config(tmp_path / "c.yaml")["schedules"]  # the config is left as it was
+
+
+# ------------------------------------------------------------------ gpu_hours.py --extrapolate
+_REF_MODEL = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 256,
+              "vocab_size": 1000, "max_position_embeddings": 64}
+
+
+def _ref_json(path, objective, batch, seq, steps_s: dict, model=None):
+    path.write_text(json.dumps({
+        "schema": "precswitch-gpu-check/1", "objective": objective, "batch": batch, "seq_len": seq,
+        "model": model or _REF_MODEL, "device": "cuda", "device_name": "NVIDIA H200",
+        "results": [{"precision": p, "variant": "eager", "status": "ok", "step_seconds": s} for p, s in steps_s.items()]}))
+    return path
+
+
+def test_gpu_hours_extrapolates_by_the_largest_ratio_and_marks_it(tmp_path, capsys, monkeypatch):
+    """Stage 1: a model 6x as deep as the measured one, at an eighth of its batch, with 5x its ops per step
+    (set here): ops is the largest ratio (activations 6/8, FLOPs less, parameters ~4x), so the step takes 5x
+    the measured one. Stage 2: the same model as measured at twice the batch: FLOPs and activations 2x, ops
+    and parameters 1x, so 2x. Each job is marked, and the ratios are printed."""
+    import yaml
+
+    gh = _gpu_hours()
+    # 1 layer 60 ops, +40 a layer: 100 at 2 layers, 500 at 12
+    monkeypatch.setattr(gh, "_OPS", {("mlm", "fp32"): (60, 100), ("classify", "amp_bf16"): (200, 300)})
+    cfg = {"seeds": [1, 2], "tokenizer": {"vocab_size": 1000},
+           "model": {**{k: v for k, v in _REF_MODEL.items() if k != "vocab_size"}, "init": "scratch",
+                     "num_hidden_layers": 12},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "amp_bf16"}},
+           "train": {"pretrain": {"steps": 1000, "batch_size": 1, "max_length": 32},
+                     "finetune": {"steps": 100, "batch_size": 16, "max_length": 32}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    mlm = _ref_json(tmp_path / "mlm.json", "mlm", 8, 32, {"fp32": 0.010})
+    cls = _ref_json(tmp_path / "cls.json", "classify", 8, 32, {"amp_bf16": 0.004}, {**_REF_MODEL, "num_hidden_layers": 12})
+    args = [str(tmp_path / "c.yaml"), str(mlm), str(cls), "--stage1-job-s", "0", "--stage2-job-s", "0",
+            "--step-overhead-ms", "0"]
+    assert gh.main(args) == 2  # without --extrapolate: named, not guessed
+    assert "mlm fp32 batch 1 x 32 (12 layers, 64 hidden)" in capsys.readouterr().err
+    assert gh.main([*args, "--extrapolate"]) == 0
+    out = capsys.readouterr().out
+    # stage 1: 1000 x 0.010 x 5 = 50 s x 2 seeds; stage 2 (same model, batch 16): 100 x 0.004 x 2 = 0.8 s x 2
+    assert "pretrain  fp32" in out and " 0.8 " in out and "0.03 *" in out
+    assert f"total: {(100 + 1.6) / 3600:.1f} GPU-hours" in out and "* extrapolated" in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("  ")]
+    assert len(lines) == 2
+    assert "mlm fp32 batch 1 x 32 (12 layers, 64 hidden) from batch 8 x 32 (2 layers, 64 hidden; mlm.json)" in lines[0]
+    assert "ops x5.00" in lines[0] and "activations x0.75" in lines[0] and "10.0 ms -> 50.0 ms" in lines[0]
+    assert "from batch 8 x 32 (12 layers, 64 hidden; cls.json)" in lines[1]
+    assert "ops x1.00, FLOPs x2.00, activations x2.00, parameters x1.00: 4.0 ms -> 8.0 ms" in lines[1]
+    res = gh.estimate(gh.study_config(tmp_path / "c.yaml"), gh.load_measurements([mlm, cls]),
+                      _hours_args(stage1_job_s=0, stage2_job_s=0, step_overhead_ms=0),
+                      gh.load_references([mlm, cls]))
+    got = {j["stage"]: (j["run_s"], j["extrapolated"]) for j in res["jobs"]}
+    assert got == {"pretrain": (pytest.approx((50.0, 50.0)), True), "finetune": (pytest.approx((0.8, 0.8)), True)}
+    r = res["extrapolated"][("mlm", "fp32", 1, 32, 12, 64)][0]
+    assert r["flops"] < 0.75 and 3 < r["parameters"] < 5 and r["factor"] == 5.0
+
+
+def test_gpu_hours_extrapolation_uses_measured_shapes_first_and_names_what_it_cannot_scale(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """A job measured at its own shape keeps its measured time under --extrapolate; a precision measured at no
+    shape is still named; --shape is refused with it (the scaling needs the model's own sizes), and so are a
+    result that does not record them and a precision whose ops cannot be counted on a CPU (fp8)."""
+    import yaml
+
+    gh = _gpu_hours()
+    monkeypatch.setattr(gh, "_OPS", {("mlm", "fp32"): (60, 100), ("classify", "fp32"): (60, 100)})
+    cfg = {"seeds": [1], "tokenizer": {"vocab_size": 1000},
+           "model": {**{k: v for k, v in _REF_MODEL.items() if k != "vocab_size"}, "init": "scratch"},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}, "b": {"pretrain": "fp32", "finetune": "pure_bf16"}},
+           "train": {"pretrain": {"steps": 1000, "batch_size": 8, "max_length": 32},
+                     "finetune": {"steps": 100, "batch_size": 16, "max_length": 32}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    mlm = _ref_json(tmp_path / "mlm.json", "mlm", 8, 32, {"fp32": 0.010})
+    cls = _ref_json(tmp_path / "cls.json", "classify", 8, 32, {"fp32": 0.004})
+    assert gh.main([str(tmp_path / "c.yaml"), str(mlm), str(cls), "--extrapolate"]) == 2
+    assert "classify pure_bf16 batch 16 x 32" in capsys.readouterr().err
+    res = gh.estimate(gh.study_config(tmp_path / "c.yaml"), gh.load_measurements([mlm, cls]), _hours_args(),
+                      gh.load_references([mlm, cls]))
+    pre = [j for j in res["jobs"] if j["stage"] == "pretrain"]
+    assert len(pre) == 1 and not pre[0]["extrapolated"] and pre[0]["run_s"][0] == pytest.approx(1000 * 0.012 + 25)
+    assert list(res["extrapolated"]) == [("classify", "fp32", 16, 32, 2, 64)]
+    with pytest.raises(SystemExit):
+        gh.main([str(tmp_path / "c.yaml"), str(mlm), "--extrapolate", "--shape", "2,64"])
+    assert "not --shape" in capsys.readouterr().err
+    bare = _check_json(tmp_path / "bare.json", "mlm", 8, 32, 2, 64, {"fp32": 0.010})  # layers and hidden only
+    with pytest.raises(SystemExit, match="bare.json records no model num_attention_heads, intermediate_size"):
+        gh.main([str(tmp_path / "c.yaml"), str(bare), str(cls), "--extrapolate"])
+    fp8 = _ref_json(tmp_path / "fp8.json", "classify", 8, 32, {"fp8": 0.004})
+    (tmp_path / "f.yaml").write_text(yaml.safe_dump({**cfg, "schedules": {"a": {"pretrain": "fp32", "finetune": "fp8"}}}))
+    with pytest.raises(SystemExit, match="--extrapolate: precision 'fp8': its step needs a GPU"):
+        gh.main([str(tmp_path / "f.yaml"), str(mlm), str(fp8), "--extrapolate"])
+
+
+def test_gpu_hours_model_config_reads_a_scratch_config_a_local_model_and_a_hub_family(tmp_path):
+    gh = _gpu_hours()
+    local = tmp_path / "m"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps({**_REF_MODEL, "num_hidden_layers": 3, "model_type": "bert"}))
+    assert gh.model_config({"model": {"init": str(local)}})["num_hidden_layers"] == 3
+    assert gh.model_config({"model": {"init": "google-bert/bert-base-uncased"}})["vocab_size"] == 30522
+    assert gh.model_config({"model": {"init": "bert-base-cased"}}) == {
+        "num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072,
+        "vocab_size": 28996, "max_position_embeddings": 512}
+    with pytest.raises(SystemExit, match="vocab_size"):
+        gh.model_config({"model": {"init": "scratch", **_REF_MODEL}})  # no tokenizer.vocab_size
+    with pytest.raises(SystemExit, match="roberta-base"):
+        gh.model_config({"model": {"init": "roberta-base"}})
+
+
+def test_gpu_hours_of_bert_small_scratch_extrapolated_from_the_h200_are_the_documented_figures():
+    """docs/gpu.md's bert-small-scratch figures: no BERT-small step has run on a GPU; scaled from the H200's
+    BERT-base steps (ops counted on this CPU), 12.1 GPU-hours at most, every job marked."""
+    h200 = ROOT / "benchmarks" / "h200"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-small-scratch.yaml"),
+                        str(h200 / "run1_gpu_check.json"), str(h200 / "run1_gpu_check_mlm.json"),
+                        str(h200 / "run2_prof_eager.json"), "--extrapolate"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in r.stdout.splitlines() if line.startswith(("pretrain ", "finetune "))}
+    assert all(v[-1] == "*" for v in rows.values()) and len(rows) == 14
+    assert {k[1]: v[:3] for k, v in rows.items() if k[0] == "pretrain"} == {
+        "fp32": ["20000", "18.9", "3.16"], "amp_fp16": ["20000", "12.1", "2.01"], "amp_bf16": ["20000", "9.2", "1.54"],
+        "pure_fp16": ["20000", "8.9", "1.48"], "pure_bf16": ["20000", "10.6", "1.76"], "tf32": ["20000", "9.4", "1.56"]}
+    assert "pretrain: 11.5 GPU-hours" in r.stdout and "finetune: 0.6 GPU-hours" in r.stdout
+    assert "total: 12.1 GPU-hours" in r.stdout
+    assert "mlm amp_bf16 batch 128 x 128 (4 layers, 512 hidden) from batch 32 x 128 (12 layers, 768 hidden" in r.stdout
