@@ -25,6 +25,8 @@ def test_interval_ends_are_where_the_e_process_reaches_one_over_alpha():
     assert sq.e_value(d, hi) == pytest.approx(1 / ALPHA, rel=1e-9)
     assert sq.e_value(d, d.mean()) < 1 / ALPHA  # inside: not rejected
     assert sq.e_value(d, hi + 0.1) > 1 / ALPHA  # outside: rejected
+    # identical differences: |t| is infinite and E_n takes its largest value (1 + n g)^((n - 1)/2)
+    assert sq.e_value([1.0] * 5, 0.0) == pytest.approx((1 + 5 * sq.DEFAULT_G) ** 2)
 
 
 def test_interval_is_the_whole_line_until_the_e_process_can_reach_one_over_alpha():

@@ -67,10 +67,10 @@ def e_value(d: Sequence[float], mu0: float = 0.0, g: float = DEFAULT_G) -> float
         return 1.0
     nu = n - 1
     ss = float(np.sum((d - d.mean()) ** 2))
-    if ss == 0.0:
-        return math.inf if d.mean() != mu0 else 1.0
-    t2 = n * (d.mean() - mu0) ** 2 / (ss / nu)
     k = 1.0 + n * g
+    if ss == 0.0:  # |t| is infinite: E_n takes its largest value, k^(nu/2)
+        return k ** (nu / 2) if d.mean() != mu0 else 1.0
+    t2 = n * (d.mean() - mu0) ** 2 / (ss / nu)
     return k ** -0.5 * ((1.0 + t2 / nu) / (1.0 + t2 / (nu * k))) ** ((nu + 1) / 2)
 
 
