@@ -1,6 +1,6 @@
 """The benchmark scripts' figures (mutation audit): what each script prints or writes, from hand-built
 measurements with hand-computed expectations. The expensive parts (`precswitch` processes, training,
-Snakemake, clocks) are faked; nothing here trains a model of any size worth timing or needs a GPU.
+clocks) are faked; nothing here trains a model of any size worth timing or needs a GPU.
 
 Each script is imported as a module from its file; the options of its command line are checked to reach
 the runs it starts (engine_run's hparams, the subprocess's arguments)."""
