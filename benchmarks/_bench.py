@@ -29,17 +29,6 @@ def positive_int(text: str) -> int:
     return v
 
 
-def positive_float(text: str) -> float:
-    """argparse type of a finite number that must be > 0 (milliseconds, eps, ...)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
 def split_names(ap: argparse.ArgumentParser, option: str, text: str, allowed=None) -> list[str]:
     """A comma-separated option (--precisions a,b): its names, refused (ap.error, exit 2) when one is empty,
     repeated, or not among allowed (when given) -- before any data is prepared or any run started."""

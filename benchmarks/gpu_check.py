@@ -21,7 +21,7 @@ pure_fp16 runs with AdamW eps 1e-4 (--pure-fp16-eps): 1e-8 rounds to 0 in fp16 a
 eager rows are the study's speed; the compiled rows show what the hardware gives (MFU target).
 Compiled rows use CUDA graphs (--compile-mode reduce-overhead): on an H200, BERT-base at batch 32 in
 16 bits launches ~1,200 kernels per eager step and the host needs ~24 ms to launch them while the GPU
-needs ~12 ms, so eager 16-bit steps are host-bound (benchmarks/h200/). --profile-steps N shows it:
+needs ~12 ms, so eager 16-bit steps are host-bound (benchmarks/lease/h200/). --profile-steps N shows it:
 kernels, GPU kernel time and host synchronizations per step, and the GPU-busy fraction; and where
 the GPU time goes, by kind of kernel (KIND_PATTERNS: matmul, attention, optimizer, layer norm, ...),
 with the matmuls' own FLOP rate (model FLOPs / time in matmuls and attention).
@@ -615,7 +615,7 @@ def parse_args(argv=None):
                         "only = compiled rows only")
     p.add_argument("--compile-mode", default="reduce-overhead",
                    help="torch.compile mode of the compiled rows (default 'reduce-overhead': CUDA graphs; on an H200 "
-                        "at batch 32 mode 'default' left the 16-bit step as host-bound as eager, benchmarks/h200/)")
+                        "at batch 32 mode 'default' left the 16-bit step as host-bound as eager, benchmarks/lease/h200/)")
     p.add_argument("--fused", choices=["auto", "on", "off"], default="auto", help="fused AdamW (default on, like the engine's optimizer_impl: fused; off = foreach)")
     p.add_argument("--step", choices=["engine", "stock"], default="engine",
                    help="engine (default): the study's step (masked-LM head on masked rows only, [CLS]-only "

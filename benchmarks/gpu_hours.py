@@ -1,6 +1,6 @@
 """GPU-hours of a study config on one GPU, from step times measured by benchmarks/gpu_check.
 
-  python benchmarks/gpu_hours.py config/bert-base-mrpc.yaml benchmarks/h200/*gpu_check*.json benchmarks/h200/*prof*.json
+  python benchmarks/gpu_hours.py config/bert-base-mrpc.yaml benchmarks/lease/h200/*gpu_check*.json benchmarks/lease/h200/*prof*.json
 
 For every job the workflow runs (stage 1 once per distinct stage-1 spec and seed, shared by the
 schedules that start the same way; stage 2 once per schedule and seed; a switch-point sweep's points are
@@ -9,7 +9,7 @@ measured for that objective (masked LM for stage 1, classification for stage 2),
 and sequence length, adds the engine's per-step extra (--step-overhead-ms: the next batch's collation,
 which on a host-bound GPU step is not hidden) and a fixed cost per job (--stage1-job-s, --stage2-job-s:
 process start and imports, CUDA and model set-up, evaluation, checkpoints; defaults 25 s and 18 s, from
-benchmarks/job_overhead.py: ~16 s a job at BERT-base's size on the H200 of benchmarks/h200/, plus
+benchmarks/job_overhead.py: ~16 s a job at BERT-base's size on the H200 of benchmarks/lease/h200/, plus
 evaluation, stage 1's resumable-state save and Snakemake's dispatch; docs/gpu.md). Several
 measurements of one kind give a range: the table prints the fastest and the slowest. The engine runs
 eager PyTorch, so compiled rows are ignored, and results of gpu_check --step stock or of a run on a CPU

@@ -2,7 +2,8 @@
 
 ``--configfile`` takes several files, so a target written after it (``--configfile study.yaml
 fetch``) is read as a second config file and the command fails with FileNotFoundError. Every
-``snakemake`` command in a bash block of README.md, config/README.md and docs/*.md is parsed with
+``snakemake`` command in a bash block of README.md, config/README.md and docs/*.md (but the dated
+docs/findings.md) is parsed with
 Snakemake's own argument parser: each config file must be a YAML file and each target a rule or a
 path under the study's results.
 """
@@ -18,7 +19,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "config" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: docs/findings.md is left out: its dated entries quote commands as they ran at their commit
+DOCS = [ROOT / "README.md", ROOT / "config" / "README.md",
+        *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "findings.md")]
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 
 

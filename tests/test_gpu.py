@@ -503,7 +503,7 @@ def test_gpu_check_one_compiled_row_in_the_budget_is_amp_bf16s(tmp_path, monkeyp
 
 
 def _device_script_stubs(tmp_path, script: str):
-    """A copy of benchmarks/<script> in a bare repo, with stub python3 / nvidia-smi / timeout on PATH
+    """A copy of benchmarks/lease/<script> in a bare repo, with stub python3 / nvidia-smi / timeout on PATH
     that log their calls: (repo, env, log). The stub pip takes 2 s; gpu_check writes its --out and
     fails (exit 1, as on a missed target); the machine's pyarrow is too old for datasets."""
     import shutil
@@ -512,9 +512,9 @@ def _device_script_stubs(tmp_path, script: str):
     if shutil.which("bash") is None:
         pytest.skip("no bash")
     repo = tmp_path / "repo"
-    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "benchmarks" / "lease").mkdir(parents=True)
     for name in (script, "_device_env.sh"):
-        shutil.copy(ROOT / "benchmarks" / name, repo / "benchmarks" / name)
+        shutil.copy(ROOT / "benchmarks" / "lease" / name, repo / "benchmarks" / "lease" / name)
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     stubs = {
@@ -548,12 +548,12 @@ exec "$@"
 
 
 def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
-    """benchmarks/device_check.sh with stub python3 / nvidia-smi / timeout: every step runs even when
+    """benchmarks/lease/device_check.sh with stub python3 / nvidia-smi / timeout: every step runs even when
     an earlier one fails, the outputs land in $OUT (at most 8 files come back from a device run), and
     the engine step's time limit counts the time the wheel install took (the whole script must stay
     inside a 600 s command)."""
     repo, env, log = _device_script_stubs(tmp_path, "device_check.sh")
-    r = subprocess.run(["bash", str(repo / "benchmarks" / "device_check.sh")], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "lease" / "device_check.sh")], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     calls = log.read_text().splitlines()
@@ -578,13 +578,13 @@ def test_device_check_sh_dry_run_budget_and_outputs(tmp_path):
 
 
 def test_device_profile_sh_dry_run_steps_and_outputs(tmp_path):
-    """benchmarks/device_profile.sh (the second device call, a fresh shell): the wheels of .whl/ installed
+    """benchmarks/lease/device_profile.sh (the second device call, a fresh shell): the wheels of .whl/ installed
     first (the engine step needs datasets; it used to skip this, as device_check.sh's install does not carry
     over), BERT-small's two shapes, amp_bf16 with CUDA graphs at batch 64 and 128 (profiled, --compile only),
     then the engine in every stage-1 precision within what is left of BUDGET; each step runs after a failed
     one."""
     repo, env, log = _device_script_stubs(tmp_path, "device_profile.sh")
-    r = subprocess.run(["bash", str(repo / "benchmarks" / "device_profile.sh")], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "lease" / "device_profile.sh")], capture_output=True, text=True,
                        timeout=120, env={**env, "BUDGET": "250"})
     assert r.returncode == 0, r.stderr
     calls = log.read_text().splitlines()
@@ -733,13 +733,13 @@ def test_gpu_hours_hand_count(tmp_path, capsys):
 
 def test_gpu_hours_of_the_shipped_config_from_the_h200_measurements():
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-base-mrpc.yaml"),
-                        *map(str, sorted((ROOT / "benchmarks" / "h200").glob("*gpu_check*.json"))),
-                        str(ROOT / "benchmarks" / "h200" / "run2_prof_eager.json")],
+                        *map(str, sorted((ROOT / "benchmarks" / "lease" / "h200").glob("*gpu_check*.json"))),
+                        str(ROOT / "benchmarks" / "lease" / "h200" / "run2_prof_eager.json")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "10000" in r.stdout and "342" in r.stdout and "total:" in r.stdout
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-small-scratch.yaml"),
-                        str(ROOT / "benchmarks" / "h200" / "run1_engine_cuda_metrics.json")], capture_output=True, text=True)
+                        str(ROOT / "benchmarks" / "lease" / "h200" / "run1_engine_cuda_metrics.json")], capture_output=True, text=True)
     assert r.returncode != 0 and "not a gpu_check --out result" in r.stderr
 
 
@@ -939,7 +939,7 @@ def test_job_overhead_splits_a_jobs_wall_time(tmp_path):
     a positive rest, nothing counted twice (checkpoint_seconds holds the resumable-state save); with
     the H200 run's files it adds the CUDA setup and per-process costs to this machine's fixed cost."""
     out = tmp_path / "jo.json"
-    h200 = ROOT / "benchmarks" / "h200"
+    h200 = ROOT / "benchmarks" / "lease" / "h200"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "job_overhead.py"), "--model", "tiny", "--steps", "2",
                         "--gpu-metrics", str(h200 / "run1_engine_cuda_metrics.json"),
                         "--gpu-log", str(h200 / "run1_engine_cuda.txt"), "--json-out", str(out)],
@@ -1379,7 +1379,7 @@ def test_a_released_slot_is_free_even_while_a_forked_child_still_holds_its_descr
 def test_gpu_hours_of_bert_base_mrpc_are_the_documented_figures():
     """docs/gpu.md's GPU-hours table, from the H200 files with the default per-step and per-job costs: each
     stage-1 precision's 10,000-step run and its 10 seeds, 342 fine-tuning steps, the stage totals and 7.4 in all."""
-    h200 = ROOT / "benchmarks" / "h200"
+    h200 = ROOT / "benchmarks" / "lease" / "h200"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-base-mrpc.yaml"),
                         str(h200 / "run1_gpu_check.json"), str(h200 / "run1_gpu_check_mlm.json"),
                         str(h200 / "run2_prof_eager.json")], capture_output=True, text=True, timeout=120)
@@ -1422,7 +1422,8 @@ def test_gpu_hours_rounds_a_fractional_epoch_count_as_the_engine():
     assert gh.stage_steps({"steps": None, "epochs": 0.75, "batch_size": 32}, 330, "finetune") == 8
 
 
-BENCH_SCRIPTS = ["device_check.sh", "device_profile.sh", "_device_env.sh", "device_wheels.sh", "gpu_check"]
+BENCH_SCRIPTS = ["lease/device_check.sh", "lease/device_profile.sh", "lease/_device_env.sh", "lease/device_wheels.sh",
+                 "gpu_check"]
 
 
 @pytest.mark.parametrize("script", BENCH_SCRIPTS)
@@ -1439,8 +1440,8 @@ def test_device_env_installs_the_wheels_once_offline_with_this_checkouts_src_fir
     import stat
 
     repo, bin_dir, log, site = tmp_path / "repo", tmp_path / "bin", tmp_path / "calls.log", tmp_path / "site"
-    (repo / "benchmarks").mkdir(parents=True)
-    shutil.copy(ROOT / "benchmarks" / "_device_env.sh", repo / "benchmarks")
+    (repo / "benchmarks" / "lease").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "lease" / "_device_env.sh", repo / "benchmarks" / "lease")
     (repo / ".whl").mkdir()
     (repo / ".whl" / "fake-0.1-py3-none-any.whl").write_bytes(b"")
     bin_dir.mkdir()
@@ -1452,7 +1453,7 @@ exit 0
 """)
     stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PRECSWITCH_SITE": str(site), "PYTHONPATH": "/x"}
-    show = "source benchmarks/_device_env.sh; echo \"$HF_HUB_OFFLINE $HF_DATASETS_OFFLINE $TRANSFORMERS_OFFLINE $PYTHONPATH\""
+    show = "source benchmarks/lease/_device_env.sh; echo \"$HF_HUB_OFFLINE $HF_DATASETS_OFFLINE $TRANSFORMERS_OFFLINE $PYTHONPATH\""
     outs = [subprocess.run(["bash", "-c", show], cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
     assert outs[0] == outs[1] == f"1 1 1 {repo}/src:{site}:/x\n"
@@ -1461,12 +1462,12 @@ exit 0
 
 
 def _wheels_dry_run(tmp_path, repo):
-    """benchmarks/device_wheels.sh in repo with a stub python3 whose `pip download -d DIR` makes DIR: the calls."""
+    """benchmarks/lease/device_wheels.sh in repo with a stub python3 whose `pip download -d DIR` makes DIR: the calls."""
     import shutil
     import stat
 
-    (repo / "benchmarks").mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "benchmarks" / "device_wheels.sh", repo / "benchmarks")
+    (repo / "benchmarks" / "lease").mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "benchmarks" / "lease" / "device_wheels.sh", repo / "benchmarks" / "lease")
     bin_dir, log = tmp_path / "wbin", tmp_path / "wheels.log"
     bin_dir.mkdir(exist_ok=True)
     stub = bin_dir / "python3"
@@ -1477,7 +1478,7 @@ exit 0
 """)
     stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PY_VERSION": "3.11"}
-    r = subprocess.run(["bash", str(repo / "benchmarks" / "device_wheels.sh")], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "lease" / "device_wheels.sh")], capture_output=True, text=True,
                        timeout=60, env=env)
     return r, (log.read_text().splitlines() if log.exists() else [])
 
@@ -1847,7 +1848,7 @@ def test_gpu_hours_model_config_reads_a_scratch_config_a_local_model_and_a_hub_f
 def test_gpu_hours_of_bert_small_scratch_extrapolated_from_the_h200_are_the_documented_figures():
     """docs/gpu.md's bert-small-scratch figures: no BERT-small step has run on a GPU; scaled from the H200's
     BERT-base steps (ops counted on this CPU), 12.1 GPU-hours at most, every job marked."""
-    h200 = ROOT / "benchmarks" / "h200"
+    h200 = ROOT / "benchmarks" / "lease" / "h200"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-small-scratch.yaml"),
                         str(h200 / "run1_gpu_check.json"), str(h200 / "run1_gpu_check_mlm.json"),
                         str(h200 / "run2_prof_eager.json"), "--extrapolate"], capture_output=True, text=True, timeout=300)

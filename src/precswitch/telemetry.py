@@ -25,7 +25,7 @@ gradients); comparisons are done in fp32, so bf16/fp16 activations are classifie
 Cost: when ``every`` is 0/None nothing is ever registered (``step()`` returns a shared null
 context). Otherwise forward hooks are registered only for the forward pass of a sampled step and
 removed right after it; statistics stay on the device until the step ends (one host sync per
-sampled step). See ``benchmarks/telemetry_overhead.py`` for the measured overhead.
+sampled step). Measured overhead: docs/findings.md.
 
 Usage in a training loop::
 

@@ -2,12 +2,12 @@
 # Wheels for a GPU machine without pip access that has CUDA torch, transformers, pandas,
 # scikit-learn and nvidia-ml-py but lacks what the engine and the fp8 rows need (datasets, torchao).
 # Run it, in the repository root, on a machine where pip reaches PyPI; copy the repository with .whl/
-# to the GPU machine, where benchmarks/device_check.sh installs them without any network.
-#   bash benchmarks/device_wheels.sh            # -> .whl/*.whl (ignored by git through info/exclude)
+# to the GPU machine, where benchmarks/lease/device_check.sh installs them without any network.
+#   bash benchmarks/lease/device_wheels.sh            # -> .whl/*.whl (ignored by git through info/exclude)
 # Versions: datasets as pinned here; torchao 0.18 is the release built for torch 2.11
 # (PY_VERSION: the GPU machine's python, default 3.12).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # keep .whl/ out of git, in the exclude file git itself reads (in a worktree .git is a file; outside git: nothing)
 if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
   mkdir -p "$(dirname "$exclude")"

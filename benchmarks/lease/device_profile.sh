@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Second GPU check, after device_check.sh (~4 minutes on one H200; both fit one 15-minute lease).
-# The first H200 run (2026-11-30, benchmarks/h200/run2_*, made by this script at commit 8e61fb0)
+# The first H200 run (2026-11-30, benchmarks/lease/h200/run2_*, made by this script at commit 8e61fb0)
 # profiled BERT-base steps: eager 16-bit steps are host-bound, CUDA graphs lift amp_bf16 from 41 to
 # 97 steps/s. device_check.sh now profiles every row itself; this script measures what is still open:
 #   1. BERT-small's step times at config/bert-small-scratch.yaml's shapes (for benchmarks/gpu_hours.py);
@@ -13,15 +13,15 @@
 # Writes small_mlm_b128.json, small_classify_b32.json, mfu_b64.json, mfu_b128.json, engine_base.txt,
 # engine_base_metrics.json to $OUT (or ./gpu-results), within BUDGET seconds (default 280; give it what the
 # device lease has left after device_check.sh, less a minute: step 3 runs only if time is left).
-#   BUDGET=240 bash benchmarks/device_profile.sh
+#   BUDGET=240 bash benchmarks/lease/device_profile.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 BUDGET=${BUDGET:-280}
 t0=$SECONDS
 # its own device call, in a fresh shell: the engine (step 3) needs datasets from .whl/ as device_check.sh did
-source benchmarks/_device_env.sh
+source benchmarks/lease/_device_env.sh
 GC=(python3 -W ignore benchmarks/gpu_check.py)
 # 1. BERT-small, eager (~60 s)
 timeout -k 5 45 "${GC[@]}" --small --mlm --batch 128 --compile off --steps 20 \

@@ -1,5 +1,5 @@
-# Sourced by benchmarks/device_check.sh and device_profile.sh (each runs as its own device call, in a fresh
-# shell): offline, unbuffered, and the wheels of .whl/ (benchmarks/device_wheels.sh: datasets for the
+# Sourced by benchmarks/lease/device_check.sh and device_profile.sh (each runs as its own device call, in a fresh
+# shell): offline, unbuffered, and the wheels of .whl/ (benchmarks/lease/device_wheels.sh: datasets for the
 # engine's data, torchao for fp8) installed into /tmp/site ($PRECSWITCH_SITE) when the image lacks them, then this
 # checkout's src/ first on PYTHONPATH. Expects to run in the repository root.
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1

@@ -6,16 +6,16 @@
 # fresh process per run, eager and compiled: synchronized clocks, CUDA peak memory, NVML energy in
 # metrics.json) and engine_cuda_metrics.json. JSON files are rewritten after every row, so a cut-off run keeps its rows.
 # Needs python3 with CUDA torch and transformers; on a machine without pip access, wheels in .whl/
-# (benchmarks/device_wheels.sh, fetched elsewhere) add datasets (the engine's data) and torchao (fp8).
-#   bash benchmarks/device_check.sh
+# (benchmarks/lease/device_wheels.sh, fetched elsewhere) add datasets (the engine's data) and torchao (fp8).
+#   bash benchmarks/lease/device_check.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 # the clock starts here: the 520 s budget covers the wheel install and the version probes too
 # (each imports torch), so the whole script stays inside a 600 s command limit
 t0=$SECONDS
-source benchmarks/_device_env.sh
+source benchmarks/lease/_device_env.sh
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
