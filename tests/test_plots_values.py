@@ -304,18 +304,20 @@ def test_loss_curves_mean_and_sd_band_over_finished_seeds(mpl):
 
 # ---------------------------------------------------------------------------- loss_scale
 def test_loss_scale_traces_of_fp16_specs_on_a_log2_axis(mpl):
-    """A switched fp16 stage 1 (spec amp_fp16-to-fp32-at80) is an fp16 run: its traces are drawn, one per
-    seed in numeric seed order (2 before 10), on a log2 axis, with its skipped steps marked at their scale;
-    a bf16 run (no loss scale) is not."""
+    """A switched fp16 stage 1 (spec amp_fp16-to-fp32-at80, shown in the precision column as make_plots passes it,
+    with scales_loss from its structure columns) is an fp16 run: its traces are drawn, one per seed in numeric
+    seed order (2 before 10), on a log2 axis, with its skipped steps marked at their scale; a bf16 run (no loss
+    scale) is not."""
     rows = []
     for seed, scales in ((10, [65536.0, 32768.0, 32768.0]), (2, [65536.0, 65536.0, 16384.0])):
         for i, sc in enumerate(scales, 1):
             skipped = int(i > 1 and sc < scales[i - 2])
             rows.append({"stage": "pretrain", "precision": "amp_fp16-to-fp32-at80", "schedule": None,
                          "run_id": f"pre-sw-{seed}", "seed": seed, "status": "ok", "step": i, "loss": 5.0,
-                         "loss_scale": sc, "skipped": skipped, "regular": True})
+                         "loss_scale": sc, "skipped": skipped, "regular": True, "scales_loss": True})
     rows += [{"stage": "pretrain", "precision": "amp_bf16", "schedule": None, "run_id": "pre-bf16-1", "seed": 1,
-              "status": "ok", "step": i, "loss": 5.0, "loss_scale": math.nan, "skipped": 0, "regular": True}
+              "status": "ok", "step": i, "loss": 5.0, "loss_scale": math.nan, "skipped": 0, "regular": True,
+              "scales_loss": False}
              for i in (1, 2, 3)]
     fig = plots.plot_loss_scale(pd.DataFrame(rows), *mpl)
     assert len(fig.axes) == 1
