@@ -79,10 +79,12 @@ def test_schedules_carry_each_stages_structure_as_columns(tmp_path):
         assert not [c for c in sched.columns if c.endswith("metrics_path")]
 
 
-def test_a_study_without_overrides_has_no_override_columns(tmp_path):
+def test_a_study_without_overrides_has_no_override_columns(tmp_path, capsys):
+    """... and without steps files asked for, the steps table is its header, without a warning."""
     paths = write_fake_study(tmp_path / "s", seeds=[1])
     runs, sched = aggregate(paths, tmp_path / "t")
     assert not [c for c in list(runs.columns) + list(sched.columns) if "override_" in c]
+    assert read_table(tmp_path / "t" / "steps.csv").empty and "steps.csv" not in capsys.readouterr().err
 
 
 def test_the_steps_table_has_every_runs_rows_with_its_identity(tmp_path):

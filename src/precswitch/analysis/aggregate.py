@@ -424,19 +424,22 @@ def _regular_rows(st, log_every: Any):
     return ((step - 1) % every == 0) | (step == step.max())
 
 
-def build_steps(runs, steps_paths: Iterable[str | os.PathLike] = ()):
+def build_steps(runs, steps_paths: Iterable[str | os.PathLike] | None = None):
     """Every run's steps.csv rows in one table, each with its run's identity and structure columns
     (:data:`STEP_RUN_COLUMNS`, ``override_<key>``) and ``regular``. A steps file belongs to the run whose
     metrics.json is in its folder; one without such a run is an error. A run without a steps file, or with an
-    unreadable one, has no rows (a warning counts them); an empty log (a skipped stage's header) has none either."""
+    unreadable one, has no rows (a warning counts them); an empty log (a skipped stage's header) has none either.
+    ``steps_paths`` None: no logs asked for, the table is its header (no warning)."""
     import pandas as pd
 
     run_cols = list(STEP_RUN_COLUMNS) + override_columns(runs)
+    if steps_paths is None:
+        return pd.DataFrame(columns=run_cols + list(STEP_COLUMNS) + ["regular"])
     records = runs.to_dict("records")
     by_dir = {_dir_key(Path(str(r["metrics_path"])).parent): r["run_id"] for r in records
               if not _is_missing(r.get("metrics_path"))}
     given: dict[str, Path] = {}
-    for p in steps_paths or ():
+    for p in steps_paths:
         p = Path(p)
         rid = by_dir.get(_dir_key(p.parent))
         if rid is None:
@@ -498,12 +501,13 @@ def aggregate(metrics_paths: Iterable[str | os.PathLike], out_dir: str | os.Path
               steps_paths: Iterable[str | os.PathLike] | None = None):
     """Build the tables and write ``runs``, ``schedules`` and ``steps`` (``.csv`` and ``.parquet``) and
     ``activations.csv`` (header only without telemetry) in out_dir; ``steps_paths``: the runs' steps.csv
-    files (each in its run's folder, beside its metrics.json). Returns (runs, schedules)."""
+    files (each in its run's folder, beside its metrics.json; None: a steps table without rows). Returns
+    (runs, schedules)."""
     out_dir = Path(out_dir)
     runs = load_runs(metrics_paths)
     warn_mixed_process_start(runs)
     schedules = build_schedules(runs)
-    steps = build_steps(runs, steps_paths or ())
+    steps = build_steps(runs, steps_paths)
     activations = build_activations(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_table(runs, out_dir / "runs.csv", out_dir / "runs.parquet")
