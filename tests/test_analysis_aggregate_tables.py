@@ -72,7 +72,8 @@ def test_schedules_carry_each_stages_structure_as_columns(tmp_path):
         assert row["stage2_precision"] == "fp32" and pd.isna(row["stage2_switch_to"])
         assert row["stage1_spec"] == "amp_bf16-to-fp32-at80"
         ov = sched[sched["schedule"] == "fp16-fp16"]
-        assert ov["stage2_override_adam_eps"].tolist() == [1e-4, 1e-4] and ov["stage2_override_lr"].tolist() == [2e-5] * 2
+        assert ov["stage2_override_adam_eps"].tolist() == [1e-4, 1e-4]
+        assert ov["stage2_override_lr"].tolist() == [2e-5, 2e-5]
         assert ov["stage1_override_adam_eps"].isna().all()
         assert sched.loc[sched["schedule"] != "fp16-fp16", "stage2_override_adam_eps"].isna().all()
         # the run files are the runs table's: join on the run ids, no path columns repeated here
