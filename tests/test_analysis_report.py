@@ -23,7 +23,7 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     paths = write_fake_study(root / "results", seeds=range(1, 9), effects={"fp16-fp16": -2.5}, sd=0.7,
                              diverged={("fp16-fp16", 4)}, degenerate={("bf16-fp32", 2)}, rng_seed=1)
-    aggregate(paths, root / "results")
+    aggregate(paths, root / "results", [p.parent / "steps.csv" for p in paths])
     stats = run_stats(root / "results" / "runs.csv", root / "results" / "schedules.csv",
                       load_settings(bootstrap_resamples=200), root / "results")
     return root, paths, stats
@@ -589,7 +589,7 @@ def test_loss_curves_coinciding_series_stay_visible(tmp_path, monkeypatch):
             shutil.copy(runs / "pretrain" / "fp32" / f"seed{s}" / "steps.csv", runs / "pretrain" / p / f"seed{s}")
         shutil.copy(runs / "finetune" / "fp16-fp32" / f"seed{s}" / "steps.csv", runs / "finetune" / "fp16-fp16" / f"seed{s}")
     out = tmp_path / "t"
-    aggregate(paths, out)
+    aggregate(paths, out, [p.parent / "steps.csv" for p in paths])
     run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0), out)
     fig = figures(monkeypatch, out, ["loss_curves"])["loss_curves"]
     ax1, ax2 = fig.axes[:2]
@@ -682,8 +682,8 @@ def test_switch_point_and_overflow_labels_fit(tmp_path, monkeypatch):
                              sweep_stage="finetune")
         if m["stage"] == "pretrain":
             layers = [f"bert.encoder.layer.{i}.output.LayerNorm" for i in range(24)]
-            (p.parent / "activations.csv").write_text(
-                "step,layer,max_abs\n" + "".join(f"10,{x},{10 ** (1 + i / 6)}\n" for i, x in enumerate(layers)))
+            m["activation_telemetry"] = {"every": 10, "layers": {x: {"max_abs": 10 ** (1 + i / 6)}
+                                                                 for i, x in enumerate(layers)}}
 
     out, _ = _small_study(tmp_path, schedules=sched, mutate=mutate)
     figs = figures(monkeypatch, out, ["switch_point", "overflow"])
@@ -718,9 +718,9 @@ def test_a_skipped_steps_extra_row_is_marked_but_not_averaged_into_the_loss_curv
 
     out, _ = _small_study(tmp_path, mutate=thin_fp16_logs,
                           schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp16": ("amp_fp16", "amp_fp16")})
-    from precswitch.analysis.plots import load_steps
+    from precswitch.analysis.aggregate import read_table
 
-    steps = load_steps(pd.read_csv(out / "runs.csv"))
+    steps = read_table(out / "steps.csv")
     fp16 = steps[(steps["stage"] == "pretrain") & (steps["precision"] == "amp_fp16")]
     assert sorted(fp16.loc[~fp16["regular"], "step"]) == [4]
     assert fp16.loc[fp16["regular"], "step"].drop_duplicates().sort_values().tolist() == [1, 6, 11, 16, 20]

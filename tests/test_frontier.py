@@ -168,19 +168,13 @@ def test_config_errors_name_the_key(frontier_refusals, cfg, key, allowed):
 
 # ------------------------------------------------------------------------------------ analysis
 def _telemetry(peak: float) -> dict:
+    layers = ("bert.embeddings.LayerNorm", "bert.encoder.layer.0.output.dense", "cls.predictions.transform.LayerNorm")
     return {"every": 5, "steps_sampled": 4, "modules_watched": 3, "max_abs": peak,
             "max_abs_layer": "bert.encoder.layer.0.output.dense",
             "frac_overflow_fp16": 0.001 if peak > 65504 else 0.0, "frac_underflow_fp16": 0.02,
-            "layers_with_overflow": [], "layers": {}}
-
-
-def _acts(path, peak: float) -> None:
-    rows = ["step,layer,max_abs,frac_overflow_fp16,frac_underflow_fp16"]
-    for step in (5, 10):
-        for i, layer in enumerate(("bert.embeddings.LayerNorm", "bert.encoder.layer.0.output.dense",
-                                   "cls.predictions.transform.LayerNorm")):
-            rows.append(f"{step},{layer},{peak / (3 - i) * step / 10},0.0,0.01")
-    (path.parent / "activations.csv").write_text("\n".join(rows) + "\n")
+            "layers_with_overflow": [], "layers": {layer: {"max_abs": peak / (3 - i), "frac_overflow_fp16": 0.0,
+                                                            "frac_underflow_fp16": 0.01}
+                                                    for i, layer in enumerate(layers)}}
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +195,6 @@ def switched_study(tmp_path_factory):
                 extra["activation_telemetry"] = _telemetry(12.0)
             mp = write_stage(root / "runs" / "pretrain" / name / f"seed{seed}", run_id=f"pretrain-{name}-seed{seed}",
                              stage="pretrain", precision=p, seed=seed, metrics=extra)
-            if "activation_telemetry" in extra:
-                _acts(mp, extra["activation_telemetry"]["max_abs"])
             paths.append(mp)
         fin = {"fp32-fp32": ("fp32", "fp32", None, None, None),
                "fp16x80-fp32": ("amp_fp16-to-fp32-at80", "fp32", None, None, None),
@@ -227,7 +219,7 @@ def switched_study(tmp_path_factory):
                                      run_id=f"finetune-{name}-seed{seed}", stage="finetune", precision=p2,
                                      seed=seed, status="skipped" if skipped else "ok", schedule=name,
                                      init_run_id=None if skipped else f"pretrain-{s1}-seed{seed}", metrics=m))
-    aggregate(paths, root)
+    aggregate(paths, root, [p.parent / "steps.csv" for p in paths])
     stats = run_stats(root / "runs.csv", root / "schedules.csv",
                       load_settings(bootstrap_resamples=100, contrasts=[["bf16-fp8", "fp32-fp32"]]), root)
     return root, stats
@@ -271,7 +263,8 @@ def test_stats_and_verdict_with_switched_stage1_and_skipped_fp8(switched_study, 
 def test_switch_point_and_overflow_plots(switched_study, tmp_path):
     root, _ = switched_study
     assert {"switch_point", "overflow"} <= set(PLOT_NAMES)
-    written = make_plots(root / "runs.csv", root / "schedules.csv", root / "stats.json", out_dir=tmp_path)
+    written = make_plots(root / "runs.csv", root / "schedules.csv", root / "stats.json", out_dir=tmp_path,
+                         steps_path=root / "steps.csv", activations_path=root / "activations.csv")
     assert len(written) == 2 * len(PLOT_NAMES)
     for name in ("switch_point", "overflow"):
         assert (tmp_path / f"{name}.png").stat().st_size > 5000

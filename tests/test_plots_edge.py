@@ -245,8 +245,8 @@ def test_the_overflow_title_does_not_say_none_exceeds_when_a_run_diverged_betwee
 
     def telemetry(m, p):
         if m["stage"] == "pretrain":
-            (p.parent / "activations.csv").write_text(
-                "step,layer,max_abs\n" + "".join(f"0,{x},{10.0 * (i + 1)}\n" for i, x in enumerate(layers)))
+            m["activation_telemetry"] = {"every": 5, "steps_sampled": 1,
+                                         "layers": {x: {"max_abs": 10.0 * (i + 1)} for i, x in enumerate(layers)}}
 
     out = _study(tmp_path, mutate=telemetry, diverged={("amp_fp16", 2)})
     ax = figures(monkeypatch, out, ["overflow"])["overflow"].axes[0]

@@ -304,18 +304,20 @@ def test_loss_curves_mean_and_sd_band_over_finished_seeds(mpl):
 
 # ---------------------------------------------------------------------------- loss_scale
 def test_loss_scale_traces_of_fp16_specs_on_a_log2_axis(mpl):
-    """A switched fp16 stage 1 (spec amp_fp16-to-fp32-at80) is an fp16 run: its traces are drawn, one per
-    seed in numeric seed order (2 before 10), on a log2 axis, with its skipped steps marked at their scale;
-    a bf16 run (no loss scale) is not."""
+    """A switched fp16 stage 1 (spec amp_fp16-to-fp32-at80, shown in the precision column as make_plots passes it,
+    with scales_loss from its structure columns) is an fp16 run: its traces are drawn, one per seed in numeric
+    seed order (2 before 10), on a log2 axis, with its skipped steps marked at their scale; a bf16 run (no loss
+    scale) is not."""
     rows = []
     for seed, scales in ((10, [65536.0, 32768.0, 32768.0]), (2, [65536.0, 65536.0, 16384.0])):
         for i, sc in enumerate(scales, 1):
             skipped = int(i > 1 and sc < scales[i - 2])
             rows.append({"stage": "pretrain", "precision": "amp_fp16-to-fp32-at80", "schedule": None,
                          "run_id": f"pre-sw-{seed}", "seed": seed, "status": "ok", "step": i, "loss": 5.0,
-                         "loss_scale": sc, "skipped": skipped, "regular": True})
+                         "loss_scale": sc, "skipped": skipped, "regular": True, "scales_loss": True})
     rows += [{"stage": "pretrain", "precision": "amp_bf16", "schedule": None, "run_id": "pre-bf16-1", "seed": 1,
-              "status": "ok", "step": i, "loss": 5.0, "loss_scale": math.nan, "skipped": 0, "regular": True}
+              "status": "ok", "step": i, "loss": 5.0, "loss_scale": math.nan, "skipped": 0, "regular": True,
+              "scales_loss": False}
              for i in (1, 2, 3)]
     fig = plots.plot_loss_scale(pd.DataFrame(rows), *mpl)
     assert len(fig.axes) == 1
@@ -422,17 +424,14 @@ def test_overflow_peaks_per_layer_in_forward_order_against_65504(mpl):
     assert "1 precision(s) exceed it" in ax.get_title()
 
 
-def test_load_activations_keeps_a_switched_stage1_apart(tmp_path):
-    """A stage 1 that switched precision (spec amp_fp16-to-fp32-at80) is its own group, not amp_fp16's."""
-    rows = []
-    for name, spec in (("a", "amp_fp16-to-fp32-at80"), ("b", None)):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "metrics.json").write_text(json.dumps({"hparams": {}}))
-        (d / "activations.csv").write_text("step,layer,max_abs\n0,l0,1.5\n")
-        rows.append({"stage": "pretrain", "precision": "amp_fp16", "spec": spec, "seed": 1, "status": "ok",
-                     "metrics_path": str(d / "metrics.json")})
-    acts = plots.load_activations(pd.DataFrame(rows))
+def test_stage1_activations_keep_a_switched_stage1_apart(tmp_path):
+    """A stage 1 that switched precision (spec amp_fp16-to-fp32-at80) is its own group, not amp_fp16's; a row
+    without a spec falls back to its precision."""
+    pd.DataFrame([{"run_id": r, "stage": "pretrain", "precision": "amp_fp16", "switch_to": to, "spec": spec,
+                   "seed": 1, "status": "ok", "layer": "l0", "max_abs": 1.5}
+                  for r, to, spec in (("a", "fp32", "amp_fp16-to-fp32-at80"), ("b", None, None))]
+                 ).to_csv(tmp_path / "activations.csv", index=False)
+    acts = plots.stage1_activations(tmp_path / "activations.csv")
     assert sorted(acts["spec"]) == ["amp_fp16", "amp_fp16-to-fp32-at80"]
 
 
@@ -488,9 +487,9 @@ def test_make_plots_groups_a_switched_stage_by_its_spec(tmp_path, monkeypatch):
 def test_loss_scale_draws_a_stage_that_switches_into_fp16(mpl):
     """A stage may switch *into* fp16 (fp32 → amp_fp16, both keep fp32 weights): the engine makes a loss scaler
     at the switch and logs its scale from then on. The plot kept only specs whose *first* precision is fp16,
-    so such a run (spec fp32-to-amp_fp16-at50, e.g. a switch-point sweep towards fp16) vanished, and with no
-    other fp16 run the panel said "no fp16 runs with a loss scale"."""
-    rows = [{"stage": "finetune", "precision": "fp32-to-amp_fp16-at50", "schedule": "ft-sw-at50",
+    so such a run (precision fp32, switch_to amp_fp16, e.g. a switch-point sweep towards fp16) vanished, and
+    with no other fp16 run the panel said "no fp16 runs with a loss scale"."""
+    rows = [{"stage": "finetune", "precision": "fp32", "switch_to": "amp_fp16", "schedule": "ft-sw-at50",
              "run_id": "ft-sw-1", "seed": 1, "status": "ok", "step": i, "loss": 1.0, "loss_scale": sc,
              "skipped": int(i == 4), "regular": True}
             for i, sc in enumerate([math.nan, math.nan, 65536.0, 32768.0], 1)]
@@ -660,18 +659,12 @@ def test_overflow_gives_each_stage1_precision_its_loss_curves_colour(mpl):
     assert len({to_hex(ln.get_color()) for ln in over.get_lines() if ln.get_label() in specs}) == 3
 
 
-def test_load_activations_reads_stage1_runs_only(tmp_path):
+def test_stage1_activations_are_stage1_rows_only(tmp_path):
     """The overflow plot is stage 1's: a fine-tuning run with telemetry is not mixed in under its precision."""
-    rows = []
-    for stage in ("pretrain", "finetune"):
-        d = tmp_path / stage
-        d.mkdir()
-        (d / "metrics.json").write_text("{}")
-        (d / "activations.csv").write_text(f"step,layer,max_abs\n0,l0,{1.5 if stage == 'pretrain' else 9e9}\n")
-        rows.append({"stage": stage, "precision": "amp_fp16", "seed": 1, "status": "ok",
-                     "metrics_path": str(d / "metrics.json")})
-    acts = plots.load_activations(pd.DataFrame(rows))
-    assert acts["max_abs"].tolist() == [1.5]
+    pd.DataFrame([{"run_id": stage, "stage": stage, "precision": "amp_fp16", "spec": "amp_fp16", "seed": 1,
+                   "status": "ok", "layer": "l0", "max_abs": 1.5 if stage == "pretrain" else 9e9}
+                  for stage in ("pretrain", "finetune")]).to_csv(tmp_path / "activations.csv", index=False)
+    assert plots.stage1_activations(tmp_path / "activations.csv")["max_abs"].tolist() == [1.5]
 
 
 def test_make_plots_names_the_schedules_of_a_switched_stage1_by_its_spec(tmp_path, monkeypatch):
@@ -679,15 +672,11 @@ def test_make_plots_names_the_schedules_of_a_switched_stage1_by_its_spec(tmp_pat
     not 'amp_fp16 (a, b)' beside an 'amp_fp16-to-fp32-at80 (no schedule)'."""
     from plot_helpers import figures
 
-    rows = []
-    for tag, spec in (("a", None), ("b", "amp_fp16-to-fp32-at80")):
-        d = tmp_path / tag
-        d.mkdir()
-        (d / "metrics.json").write_text(json.dumps({"hparams": {"log_every": 1}}))
-        pd.DataFrame({"step": [1, 2], "loss": [5.0, 4.0]}).to_csv(d / "steps.csv", index=False)
-        rows.append({"run_id": f"pre-{tag}", "stage": "pretrain", "precision": "amp_fp16", "spec": spec, "seed": 1,
-                     "status": "ok", "metrics_path": str(d / "metrics.json")})
+    rows = [{"run_id": f"pre-{tag}", "stage": "pretrain", "precision": "amp_fp16", "spec": spec, "seed": 1,
+             "status": "ok"} for tag, spec in (("a", None), ("b", "amp_fp16-to-fp32-at80"))]
     pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    pd.DataFrame([{**r, "step": i, "loss": loss, "regular": True} for r in rows for i, loss in ((1, 5.0), (2, 4.0))]
+                 ).to_csv(tmp_path / "steps.csv", index=False)
     pd.DataFrame({"schedule": ["a", "b"], "seed": [1, 1], "status": ["ok", "ok"], "accuracy": [0.8, 0.8],
                   "stage1_precision": ["amp_fp16", "amp_fp16"], "stage1_spec": [None, "amp_fp16-to-fp32-at80"]}
                  ).to_csv(tmp_path / "schedules.csv", index=False)
@@ -733,71 +722,7 @@ def test_a_loss_scale_of_0_is_drawn_below_the_smallest_positive_scale_even_below
     assert [y for y in trace.get_ydata() if y == y] == [4.0, 0.5, 0.125]
 
 
-def test_load_steps_tags_each_row_with_its_own_runs_identity(tmp_path):
-    """Every steps.csv row carries its run's id, stage, precision, seed, status and schedule: a diverged run keeps
-    'diverged', so loss_curves draw it as a failed run, not into the mean."""
-    rows = []
-    for rid, status, sched in (("ft-ok", "ok", "s-a"), ("ft-bad", "diverged", "s-b")):
-        d = tmp_path / rid
-        d.mkdir()
-        (d / "metrics.json").write_text(json.dumps({"hparams": {"log_every": 1}}))
-        pd.DataFrame({"step": [1, 2], "loss": [1.0, 2.0]}).to_csv(d / "steps.csv", index=False)
-        rows.append({"run_id": rid, "stage": "finetune", "precision": "fp32", "seed": 3, "status": status,
-                     "schedule": sched, "metrics_path": str(d / "metrics.json")})
-    st = plots.load_steps(pd.DataFrame(rows))
-    got = st.groupby("run_id")[["stage", "precision", "seed", "status", "schedule"]].agg(set).to_dict("index")
-    assert got == {"ft-ok": {"stage": {"finetune"}, "precision": {"fp32"}, "seed": {3}, "status": {"ok"},
-                             "schedule": {"s-a"}},
-                   "ft-bad": {"stage": {"finetune"}, "precision": {"fp32"}, "seed": {3}, "status": {"diverged"},
-                              "schedule": {"s-b"}}}
-    assert st["regular"].all() and len(st) == 4
-
-
 # ---------------------------------------------------------------------------- mutation audit 4
-def _run_dir(root, name, steps=None, acts=None, log_every=1):
-    """A run directory with metrics.json (hparams.log_every), and steps.csv / activations.csv if given."""
-    d = root / name
-    d.mkdir(parents=True)
-    (d / "metrics.json").write_text(json.dumps({"hparams": {"log_every": log_every}}))
-    if steps is not None:
-        pd.DataFrame(steps).to_csv(d / "steps.csv", index=False)
-    if acts is not None:
-        pd.DataFrame(acts).to_csv(d / "activations.csv", index=False)
-    return d / "metrics.json"
-
-
-def test_make_plots_reads_relative_metrics_paths_beside_runs_csv(tmp_path, monkeypatch, capsys):
-    """A relative metrics_path in runs.csv is read relative to runs.csv's directory when it is not found from the
-    working directory (docs/analysis.md): the loss curve and the activation line of the run are drawn, no warning."""
-    from plot_helpers import figures
-
-    study = tmp_path / "study"
-    _run_dir(study / "runs", "pre-1", steps={"step": [1, 2, 3], "loss": [6.0, 5.0, 4.5]},
-             acts={"step": [0, 0], "layer": ["l0", "l1"], "max_abs": [3.0, 70000.0]})
-    pd.DataFrame([{"run_id": "pre-1", "stage": "pretrain", "precision": "fp32", "seed": 1, "status": "ok",
-                   "metrics_path": "runs/pre-1/metrics.json"}]).to_csv(study / "runs.csv", index=False)
-    pd.DataFrame({"schedule": ["a"], "seed": [1], "status": ["ok"], "accuracy": [0.8],
-                  "stage1_precision": ["fp32"]}).to_csv(study / "schedules.csv", index=False)
-    (study / "stats.json").write_text(json.dumps({"baseline": "a", "settings": {"alpha": 0.05}}))
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    figs = figures(monkeypatch, study, ["loss_curves", "overflow"])
-    (curve,) = [ln for ln in figs["loss_curves"].axes[0].get_lines() if ln.get_label().startswith("fp32 (")]
-    assert list(curve.get_ydata()) == [6.0, 5.0, 4.5]
-    (line,) = [ln for ln in figs["overflow"].axes[0].get_lines() if ln.get_label() == "fp32"]
-    assert list(line.get_ydata()) == [3.0, 70000.0]
-    assert "no steps.csv" not in capsys.readouterr().err
-
-
-def test_load_steps_regular_rows_are_the_log_every_grid_and_the_last_step(tmp_path):
-    """With log_every 3 the engine logs steps 1, 4, 7, ... and the last (8), plus a row for a skipped step in
-    between (5): only the extra row is irregular."""
-    mp = _run_dir(tmp_path, "r", steps={"step": [1, 4, 5, 7, 8], "loss": [5.0, 4.0, 3.9, 3.0, 2.9]}, log_every=3)
-    st = plots.load_steps(pd.DataFrame([{"run_id": "r", "stage": "pretrain", "precision": "fp32", "seed": 1,
-                                         "status": "ok", "metrics_path": str(mp)}]))
-    assert dict(zip(st["step"], st["regular"])) == {1: True, 4: True, 5: False, 7: True, 8: True}
-
-
 def test_accuracy_single_run_gets_a_diamond_without_bar_and_no_eval_counts_as_failed(mpl):
     """A schedule with one usable seed still shows its mean (the diamond at that value, no interval exists); a run
     that finished without an accuracy (no_eval) is no data point and is counted as failed over its column."""
@@ -991,23 +916,6 @@ def test_overflow_draws_peaks_below_1_at_their_value(mpl):
     ax = plots.plot_overflow(pd.DataFrame(rows), *mpl).axes[0]
     (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "fp32"]
     assert list(line.get_ydata()) == pytest.approx([0.25, 0.003, 40.0])
-
-
-def test_load_steps_warns_with_the_number_of_runs_without_a_readable_log(tmp_path, capsys):
-    """A run without steps.csv and one with an empty steps.csv are both counted in the warning; a readable one is
-    read."""
-    runs = []
-    for name, text in (("good", "step,loss\n1,2.0\n"), ("empty", ""), ("none", None)):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "metrics.json").write_text("{}")
-        if text is not None:
-            (d / "steps.csv").write_text(text)
-        runs.append({"run_id": name, "stage": "pretrain", "precision": "fp32", "seed": 1, "status": "ok",
-                     "metrics_path": str(d / "metrics.json")})
-    st = plots.load_steps(pd.DataFrame(runs))
-    assert st["run_id"].tolist() == ["good"]
-    assert "no steps.csv for 2 run(s)" in capsys.readouterr().err
 
 
 def test_stage1_a_run_without_status_is_a_finished_run(mpl):

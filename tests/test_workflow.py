@@ -578,7 +578,7 @@ def test_each_training_job_gets_its_own_seed_stage1_run_and_settings(tmp_path):
 def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
     """Each stage's data is prepared for its objective at its own max_length; synth makes the sizes asked for,
     from the seed asked for;
-    aggregate reads every stage-1 and stage-2 run (runs.csv has a row for each)."""
+    aggregate reads every stage-1 and stage-2 run (runs.csv has a row for each) and its steps log."""
     cfg = {"seeds": [1, 2], "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 48}},
            "data": {"synthetic": {"n_train": 2000, "n_dev": 500, "seed": 7, "n_corpus": 9000}}}
     proc = dry_run(tmp_path, cfg, "-p")
@@ -595,8 +595,11 @@ def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
     made = [m for rule, block in jobs if rule in ("pretrain", "finetune")
             for m in re.findall(r"^    output: ([^,\n]*/metrics\.json)", block, re.M)]
     assert len(made) == 2 * (len(DEFAULT_STAGE1) + len(DEFAULT_SCHEDULES))
-    read = re.search(r"--metrics (.*?) --out-dir", commands["aggregate"]).group(1).split()
+    read, logs = (g.split() for g in re.search(r"--metrics (.*?) --steps (.*?) --out-dir",
+                                                commands["aggregate"]).groups())
     assert sorted(read) == sorted(made)
+    # and every run's steps.csv (the steps table), an output of its training rule beside its metrics.json
+    assert sorted(logs) == sorted(m.removesuffix("metrics.json") + "steps.csv" for m in made)
 
 
 def test_compute_jobs_run_offline_and_only_fetch_downloads(tmp_path):

@@ -1,10 +1,17 @@
-# Analysis: the two tables, statistics, plots and the verdict (precswitch.analysis).
+# Analysis: the tables, statistics, plots and the verdict (precswitch.analysis). Every file a rule
+# reads is one of its inputs: aggregate reads each run's metrics.json and steps.csv (outputs of the
+# training rules), the later rules read only the tables.
+
+
+def steps_logs(metrics):
+    """Each run's steps.csv, beside its metrics.json (both outputs of the training rules)."""
+    return [os.path.join(os.path.dirname(m), "steps.csv") for m in metrics]
 
 
 rule aggregate:
     input:
-        pretrain_metrics(),
-        finetune_metrics(),
+        metrics=pretrain_metrics() + finetune_metrics(),
+        steps=steps_logs(pretrain_metrics() + finetune_metrics()),
     output:
         runs=report(
             f"{RESULTS}/runs.csv",
@@ -20,6 +27,9 @@ rule aggregate:
             labels={"table": "schedules (one row per schedule and seed)"},
         ),
         schedules_parquet=f"{RESULTS}/schedules.parquet",
+        steps=f"{RESULTS}/steps.csv",
+        steps_parquet=f"{RESULTS}/steps.parquet",
+        activations=f"{RESULTS}/activations.csv",
     log:
         f"{LOGS}/analysis/aggregate.log",
     benchmark:
@@ -30,7 +40,8 @@ rule aggregate:
     params:
         out_dir=lambda w, output: os.path.dirname(output.runs),
     shell:
-        "precswitch aggregate --metrics {input} --out-dir {params.out_dir} > {log} 2>&1"
+        "precswitch aggregate --metrics {input.metrics} --steps {input.steps}"
+        " --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule stats:
@@ -74,6 +85,8 @@ rule plots:
     input:
         runs=f"{RESULTS}/runs.csv",
         schedules=f"{RESULTS}/schedules.csv",
+        steps=f"{RESULTS}/steps.csv",
+        activations=f"{RESULTS}/activations.csv",
         stats=f"{RESULTS}/stats.json",
     output:
         [
@@ -95,6 +108,7 @@ rule plots:
         "../../envs/precswitch.yaml"
     shell:
         "precswitch plots --runs {input.runs} --schedules {input.schedules}"
+        " --steps {input.steps} --activations {input.activations}"
         " --stats {input.stats} --out {output} > {log} 2>&1"
 
 

@@ -1,13 +1,13 @@
 """Sub-commands ``aggregate``, ``stats``, ``plots``, ``verdict`` (heavy imports inside the handlers).
 
-    precswitch aggregate --metrics FILE... --out-dir DIR
-        → DIR/runs.csv, DIR/runs.parquet, DIR/schedules.csv, DIR/schedules.parquet
+    precswitch aggregate --metrics FILE... [--steps FILE...] --out-dir DIR
+        → DIR/runs.csv|parquet, DIR/schedules.csv|parquet, DIR/steps.csv|parquet, DIR/activations.csv
     precswitch stats --runs runs.csv --schedules schedules.csv [--settings FILE.json|yaml]
                      [--baseline NAME] [--margin POINTS] [--alpha A] [--bootstrap-resamples N] [--seed S]
                      (--out-dir DIR | --summary-csv F --summary-md F --deltas-csv F --stats-json F)
         → summary.csv, summary.md, deltas.csv, stats.json
     precswitch plots --runs runs.csv --schedules schedules.csv --stats stats.json
-                     (--out-dir DIR | --out FILE.png|svg ...)
+                     [--steps steps.csv] [--activations activations.csv] (--out-dir DIR | --out FILE.png|svg ...)
         → <plot>.png/.svg for plot in accuracy, forest, time_memory, loss_curves, loss_scale, stage1,
           switch_point, overflow
     precswitch verdict --stats stats.json --out verdict.md
@@ -96,9 +96,9 @@ def _aggregate(args: argparse.Namespace) -> int:
     from .aggregate import aggregate
 
     out = Path(args.out_dir)
-    _check_outputs([("--out-dir", out / f"{t}.{x}") for t in ("runs", "schedules") for x in ("csv", "parquet")],
-                   [("--out-dir", out)])
-    runs, schedules = aggregate(args.metrics, args.out_dir)
+    _check_outputs([("--out-dir", out / f"{t}.{x}") for t in ("runs", "schedules", "steps") for x in ("csv", "parquet")]
+                   + [("--out-dir", out / "activations.csv")], [("--out-dir", out)])
+    runs, schedules = aggregate(args.metrics, args.out_dir, steps_paths=args.steps)
     print(f"precswitch aggregate: {len(runs)} runs, {len(schedules)} (schedule, seed) rows → {args.out_dir}",
           file=sys.stderr)
     return 0
@@ -135,7 +135,8 @@ def _plots(args: argparse.Namespace) -> int:
     _check_table(args.schedules, "--schedules")
     _check_stats(args.stats)
     _check_outputs([("--out", f) for f in args.out or ()], [("--out-dir", args.out_dir)])
-    written = make_plots(args.runs, args.schedules, args.stats, out_dir=args.out_dir, outputs=args.out)
+    written = make_plots(args.runs, args.schedules, args.stats, out_dir=args.out_dir, outputs=args.out,
+                         steps_path=args.steps, activations_path=args.activations)
     print(f"precswitch plots: wrote {len(written)} files", file=sys.stderr)
     return 0
 
@@ -151,10 +152,14 @@ def _verdict(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("aggregate", help="collect per-stage metrics.json into runs and schedules tables",
-                              description="Writes DIR/runs.csv|parquet (one row per stage run) and "
-                                          "DIR/schedules.csv|parquet (one row per schedule and seed).")
+    p = subparsers.add_parser("aggregate", help="collect per-stage metrics.json and steps.csv into tables",
+                              description="Writes DIR/runs.csv|parquet (one row per stage run), "
+                                          "DIR/schedules.csv|parquet (one row per schedule and seed), "
+                                          "DIR/steps.csv|parquet (every run's steps.csv rows) and "
+                                          "DIR/activations.csv (per-layer activation telemetry).")
     p.add_argument("--metrics", nargs="+", required=True, metavar="FILE", help="metrics.json files (any order)")
+    p.add_argument("--steps", nargs="+", metavar="FILE",
+                   help="the runs' steps.csv files, each in its run's folder beside its metrics.json")
     p.add_argument("--out-dir", required=True, metavar="DIR")
     p.set_defaults(func=_aggregate)
 
@@ -186,6 +191,9 @@ def register(subparsers) -> None:
     p.add_argument("--runs", required=True, metavar="CSV|PARQUET")
     p.add_argument("--schedules", required=True, metavar="CSV|PARQUET")
     p.add_argument("--stats", required=True, metavar="JSON")
+    p.add_argument("--steps", metavar="CSV|PARQUET", help="steps table of precswitch aggregate (loss curves, "
+                                                         "loss scale)")
+    p.add_argument("--activations", metavar="CSV", help="activations table of precswitch aggregate (overflow)")
     p.add_argument("--out-dir", metavar="DIR")
     p.add_argument("--out", nargs="+", metavar="FILE")
     p.set_defaults(func=_plots)

@@ -24,13 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import PrecswitchError
-from ..specs import first_precision, switch_precision
 from .stats import conf_level
 
 PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1", "switch_point",
@@ -58,67 +56,6 @@ def _schedule_order(schedules, baseline: str | None) -> list[str]:
         names.remove(baseline)
         names.insert(0, baseline)
     return names
-
-
-def _resolve(path: Any, base: Path | None) -> Path | None:
-    if path is None or (isinstance(path, float) and math.isnan(path)) or str(path) == "":
-        return None
-    p = Path(str(path))
-    if p.exists():
-        return p
-    if base is not None and not p.is_absolute() and (base / p).exists():
-        return base / p
-    return None
-
-
-def _regular_rows(st, metrics_path: Path):
-    """True for the rows of the run's regular log (every ``log_every``-th step and the last); False for the rows
-    the engine adds for a skipped step in between, which only one run has at that step, so curves averaged
-    over seeds must leave them out. Without a readable ``log_every`` every row counts as regular."""
-    try:
-        every = int(json.loads(metrics_path.read_text(encoding="utf-8"))["hparams"]["log_every"])
-    except (OSError, ValueError, KeyError, TypeError):
-        every = 0
-    step = st["step"].astype(int)
-    if every < 1:
-        return step == step
-    return ((step - 1) % every == 0) | (step == step.max())
-
-
-def load_steps(runs, base: Path | None = None):
-    """Concatenate every run's steps.csv (beside its metrics.json) with run identity columns."""
-    import pandas as pd
-
-    frames = []
-    missing = 0
-    for r in runs.to_dict("records"):
-        mp = _resolve(r.get("metrics_path"), base)
-        sp = mp.parent / "steps.csv" if mp is not None else None
-        if sp is None or not sp.is_file():
-            missing += 1
-            continue
-        try:
-            st = pd.read_csv(sp)
-        except Exception:  # noqa: BLE001 - an empty or broken log is skipped, not fatal
-            missing += 1
-            continue
-        if st.empty or "step" not in st or "loss" not in st:
-            continue
-        st["regular"] = _regular_rows(st, mp)
-        for c in ("run_id", "stage", "precision", "seed", "status", "schedule"):
-            st[c] = r.get(c)
-        frames.append(st)
-    if missing:
-        print(f"precswitch plots: warning: no steps.csv for {missing} run(s); their curves are missing",
-              file=sys.stderr)
-    if not frames:
-        return pd.DataFrame(columns=["step", "loss", "loss_scale", "skipped", "regular", "run_id", "stage",
-                                     "precision", "seed", "status", "schedule"])
-    out = pd.concat(frames, ignore_index=True)
-    for c in ("step", "loss", "loss_scale", "skipped"):
-        if c in out:
-            out[c] = pd.to_numeric(out[c], errors="coerce")
-    return out
 
 
 def _empty(ax, text: str) -> None:
@@ -592,11 +529,16 @@ def plot_loss_curves(runs, schedules, steps, stats: dict, plt, sns):
     return fig
 
 
-def _scales_loss(spec: Any) -> bool:
-    """True when the stage runs in fp16 in any part of its spec: a precision, or an in-stage switch
-    ``<first>-to-<second>-at<percent>`` into or out of fp16 (fp32 → amp_fp16 makes its loss scaler at the
-    switch and logs the scale from then on); an overrides suffix (``-with-...``) changes nothing."""
-    return first_precision(spec) in FP16_PRECISIONS or switch_precision(spec) in FP16_PRECISIONS
+def _scales_loss(steps):
+    """Per row of a steps table: its stage runs in fp16 in some part, its ``precision`` or the ``switch_to`` of
+    an in-stage switch (fp32 → amp_fp16 makes its loss scaler at the switch and logs the scale from then on).
+    make_plots computes it (column ``scales_loss``) before the precision column becomes the spec label."""
+    if "scales_loss" in steps:
+        return steps["scales_loss"].fillna(False).astype(bool)
+    fp16 = steps["precision"].isin(FP16_PRECISIONS)
+    if "switch_to" in steps:
+        fp16 |= steps["switch_to"].isin(FP16_PRECISIONS)
+    return fp16
 
 
 def plot_loss_scale(steps, plt, sns):
@@ -604,7 +546,7 @@ def plot_loss_scale(steps, plt, sns):
 
     st = steps.copy()
     if not st.empty and "loss_scale" in st:
-        st = st[st["precision"].map(_scales_loss) & st["loss_scale"].notna()]
+        st = st[_scales_loss(st) & st["loss_scale"].notna()]
     else:
         st = st.iloc[0:0]
     stages = [s for s in ("pretrain", "finetune") if s in set(st.get("stage", []))]
@@ -759,35 +701,6 @@ def plot_switch_point(schedules, stats: dict, plt, sns):
     return fig
 
 
-def load_activations(runs, base: Path | None = None):
-    """Every stage-1 run's activations.csv (beside its metrics.json), with its spec and seed."""
-    import pandas as pd
-
-    frames = []
-    pre = runs[runs["stage"] == "pretrain"] if "stage" in runs else runs.iloc[0:0]
-    for r in pre.to_dict("records"):
-        mp = _resolve(r.get("metrics_path"), base)
-        ap = mp.parent / "activations.csv" if mp is not None else None
-        if ap is None or not ap.is_file():
-            continue
-        try:
-            a = pd.read_csv(ap)
-        except Exception:  # noqa: BLE001 - a broken log is left out, not fatal
-            continue
-        if a.empty or not {"layer", "max_abs"} <= set(a.columns):
-            continue
-        spec = r.get("spec")
-        a["spec"] = spec if isinstance(spec, str) else r.get("precision")
-        a["seed"] = r.get("seed")
-        a["status"] = r.get("status")
-        frames.append(a)
-    if not frames:
-        return pd.DataFrame(columns=["step", "layer", "max_abs", "spec", "seed", "status"])
-    out = pd.concat(frames, ignore_index=True)
-    out["max_abs"] = pd.to_numeric(out["max_abs"], errors="coerce")
-    return out
-
-
 def plot_overflow(acts, plt, sns):
     """Max |activation| per layer (over sampled steps and seeds) per stage-1 precision, log scale."""
     if acts.empty:
@@ -883,31 +796,40 @@ def _save(fig, path: Path) -> None:
         fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight", metadata=meta)
 
 
+def _by_spec(table, col: str = "precision", spec: str = "spec"):
+    """The table with ``col`` showing each stage by its spec (a stage that switched precision,
+    amp_fp16-to-fp32-at80, or ran with overrides, is its own group), where the table has one."""
+    if spec not in table:
+        return table
+    return table.assign(**{col: table[spec].where(table[spec].notna(), table[col])})
+
+
 def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
-               outputs: Iterable[str | os.PathLike] | None = None) -> list[Path]:
-    """Draw the requested plots; return the written paths."""
+               outputs: Iterable[str | os.PathLike] | None = None, steps_path=None,
+               activations_path=None) -> list[Path]:
+    """Draw the requested plots from the tables of ``precswitch aggregate`` (runs, schedules and, for the
+    curves and the overflow plot, steps and activations; a table not given draws as "nothing to show") and
+    stats.json; return the written paths. Nothing in a run folder is read."""
     import pandas as pd
 
-    for p in (runs_path, schedules_path, stats_path):
+    given = [p for p in (runs_path, schedules_path, stats_path, steps_path, activations_path) if p is not None]
+    for p in given:
         if not Path(p).is_file():
             raise PrecswitchError(f"plots input not found: {p}")
     targets = _targets(out_dir, outputs)
+    from .aggregate import STEP_COLUMNS, STEP_RUN_COLUMNS
     from .stats import _read_table
 
-    runs = _read_table(runs_path)
-    schedules = _read_table(schedules_path)
+    runs = _by_spec(_read_table(runs_path))
+    schedules = _by_spec(_read_table(schedules_path), "stage1_precision", "stage1_spec")
     with open(stats_path, encoding="utf-8") as f:
         stats = json.load(f)
-    # show stages by spec: a stage that switched precision (amp_fp16-to-fp32-at80) is its own group
-    if "spec" in runs:
-        runs = runs.assign(precision=runs["spec"].where(runs["spec"].notna(), runs["precision"]))
-    if "stage1_spec" in schedules:
-        schedules = schedules.assign(stage1_precision=schedules["stage1_spec"].where(
-            schedules["stage1_spec"].notna(), schedules["stage1_precision"]))
     plt, sns = _setup()
-    steps = None
-    if {"loss_curves", "loss_scale"} & set(targets):
-        steps = load_steps(runs, Path(runs_path).resolve().parent)
+    if steps_path is not None:
+        steps = _read_table(steps_path)
+    else:
+        steps = pd.DataFrame(columns=list(STEP_RUN_COLUMNS) + list(STEP_COLUMNS) + ["regular"])
+    steps = _by_spec(steps.assign(scales_loss=_scales_loss(steps)))
     written: list[Path] = []
     for name in PLOT_NAMES:
         if name not in targets:
@@ -925,12 +847,29 @@ def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
         elif name == "switch_point":
             fig = plot_switch_point(schedules, stats, plt, sns)
         elif name == "overflow":
-            fig = plot_overflow(load_activations(runs, Path(runs_path).resolve().parent), plt, sns)
+            fig = plot_overflow(stage1_activations(activations_path), plt, sns)
         else:
             fig = plot_stage1(runs, stats, plt, sns)
         for path in targets[name]:
             _save(fig, path)
             written.append(path)
         plt.close(fig)
-    del pd
     return written
+
+
+def stage1_activations(activations_path):
+    """The stage-1 rows of an activations table (columns ``layer, max_abs, spec, seed, status``, ``spec``
+    falling back to the precision), or an empty frame when no table is given."""
+    import pandas as pd
+
+    from .stats import _read_table
+
+    if activations_path is None:
+        return pd.DataFrame(columns=["layer", "max_abs", "spec", "seed", "status"])
+    acts = _read_table(activations_path)
+    acts = acts[acts["stage"] == "pretrain"] if "stage" in acts else acts
+    spec = acts["spec"] if "spec" in acts else pd.Series(None, index=acts.index, dtype=object)
+    if "precision" in acts:
+        spec = spec.where(spec.notna(), acts["precision"])
+    acts = acts.assign(spec=spec, max_abs=pd.to_numeric(acts["max_abs"], errors="coerce"))
+    return acts.reset_index(drop=True)
