@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, dry_run, job_counts, load_configs, snakemake, write_config
+from workflow_helpers import ROOT, dry_run, job_counts, snakemake, write_config
+
+from precswitch import study
 
 DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
 DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
@@ -182,8 +184,7 @@ def test_gpu_resource_only_off_cpu(tmp_path):
 
 def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
     """device auto trains on the CPU where torch sees no CUDA GPU: a local run's training jobs then claim
-    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use) and fork from the
-    warm-start server like any CPU job. A dry run plans gpu=1 (the GPU may be on the machine that runs it),
+    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use). A dry run plans gpu=1 (the GPU may be on the machine that runs it),
     as a cluster run does. --touch plans and 'runs' the jobs as a real local run does, without training."""
     import torch
 
@@ -196,7 +197,6 @@ def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
     ran = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
     here = "gpu=1" if torch.cuda.is_available() else "gpu=0"
     assert proc.returncode == 0 and len(ran) == 2 and all(here in r for r in ran), out[-3000:]
-    assert ("warm start: server pid" in out) != torch.cuda.is_available(), out[:3000]
 
 
 def _touch_study(tmp_path, cfg):
@@ -355,13 +355,9 @@ def test_schema_every_key_has_description_and_default():
 
 def test_embedded_config_is_the_schema_defaults():
     """config/config.yaml writes out the schema defaults: leaving a key out means its value."""
-    from snakemake.utils import validate
-
-    defaults: dict = {}
-    validate(defaults, str(SCHEMA))
+    defaults = study.validate({})
     embedded = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    validate(embedded, str(SCHEMA))
-    assert embedded == defaults
+    assert study.validate(embedded) == defaults
 
 
 def test_config_readme_documents_every_key():
@@ -623,7 +619,7 @@ def test_a_rerun_keeps_the_finished_runs_it_replaces_under_previous(tmp_path):
     starts (its files and its log, not its resume/ state); an unfinished run and the runs that do not rerun are
     not; the next rerun keeps the latest version. (--touch runs onstart as a real run does, without training.)"""
     study = {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "y": {"finetune": "fp32"}},
-             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2], "warm_start": False,
+             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2],
              "results_dir": "res"}
     _touch_study(tmp_path, study)
     res = tmp_path / "res"
@@ -698,21 +694,19 @@ STAGE_GOOD = [("max_nonfinite_fraction", 1), ("warmup_ratio", 0), ("adam_beta1",
 
 @pytest.mark.parametrize("key, value", STAGE_BAD + STAGE_GOOD)
 def test_schema_and_engine_agree_on_stage_hyperparameters(key, value):
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
-
     from precswitch.errors import PrecswitchError
     from precswitch.train import config as C
 
     cfg = {"train": {"finetune": {key: value}}}
     hp = {"data": "d", "steps": 10, key: value}
     if (key, value) in STAGE_BAD:
-        with pytest.raises(WorkflowError):
-            validate(cfg, str(SCHEMA))
+        with pytest.raises(study.ConfigError) as e:
+            study.validate(cfg)
+        assert e.value.key == (f"train.finetune.{key}" if key != "lrr" else "train.finetune")
         with pytest.raises(PrecswitchError, match=key):
             C.resolve(hp)
     else:
-        validate(cfg, str(SCHEMA))
+        study.validate(cfg)
         assert C.resolve(hp)[key] == ("off" if value is False else value)
 
 
@@ -725,11 +719,8 @@ def test_schema_and_engine_agree_on_stage_hyperparameters(key, value):
     {"train": {"pretrain": {"max_length": 4}}}, {"threads": 0},
 ])
 def test_schema_refuses(cfg):
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
-
-    with pytest.raises(WorkflowError):
-        validate(cfg, str(SCHEMA))
+    with pytest.raises(study.ConfigError):
+        study.validate(cfg)
 
 
 def test_schema_model_values_match_the_engines():
@@ -743,10 +734,7 @@ def test_schema_model_values_match_the_engines():
 
 def test_schema_stage_defaults():
     """Left out, a stage's keys take the stage's defaults: stage 1 its own steps, lr, warm-up and checkpoint."""
-    from snakemake.utils import validate
-
-    cfg = {}
-    validate(cfg, str(SCHEMA))
+    cfg = study.validate({})
     pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
     assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 1.0e-3, 0.06, True)
     assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (300, 3.0e-4, 0.1, False)
