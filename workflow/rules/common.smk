@@ -205,7 +205,9 @@ def fetch_config_json():
 # Environment of jobs that must not download (compute nodes): everything is in the cache. The rules
 # put OFFLINE_ENV in front of their command.
 OFFLINE_ENV = (
-    "".join(f"{k}={v} " for k, v in study.OFFLINE_VARS.items()) if fetch_needed() else ""
+    "".join(f"{k}={v} " for k, v in study.OFFLINE_VARS.items())
+    if fetch_needed()
+    else ""
 )
 
 
@@ -266,7 +268,9 @@ if not config["train"]["pretrain"].get("telemetry_every"):
 # --- onstart (real runs only) ---------------------------------------------------------------------
 def _training_jobs():
     return [
-        j for j in workflow.dag.needrun_jobs() if j.rule.name in ("pretrain", "finetune")
+        j
+        for j in workflow.dag.needrun_jobs()
+        if j.rule.name in ("pretrain", "finetune")
     ]
 
 
@@ -290,7 +294,9 @@ def check_gpu_here():
                 study.check_cuda_build(device)
             return
         limit = workflow.global_resources.get("gpu")
-        limit = getattr(limit, "value", limit)  # Snakemake 9: an object, value None when not set
+        limit = getattr(
+            limit, "value", limit
+        )  # Snakemake 9: an object, value None when not set
         note = study.check_gpu(
             STUDY,
             [(j.rule.name, _run_name(j)) for j in jobs],
