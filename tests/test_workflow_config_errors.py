@@ -235,3 +235,45 @@ def test_reading_a_cpu_study_config_does_not_import_torch(tmp_path):
     assert proc.returncode == 0 and "s-at50" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
     imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert "precswitch.study" in imported and "torch" not in imported
+
+
+# ------------------------------------------------------------------------------- GPU checks and previous runs
+def test_gpu_checks_before_any_job_name_the_key(monkeypatch):
+    """A local run's training jobs: device cuda on a machine without a GPU is refused naming device and the number
+    of jobs; device auto there trains on the CPU, which refuses a GPU-only precision naming the schedule's stage
+    (stage 1 by the schedule that uses the run); device cpu asks nothing (checked when the config was read)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "t": {"pretrain": "tf32", "finetune": "fp32"}},
+           "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1]}
+    cuda = study.plan(study.validate({**copy.deepcopy(cfg), "device": "cuda"}))
+    with pytest.raises(ConfigError) as e:
+        study.check_gpu(cuda, [("pretrain", "fp32"), ("finetune", "x")], None)
+    assert e.value.key == "device" and "2 training jobs" in str(e.value)
+    auto = study.plan(study.validate({**copy.deepcopy(cfg), "device": "auto"}))
+    assert study.check_gpu(auto, [("pretrain", "fp32"), ("finetune", "t")], None) is None
+    with pytest.raises(ConfigError) as e:
+        study.check_gpu(auto, [("pretrain", "tf32")], None)
+    assert e.value.key == "schedules.t.pretrain" and "tf32 needs cuda" in str(e.value)
+    assert study.check_gpu(cuda, [], None) is None  # e.g. only the fetch job runs
+
+
+def test_keep_previous_runs_keeps_finished_runs_with_their_log_not_their_resume_state(tmp_path):
+    res = tmp_path / "res"
+    done, unfinished = res / "runs" / "finetune" / "x" / "seed1", res / "runs" / "finetune" / "x" / "seed2"
+    for run in (done, unfinished):
+        (run / "resume").mkdir(parents=True)
+    (done / "metrics.json").write_text('{"run": 1}')
+    log = res / "logs" / "finetune" / "x" / "seed1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("log 1")
+    runs = [(str(done / "metrics.json"), [str(log)]), (str(unfinished / "metrics.json"), [])]
+    kept = study.keep_previous_runs(runs, str(res), str(res / "previous"))
+    prev = res / "previous" / "runs" / "finetune" / "x"
+    assert kept == ["runs/finetune/x/seed1"]
+    assert sorted(p.name for p in (prev / "seed1").iterdir()) == ["metrics.json", "seed1.log"]
+    assert not (prev / "seed2").exists()
+    (done / "metrics.json").write_text('{"run": 2}')
+    study.keep_previous_runs(runs, str(res), str(res / "previous"))
+    assert (prev / "seed1" / "metrics.json").read_text() == '{"run": 2}'  # the latest previous version
