@@ -14,7 +14,9 @@ import re
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import ROOT, assert_names_the_key, config_refusals, job_counts, snakemake, write_config
+from workflow_helpers import ROOT, assert_names_the_key, job_counts, snakemake, write_config
+
+from precswitch import study
 
 from precswitch.analysis.aggregate import aggregate, read_table
 from precswitch.analysis.fakes import write_stage
@@ -152,18 +154,14 @@ FRONTIER_CASES = [
     ]
 
 
-@pytest.fixture(scope="module")
-def frontier_refusals(tmp_path_factory):
-    """What reading each case's config raised (one process, the workflow loaded once per config, as a dry run
-    loads it), or ok; test_workflow_config_errors.py runs a dry run for the same kind of refusal."""
-    return config_refusals(tmp_path_factory.mktemp("frontier-errors"), [cfg for cfg, _, _ in FRONTIER_CASES])
-
-
 @pytest.mark.parametrize("cfg, key, allowed", FRONTIER_CASES)
-def test_config_errors_name_the_key(frontier_refusals, cfg, key, allowed):
-    result = frontier_refusals[FRONTIER_CASES.index((cfg, key, allowed))]
-    assert not result["ok"], f"config {cfg} was accepted"  # refused while the workflow is read, before any DAG
-    assert_names_the_key(result["error"], key, allowed)
+def test_config_errors_name_the_key(cfg, key, allowed):
+    """Refused when the workflow reads the config (precswitch.study.check: the schema, then the cross-key checks),
+    before any DAG; test_workflow_config_errors.py runs a dry run for the same kind of refusal."""
+    with pytest.raises(study.ConfigError) as e:
+        study.check(cfg)
+    assert e.value.key == key
+    assert_names_the_key(str(e.value), key, allowed)
 
 
 # ------------------------------------------------------------------------------------ analysis

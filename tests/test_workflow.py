@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, dry_run, job_counts, load_configs, snakemake, write_config
+from workflow_helpers import ROOT, dry_run, job_counts, snakemake, write_config
+
+from precswitch import study
 
 DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
 DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
@@ -182,8 +184,7 @@ def test_gpu_resource_only_off_cpu(tmp_path):
 
 def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
     """device auto trains on the CPU where torch sees no CUDA GPU: a local run's training jobs then claim
-    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use) and fork from the
-    warm-start server like any CPU job. A dry run plans gpu=1 (the GPU may be on the machine that runs it),
+    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use). A dry run plans gpu=1 (the GPU may be on the machine that runs it),
     as a cluster run does. --touch plans and 'runs' the jobs as a real local run does, without training."""
     import torch
 
@@ -196,7 +197,6 @@ def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
     ran = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
     here = "gpu=1" if torch.cuda.is_available() else "gpu=0"
     assert proc.returncode == 0 and len(ran) == 2 and all(here in r for r in ran), out[-3000:]
-    assert ("warm start: server pid" in out) != torch.cuda.is_available(), out[:3000]
 
 
 def _touch_study(tmp_path, cfg):
@@ -355,13 +355,9 @@ def test_schema_every_key_has_description_and_default():
 
 def test_embedded_config_is_the_schema_defaults():
     """config/config.yaml writes out the schema defaults: leaving a key out means its value."""
-    from snakemake.utils import validate
-
-    defaults: dict = {}
-    validate(defaults, str(SCHEMA))
+    defaults = study.validate({})
     embedded = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    validate(embedded, str(SCHEMA))
-    assert embedded == defaults
+    assert study.validate(embedded) == defaults
 
 
 def test_config_readme_documents_every_key():
@@ -626,7 +622,7 @@ def test_a_rerun_keeps_the_finished_runs_it_replaces_under_previous(tmp_path):
     starts (its files and its log, not its resume/ state); an unfinished run and the runs that do not rerun are
     not; the next rerun keeps the latest version. (--touch runs onstart as a real run does, without training.)"""
     study = {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "y": {"finetune": "fp32"}},
-             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2], "warm_start": False,
+             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2],
              "results_dir": "res"}
     _touch_study(tmp_path, study)
     res = tmp_path / "res"
@@ -701,21 +697,19 @@ STAGE_GOOD = [("max_nonfinite_fraction", 1), ("warmup_ratio", 0), ("adam_beta1",
 
 @pytest.mark.parametrize("key, value", STAGE_BAD + STAGE_GOOD)
 def test_schema_and_engine_agree_on_stage_hyperparameters(key, value):
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
-
     from precswitch.errors import PrecswitchError
     from precswitch.train import config as C
 
     cfg = {"train": {"finetune": {key: value}}}
     hp = {"data": "d", "steps": 10, key: value}
     if (key, value) in STAGE_BAD:
-        with pytest.raises(WorkflowError):
-            validate(cfg, str(SCHEMA))
+        with pytest.raises(study.ConfigError) as e:
+            study.validate(cfg)
+        assert e.value.key == (f"train.finetune.{key}" if key != "lrr" else "train.finetune")
         with pytest.raises(PrecswitchError, match=key):
             C.resolve(hp)
     else:
-        validate(cfg, str(SCHEMA))
+        study.validate(cfg)
         assert C.resolve(hp)[key] == ("off" if value is False else value)
 
 
@@ -728,11 +722,8 @@ def test_schema_and_engine_agree_on_stage_hyperparameters(key, value):
     {"train": {"pretrain": {"max_length": 4}}}, {"threads": 0},
 ])
 def test_schema_refuses(cfg):
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
-
-    with pytest.raises(WorkflowError):
-        validate(cfg, str(SCHEMA))
+    with pytest.raises(study.ConfigError):
+        study.validate(cfg)
 
 
 def test_schema_model_values_match_the_engines():
@@ -746,10 +737,7 @@ def test_schema_model_values_match_the_engines():
 
 def test_schema_stage_defaults():
     """Left out, a stage's keys take the stage's defaults: stage 1 its own steps, lr, warm-up and checkpoint."""
-    from snakemake.utils import validate
-
-    cfg = {}
-    validate(cfg, str(SCHEMA))
+    cfg = study.validate({})
     pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
     assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 1.0e-3, 0.06, True)
     assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (300, 3.0e-4, 0.1, False)
@@ -811,55 +799,6 @@ def test_no_wildcard_matches_across_a_slash_or_outside_the_study(tmp_path, targe
     assert proc.returncode != 0 and "MissingRuleException" in err, err[-2000:]
 
 
-_REPORT_SCRIPT = """
-import json, sys
-from pathlib import Path
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
-with SnakemakeApi() as api:
-    wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
-                      config_settings=ConfigSettings(configfiles=[Path(sys.argv[1])]),
-                      snakefile=Path(sys.argv[2]), workdir=Path(sys.argv[3]))
-    items = {}
-    local = sorted(r.name for r in wf._workflow.rules if r.name in wf._workflow._localrules or r.norun)
-    for rule in wf._workflow.rules:
-        for f in rule.output:
-            rep = f.flags.get("report")
-            if rep:
-                items[str(f)] = {"rule": rule.name, "caption": rep.caption and str(rep.caption),
-                                 "category": rep.category, "labels": rep.labels}
-    print("REPORT " + json.dumps({"report": items, "local": local}))
-"""
-
-
-@pytest.mark.parametrize("config", ["config.yaml", "frontier.yaml"])
-def test_report_items_have_their_caption_and_category_and_the_local_rules(tmp_path, config):
-    """Every table, plot and the verdict go into the HTML report under their category with their own caption
-    (workflow/report/<name>.rst); a caption that is not there was dropped without a word. The download and the
-    cheap rules are local rules (on a cluster: the login node, which has internet); the rest are submitted."""
-    cfg = yaml.safe_load((ROOT / "config" / config).read_text())
-    res = cfg.get("results_dir", "results")
-    proc = subprocess.run([sys.executable, "-c", _REPORT_SCRIPT, str(ROOT / "config" / config), str(ROOT / "Snakefile"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")), None)
-    assert line, (proc.stdout + proc.stderr)[-3000:]
-    found = json.loads(line.removeprefix("REPORT "))
-    assert found["local"] == ["aggregate", "all", "fetch", "plots", "stats", "synth", "verdict"]
-    items = found["report"]
-    plots = {"accuracy": "Accuracy", "forest": "Accuracy", "stage1": "Accuracy", "time_memory": "Cost",
-             "loss_curves": "Numerics", "loss_scale": "Numerics"}
-    if config == "frontier.yaml":  # a sweep and activation telemetry: two more plots
-        plots.update(switch_point="Switch point", overflow="Numerics")
-    expected = {f"{res}/{t}.csv": "Tables" for t in ("runs", "schedules", "summary", "deltas")}
-    expected.update({f"{res}/plots/{p}.svg": c for p, c in plots.items()}, **{f"{res}/verdict.md": "Verdict"})
-    assert {f: i["category"] for f, i in items.items()} == expected
-    for f, item in items.items():
-        caption = Path(item["caption"] or "")
-        assert caption.name == Path(f).stem + ".rst" and caption.is_file(), (f, item)
-        assert caption.resolve().parent == ROOT / "workflow" / "report", (f, item)
-        assert item["labels"], f
-
-
 def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
     """switch_at 1 runs every step of the stage in its first precision (no switch), as a sweep's point 1 does: a
     schedule written so starts from the plain precision's stage-1 runs instead of training a copy of them (same
@@ -880,355 +819,3 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
     assert hps["finetune-b-seed4"]["init"] == hps["finetune-a-seed4"]["init"] == \
         "results/runs/pretrain/amp_fp16/seed4/checkpoint"
     assert hps["finetune-b-seed4"]["precision"] == "fp32" and "switch_to" not in hps["finetune-b-seed4"]
-
-
-# ------------------------------------------------------------------------------ mutation audit 3: config checks
-# One process loads the workflow once per config (workflow_helpers.load_configs); for each: the config error, or
-# what common.smk made of it.
-_CONFIGS_BODY = """\
-            result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
-                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"],
-                      "warm": g["_warm_off_reason"]()}
-"""
-
-
-def test_config_checks_the_schema_cannot_express(tmp_path):
-    """Checks of common.smk that no dry run above reached: each bad config is refused naming its key and the
-    reason (a table source without its eval file, a hub source without a name, a table as stage-1 source, a list
-    of files for a one-file kind, two swept stages in one sweep, heads that do not divide the hidden size, power
-    equal to alpha); boundary values are accepted (max_length equal to the position embeddings); YAML's
-    `compile: off` (false) is off, also beside telemetry; a sweep over stage 1 tags its schedules with that stage;
-    the tokenizer is trained for model.max_position_embeddings (not a stage's max_length), cased when asked; a
-    local model.init needs no fetch; GPU jobs start cold (device cuda:N, and auto where torch sees a GPU), CPU
-    jobs warm (device auto without a GPU trains on the CPU)."""
-    init = tmp_path / "init"
-    init.mkdir()
-    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
-    (init / "model.safetensors").write_bytes(b"")  # check_config asks for weights by name
-    table = tmp_path / "t.tsv"
-    table.write_text("label\ts1\n1\ta b\n0\tc d\n", encoding="utf-8")
-    cols = {"text_a": "s1", "text_b": None, "label": "label"}
-    tsv = {"kind": "tsv", "train": str(table), "eval": str(table), "columns": cols}
-    cases = [
-        ({"data": {"finetune": {**tsv, "eval": None}}},
-         "config key data.finetune.eval: required for kind tsv (file path)"),
-        ({"data": {"finetune": {"kind": "hub", "config": "mrpc"}}},
-         "config key data.finetune.name: required for kind hub"),
-        ({"data": {"pretrain": tsv}}, "config key data.pretrain.kind: tsv is a classification table; stage 1"),
-        ({"data": {"finetune": {**tsv, "train": [str(table)]}}},
-         "config key data.finetune.train: kind tsv takes one file path, not a list"),
-        ({"sweeps": {"s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32"},
-                           "finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}}},
-         "config key sweeps.s: exactly one stage must be swept"),
-        ({"model": {"hidden_size": 100, "num_attention_heads": 3}},
-         "config key model.num_attention_heads: 3 does not divide model.hidden_size (100)"),
-        ({"analysis": {"alpha": 0.5, "power": 0.5}}, "config key analysis.power: 0.5 must exceed analysis.alpha (0.5)"),
-        ({"device": "cuda:1"}, None),
-        ({"model": {"max_position_embeddings": 64}, "train": {"pretrain": {"max_length": 64}}}, None),
-        ({"train": {"pretrain": {"compile": False, "telemetry_every": 5}},
-          "tokenizer": {"vocab_size": 5000, "cased": True}, "model": {"max_position_embeddings": 96}}, None),
-        ({"model": {"init": str(init)}, "device": "auto"}, None),
-        ({"schedules": {"x": {"finetune": "fp32"}}, "analysis": {"baseline": "x", "contrasts": []},
-          "sweeps": {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
-                             "switch_at": [0.25]}}}, None),
-    ]
-    results = load_configs(tmp_path, [cfg for cfg, _ in cases], _CONFIGS_BODY)
-    for (cfg, expected), result in zip(cases, results):
-        if expected is None:
-            assert result["ok"], (cfg, result)
-        else:
-            assert not result["ok"] and result["error"].startswith(expected), (cfg, result)
-    assert results[-1]["sweeps"] == {"pre-at25": {"sweep": "pre", "sweep_at": 0.25, "sweep_stage": "pretrain"}}
-    assert results[-3]["compile"] == "off"
-    assert results[-3]["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
-    assert results[-4]["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
-    assert results[-2]["fetch"] is False and results[-2]["tokenizer"] == f"--pretrained {init}"
-    # warm start forks jobs from one process: not where they use a GPU (a fork cannot use CUDA)
-    import torch
-
-    auto = "device auto: GPU jobs start cold" if torch.cuda.is_available() else None
-    assert results[-2]["warm"] == auto and results[-1]["warm"] is None
-    assert results[-5]["ok"] and results[-5]["warm"] == "device cuda:1: GPU jobs start cold"
-
-
-def test_reading_a_cpu_study_config_does_not_import_torch(tmp_path):
-    """The workflow reads and checks a config (every dry run, every SLURM job's Snakemake) without importing torch:
-    the precision names come from the torch-free catalog (precswitch.catalog). It used to import torch through
-    precswitch.precision and precswitch.train.config: ~3 of a dry run's 7 s on a 2-core CPU. (device auto asks
-    torch whether there is a GPU: not here, device cpu.)"""
-    body = """\
-            result = {"ok": True, "torch": "torch" in sys.modules, "schedules": sorted(g["SCHEDULES"])}
-"""
-    cases = [{}, {"schedules": {"x": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5},
-                                      "finetune": "pure_bf16"}},
-                  "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1],
-                  "sweeps": {"s": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32"}, "switch_at": [0.5]}},
-                  "train": {"finetune": {"eval_precision": "fp32"}}}]
-    results = load_configs(tmp_path, cases, body)
-    assert [r.get("torch") for r in results] == [False, False], results
-    assert results[1]["schedules"] == ["s-at50", "x"]
-
-
-# ------------------------------------------------------------------------------ mutation audit 4: what each job gets
-# Like _CONFIGS_BODY, one process for several configs; for each: the config error, or the stage-1 runs, schedules,
-# sweep tags, whether the hub is needed, and the hparams of every training job (what `precswitch train` gets).
-_JOBS_BODY = """\
-            hps = {}
-            for seed in g["SEEDS"]:
-                for p in g["STAGE1"]:
-                    hp = json.loads(g["pretrain_hparams"](SimpleNamespace(precision=p, seed=str(seed))))
-                    hps[hp["run_id"]] = hp
-                for n in g["SCHEDULES"]:
-                    hp = json.loads(g["finetune_hparams"](SimpleNamespace(schedule=n, seed=str(seed))))
-                    hps[hp["run_id"]] = hp
-            result = {"ok": True, "stage1": g["STAGE1"], "schedules": g["SCHEDULES"], "sweeps": g["SWEEPS"],
-                      "fetch": g["fetch_needed"](), "warm": g["_warm_off_reason"](), "hparams": hps}
-"""
-
-
-# every key of a stage set to a value that is not its default (and not the other stage's): what reaches the job
-AUDIT4_PRETRAIN = {
-    "steps": 40, "batch_size": 8, "eval_batch_size": 16, "lr": 0.002, "warmup_ratio": 0.2, "weight_decay": 0.05,
-    "adam_eps": 1e-7, "adam_beta1": 0.8, "adam_beta2": 0.95, "max_grad_norm": 0.5, "max_length": 96,
-    "mlm_probability": 0.2, "eval_precision": "fp32", "max_nonfinite": 3, "max_nonfinite_fraction": 0.5,
-    "timing_warmup_steps": 2, "log_every": 4, "checkpoint_every_steps": 7, "checkpoint_every_minutes": 3,
-    "save_checkpoint": False, "telemetry_every": 5, "on_unsupported": "skip"}
-AUDIT4_FINETUNE = {
-    "steps": None, "epochs": 2, "batch_size": 4, "eval_batch_size": 12, "lr": 5e-5, "warmup_ratio": 0.05,
-    "weight_decay": 0.0, "adam_eps": 1e-4, "adam_beta1": 0.85, "adam_beta2": 0.98, "max_grad_norm": 0,
-    "max_length": 48, "mlm_probability": 0.3, "eval_precision": "amp_bf16", "max_nonfinite": 9,
-    "max_nonfinite_fraction": 1, "timing_warmup_steps": 0, "log_every": 1, "checkpoint_every_steps": 0,
-    "checkpoint_every_minutes": 0, "save_checkpoint": True, "compile": "reduce-overhead", "on_unsupported": "skip"}
-_SWITCH = {"precision": "amp_fp16", "switch_to": "fp32"}
-_ONE = {"seeds": [1], "analysis": {"baseline": "x", "contrasts": []}}
-AUDIT4_CONFIGS = {
-    "home_too_long": {"model": {"init": "~/init"}, "train": {"finetune": {"max_length": 128}}},
-    "home_fits": {"model": {"init": "~/init"}, "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 64}},
-                  "seeds": [1]},
-    "round_stage1": {"schedules": {"a": {"pretrain": {**_SWITCH, "switch_at": 0.1234561}, "finetune": "fp32"},
-                                   "b": {"pretrain": {**_SWITCH, "switch_at": 0.1234564}, "finetune": "fp32"}},
-                     "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
-    "round_sweep": {"sweeps": {"s": {"finetune": _SWITCH, "switch_at": [0.5, 0.1234561, 0.1234564]}}, "seeds": [1]},
-    "round_apart": {"schedules": {"a": {"pretrain": {**_SWITCH, "switch_at": 0.125}, "finetune": "fp32"},
-                                  "b": {"pretrain": {**_SWITCH, "switch_at": 0.1234}, "finetune": "fp32"}},
-                    "analysis": {"baseline": "a", "contrasts": []}, "seeds": [1]},
-    "every_key": {"train": {"pretrain": AUDIT4_PRETRAIN, "finetune": AUDIT4_FINETUNE}, "device": "cuda", "threads": 3,
-                  "seeds": [7, 11], "model": {"max_position_embeddings": 128}},
-    # finetune swept; its stage 1 is a switch of its own (not swept), shared by every point
-    "sweep": {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}},
-              "sweeps": {"s": {"pretrain": {**_SWITCH, "switch_at": 0.5},
-                               "finetune": {"precision": "amp_bf16", "switch_to": "fp32"},
-                               "switch_at": [0, 0.125, 0.29, 0.5, 1]}}, **_ONE},
-    "hub_pretrain_data": {"data": {"pretrain": {"kind": "hub", "name": "wikitext", "text_column": "text"}},
-                          "seeds": [1]},
-    # a hub model brings its own position embeddings (known after fetch): model.max_position_embeddings is not its
-    "hub_model": {"model": {"init": "acme/tiny-bert", "max_position_embeddings": 32},
-                  "train": {"pretrain": {"max_length": 512}}, "seeds": [1]},
-    "cpu_switch_to_tf32": {"device": "cpu", "schedules": {"x": {"pretrain": {"precision": "fp32", "switch_to": "tf32",
-                                                                           "switch_at": 0.5}, "finetune": "fp32"}},
-                           **_ONE},
-    # an epochs stage: its step count only the engine knows, so neither timing_warmup_steps nor switch_at is checked
-    "epochs_stage": {"schedules": {"x": {"pretrain": {**_SWITCH, "switch_at": 0.001}, "finetune": "fp32"}},
-                     "train": {"pretrain": {"steps": None, "epochs": 1.5, "timing_warmup_steps": 50}}, **_ONE},
-    # stage 1 reads the synthetic corpus, not its n_train classification rows
-    "synthetic_rows": {"data": {"synthetic": {"n_train": 16}},
-                       "train": {"pretrain": {"batch_size": 32}, "finetune": {"batch_size": 16}}, "seeds": [1]},
-    "steps_and_epochs": {"train": {"pretrain": {"steps": 10, "epochs": 1}}},
-    "warm_off": {"warm_start": False, "device": "cpu", "seeds": [1]},
-    # on_unsupported is the refused stage's own
-    "cpu_tf32_finetune_skipped": {"device": "cpu", "schedules": {"x": {"pretrain": "fp32", "finetune": "tf32"}},
-                                  "train": {"finetune": {"on_unsupported": "skip"}}, **_ONE},
-    "cpu_tf32_finetune_pretrain_skipped": {"device": "cpu", "schedules": {"x": {"pretrain": "fp32", "finetune": "tf32"}},
-                                           "train": {"pretrain": {"on_unsupported": "skip"}}, **_ONE},
-    "hub_without_name": {"data": {"finetune": {"kind": "hub", "name": ""}}},
-    # optimizer overrides of one stage of one schedule: a stage-1 run of their own, shared by equal overrides
-    "overrides": {"schedules": {
-        "x": {"pretrain": "pure_fp16", "finetune": "fp32"},
-        "e1": {"pretrain": {"precision": "pure_fp16", "overrides": {"adam_eps": 1e-4}}, "finetune": "fp32"},
-        "e2": {"pretrain": {"precision": "pure_fp16", "overrides": {"adam_eps": 1.0e-4}},
-               "finetune": {"precision": "fp32", "overrides": {"lr": 1e-4, "max_grad_norm": 0}}},
-        # a switch at 1 is the run without a switch, its overrides kept
-        "s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 1, "overrides": {"lr": 0.002}},
-              "finetune": "fp32"}},
-        "sweeps": {"w": {"pretrain": "fp32", "finetune": {"precision": "amp_bf16", "switch_to": "fp32",
-                                                           "overrides": {"weight_decay": 0}},
-                         "switch_at": [0, 0.5, 1]}},
-        "device": "cuda", **_ONE},
-    # the shipped opt-in study of pure_fp16's eps, as `--configfile config/pure-fp16-eps.yaml` reads it
-    "pure_fp16_eps": yaml.safe_load((ROOT / "config" / "pure-fp16-eps.yaml").read_text()),
-}
-
-
-@pytest.fixture(scope="module")
-def audit4(tmp_path_factory):
-    """What common.smk makes of each of AUDIT4_CONFIGS (see _JOBS_BODY), by name; HOME holds ~/init, a local
-    model whose config.json has 64 position embeddings."""
-    tmp = tmp_path_factory.mktemp("audit4")
-    init = tmp / "home" / "init"
-    init.mkdir(parents=True)
-    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
-    (init / "model.safetensors").write_bytes(b"")  # check_config asks for weights by name
-    results = load_configs(tmp, list(AUDIT4_CONFIGS.values()), _JOBS_BODY, env={**os.environ, "HOME": str(tmp / "home")})
-    return dict(zip(AUDIT4_CONFIGS, results))
-
-
-def test_a_model_init_under_home_is_a_local_model(audit4):
-    """model.init '~/...' is a local directory (the engine and `precswitch tokenizer` expand ~): its config.json
-    bounds a stage's max_length when the config is read (the check looked for a literal '~' directory, found none
-    and let max_length 128 through to the prepare job, which refused it after stage 1 trained), and it needs no
-    fetch."""
-    too_long, fits = audit4["home_too_long"], audit4["home_fits"]
-    assert not too_long["ok"] and too_long["error"] == (
-        "config key train.finetune.max_length: 128 exceeds the position embeddings (64) of model.init '~/init'")
-    assert fits["ok"] and fits["fetch"] is False, fits
-    assert {hp["init"] for hp in fits["hparams"].values() if hp["stage"] == "pretrain"} == {"~/init"}
-
-
-def test_switch_points_that_round_to_one_name_are_refused(audit4):
-    """A stage-1 run and a sweep point are named by the switch point's percent to 6 significant digits: two switch
-    points closer than that got one name, so schedule a fine-tuned from the stage-1 run trained at b's switch_at
-    (its own never ran), and a sweep's second point was 'already a schedule'. Both are refused, naming the key;
-    points further apart get names of their own (12.5, not 12)."""
-    assert audit4["round_stage1"]["error"] == (
-        "config key schedules.b.pretrain: switch_at 0.1234564 and schedule a's 0.1234561 give one stage-1 run name, "
-        "'amp_fp16-to-fp32-at12.3456'; make them equal or further apart")
-    assert audit4["round_sweep"]["error"] == (
-        "config key sweeps.s.switch_at[2]: 0.1234564 and 0.1234561 give one schedule name, 's-at12.3456'; make them "
-        "equal or further apart")
-    apart = audit4["round_apart"]
-    assert apart["ok"] and sorted(apart["stage1"]) == ["amp_fp16-to-fp32-at12.34", "amp_fp16-to-fp32-at12.5"]
-    assert apart["hparams"]["finetune-b-seed1"]["init"] == \
-        "results/runs/pretrain/amp_fp16-to-fp32-at12.34/seed1/checkpoint"
-    assert apart["hparams"]["pretrain-amp_fp16-to-fp32-at12.5-seed1"]["switch_at"] == 0.125
-
-
-def test_every_stage_key_reaches_its_stages_jobs(audit4):
-    """Each train.<stage> key set in the config reaches every job of that stage with its value, and only that
-    stage's (stage 2 does not get stage 1's); max_length is the prepare job's (the data is cut to it), not the
-    engine's; mlm_probability is stage 1's only; save_checkpoint is always on for stage 1; compile off and
-    telemetry_every 0 are left to the engine's defaults, max_nonfinite_fraction too at its default (0.25) but not
-    at 1 (the test turned off)."""
-    result = audit4["every_key"]
-    assert result["ok"], result
-    hps = result["hparams"]
-    assert set(hps) == {f"{stage}-{n}-seed{s}" for s in (7, 11)
-                        for stage, names in (("pretrain", ("fp32", "amp_fp16", "amp_bf16")),
-                                             ("finetune", ("fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32")))
-                        for n in names}
-    for run_id, hp in hps.items():
-        stage = hp["stage"]
-        given = {"pretrain": AUDIT4_PRETRAIN, "finetune": AUDIT4_FINETUNE}[stage]
-        expected = {k: v for k, v in given.items() if k not in ("max_length", "mlm_probability", "save_checkpoint")}
-        if stage == "pretrain":
-            expected.update(mlm_probability=given["mlm_probability"], epochs=None)
-        assert {k: hp.get(k, "(absent)") for k in expected} == expected, run_id
-        assert hp["save_checkpoint"] is True, run_id
-        assert "max_length" not in hp and ("mlm_probability" in hp) == (stage == "pretrain"), run_id
-        assert ("compile" in hp, "telemetry_every" in hp) == ((False, True) if stage == "pretrain" else (True, False))
-        assert (hp["seed"], hp["device"], hp["threads"]) == (int(run_id.rsplit("seed", 1)[1]), "cuda", 3), run_id
-    assert hps["pretrain-amp_bf16-seed7"]["model"]["max_position_embeddings"] == 128
-
-
-def test_stage_overrides_make_a_run_of_their_own_with_those_values(audit4):
-    """A stage's overrides reach its jobs (and only its: the stage's other values, and the other stage's, are
-    train.<stage>'s) and name its run: pure_fp16 with adam_eps 1e-4 is stage-1 run pure_fp16-with-adam_eps0.0001,
-    apart from plain pure_fp16 and shared by the two schedules that ask for it (1e-4 and 1.0e-4 are one value);
-    the job's tags say which values are overrides (the analysis' spec column). A switch at 1 keeps its overrides;
-    a sweep's overrides apply at every point."""
-    result = audit4["overrides"]
-    assert result["ok"], result
-    assert sorted(result["stage1"]) == ["amp_fp16-with-lr0.002", "fp32", "pure_fp16", "pure_fp16-with-adam_eps0.0001"]
-    hps = result["hparams"]
-    plain, tuned = hps["pretrain-pure_fp16-seed1"], hps["pretrain-pure_fp16-with-adam_eps0.0001-seed1"]
-    assert (plain["adam_eps"], plain["tags"]) == (1e-6, {})
-    assert (tuned["adam_eps"], tuned["tags"]) == (1e-4, {"overrides": {"adam_eps": 1e-4}})
-    assert {k: v for k, v in tuned.items() if k not in ("adam_eps", "tags", "run_id")} == \
-        {k: v for k, v in plain.items() if k not in ("adam_eps", "tags", "run_id")}
-    for name in ("e1", "e2"):
-        assert hps[f"finetune-{name}-seed1"]["init"] == "results/runs/pretrain/pure_fp16-with-adam_eps0.0001/seed1/checkpoint"
-    assert hps["finetune-x-seed1"]["init"] == "results/runs/pretrain/pure_fp16/seed1/checkpoint"
-    e1, e2 = hps["finetune-e1-seed1"], hps["finetune-e2-seed1"]
-    assert (e1["lr"], e1["max_grad_norm"], e1["tags"]) == (3e-4, 1.0, {"schedule": "e1"})
-    assert (e2["lr"], e2["max_grad_norm"], e2["adam_eps"]) == (1e-4, 0, e1["adam_eps"])
-    assert e2["tags"] == {"schedule": "e2", "overrides": {"lr": 1e-4, "max_grad_norm": 0}}
-    s1 = hps["pretrain-amp_fp16-with-lr0.002-seed1"]
-    assert (s1["precision"], s1["lr"], "switch_to" in s1) == ("amp_fp16", 0.002, False)
-    for at, precision in ((0, "fp32"), (50, "amp_bf16"), (100, "amp_bf16")):
-        hp = hps[f"finetune-w-at{at}-seed1"]
-        assert (hp["precision"], hp["weight_decay"], hp["tags"]["overrides"]) == (precision, 0, {"weight_decay": 0})
-        assert hp["tags"]["sweep"] == "w"
-    assert hps["finetune-w-at50-seed1"]["switch_to"] == "fp32"
-
-
-def test_the_pure_fp16_eps_study_differs_in_the_eps_alone(audit4):
-    """config/pure-fp16-eps.yaml: the two pure_fp16 stage-1 runs of a seed get the same hparams but adam_eps (1e-8,
-    the study's train.pretrain value, against the schedule's override 1e-4), and each schedule fine-tunes its own."""
-    result = audit4["pure_fp16_eps"]
-    assert result["ok"], result
-    assert sorted(result["stage1"]) == ["fp32", "fp32-with-adam_eps0.0001", "pure_fp16", "pure_fp16-with-adam_eps0.0001"]
-    hps = result["hparams"]
-    for seed in (1, 2, 3):
-        plain, tuned = hps[f"pretrain-pure_fp16-seed{seed}"], hps[f"pretrain-pure_fp16-with-adam_eps0.0001-seed{seed}"]
-        assert (plain["adam_eps"], tuned["adam_eps"], plain["steps"]) == (1e-8, 1e-4, 600)
-        differ = {k for k in plain.keys() | tuned.keys() if plain.get(k) != tuned.get(k)}
-        assert differ == {"adam_eps", "run_id", "tags"}, differ
-        assert hps[f"finetune-purefp16eps-fp32-seed{seed}"]["init"].endswith(
-            f"/pure_fp16-with-adam_eps0.0001/seed{seed}/checkpoint")
-
-
-def test_a_sweep_point_is_named_by_its_percent_and_runs_its_stages(audit4):
-    """A finetune sweep over [0, 0.125, 0.29, 0.5, 1]: point f is schedule s-at<100 f> (0.29 is at29, not at28;
-    0.125 at12.5); at 0 the stage runs all in switch_to, at 1 all in precision, between them it switches at f; every
-    point keeps the sweep's stage 1 (itself a switch, not swept) and shares its runs; each job's tags say which
-    point it is."""
-    result = audit4["sweep"]
-    assert result["ok"], result
-    names = {0: "s-at0", 0.125: "s-at12.5", 0.29: "s-at29", 0.5: "s-at50", 1: "s-at100"}
-    assert result["sweeps"] == {n: {"sweep": "s", "sweep_at": f, "sweep_stage": "finetune"} for f, n in names.items()}
-    assert sorted(result["stage1"]) == ["amp_fp16-to-fp32-at50", "fp32"]
-    hps = result["hparams"]
-    for f, name in names.items():
-        hp = hps[f"finetune-{name}-seed1"]
-        first = {"precision": "fp32"} if f == 0 else {"precision": "amp_bf16"}
-        if 0 < f < 1:
-            first.update(switch_to="fp32", switch_at=f)
-        assert {k: hp[k] for k in ("precision", "switch_to", "switch_at") if k in hp} == first, name
-        assert hp["init"] == "results/runs/pretrain/amp_fp16-to-fp32-at50/seed1/checkpoint", name
-        assert hp["tags"] == {"schedule": name, **result["sweeps"][name]}, name
-    pre = hps["pretrain-amp_fp16-to-fp32-at50-seed1"]
-    assert (pre["precision"], pre["switch_to"], pre["switch_at"], pre["tags"]) == ("amp_fp16", "fp32", 0.5, {})
-
-
-def test_config_keys_the_checks_read_and_let_through(audit4):
-    """A hub data source for stage 1 alone needs the fetch (and a hub model's positions are its own, not
-    model.max_position_embeddings); a switch_to the CPU cannot run is refused on device cpu like a first precision;
-    an epochs stage has no step count to check timing_warmup_steps or switch_at against; only stage 2's batch must
-    fit data.synthetic.n_train (stage 1 reads the synthetic corpus); steps and epochs both set,
-    and a hub source named '', are refused naming their key."""
-    assert audit4["hub_pretrain_data"]["ok"] and audit4["hub_pretrain_data"]["fetch"] is True
-    hub = audit4["hub_model"]
-    assert hub["ok"] and hub["fetch"] is True, hub
-    assert audit4["cpu_switch_to_tf32"]["error"].startswith(
-        "config key schedules.x.pretrain: tf32 cannot run on a CPU (device is cpu): tf32 needs cuda")
-    epochs = audit4["epochs_stage"]
-    assert epochs["ok"], epochs
-    pre = epochs["hparams"]["pretrain-amp_fp16-to-fp32-at0.1-seed1"]
-    assert (pre["epochs"], pre["steps"], pre["timing_warmup_steps"], pre["switch_at"]) == (1.5, None, 50, 0.001)
-    rows = audit4["synthetic_rows"]
-    assert rows["ok"] and {hp["batch_size"] for hp in rows["hparams"].values() if hp["stage"] == "pretrain"} == {32}
-    assert audit4["steps_and_epochs"]["error"] == ("config key train.pretrain: set exactly one of steps and epochs "
-                                                   "(the other null); got steps=10, epochs=1")
-    assert audit4["hub_without_name"]["error"].startswith("config key data.finetune.name: required for kind hub")
-
-
-def test_on_unsupported_and_warm_start_are_read_from_their_own_keys(audit4):
-    """device cpu refuses a precision the CPU cannot run unless that stage's on_unsupported is skip (stage 1's does
-    not cover stage 2), and the message names the stage's key; warm_start: false turns the warm-start server off on
-    a CPU study, which otherwise uses it."""
-    assert audit4["cpu_tf32_finetune_skipped"]["ok"], audit4["cpu_tf32_finetune_skipped"]
-    assert audit4["cpu_tf32_finetune_skipped"]["hparams"]["finetune-x-seed1"]["on_unsupported"] == "skip"
-    assert audit4["cpu_tf32_finetune_pretrain_skipped"]["error"] == (
-        "config key schedules.x.finetune: tf32 cannot run on a CPU (device is cpu): tf32 needs cuda; set device: cuda "
-        "on a GPU machine, or train.finetune.on_unsupported: skip to record such runs as skipped")
-    assert audit4["warm_off"]["warm"] == "warm_start: false"
-    assert audit4["synthetic_rows"]["warm"] is None  # device cpu (the default), warm_start true

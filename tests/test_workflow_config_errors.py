@@ -1,14 +1,22 @@
 """The workflow refuses a bad config before the DAG is built, with a message that names the config key.
 
-One process reads every case's config as a dry run reads it (the workflow loaded once per config: ~0.3 s each, not a
-4-s dry run); two cases also go through the `snakemake -n` command line. docs/errors.md refers to the cases here by
-their ids (cfgN).
+Each case goes through precswitch.study.check (the schema, then the checks it cannot express), the path the
+Snakefile takes; three cases also go through the `snakemake -n` command line (a schema error, a cross-key error).
+docs/errors.md refers to the cases here by their ids (cfgN).
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import subprocess
+import sys
+
 import pytest
-from workflow_helpers import ROOT, assert_names_the_key, config_refusals, dry_run
+from workflow_helpers import ROOT, SNAKEFILE, assert_names_the_key, dry_run, write_config
+
+from precswitch import study
+from precswitch.study import ConfigError
 
 # --------------------------------------------------------------------------- config errors
 GOOD_SCHEDULES = {"x": {"pretrain": "fp32", "finetune": "fp32"}}
@@ -120,25 +128,152 @@ CASES = [
     ]
 
 
-@pytest.fixture(scope="module")
-def refusals(tmp_path_factory):
-    """What reading each case's config raised (all of its text), or ok."""
-    return config_refusals(tmp_path_factory.mktemp("config-errors"), [cfg for cfg, _, _ in CASES])
-
-
 @pytest.mark.parametrize("cfg, key, allowed", CASES)
-def test_config_error_names_the_key(refusals, cfg, key, allowed):
-    result = refusals[CASES.index((cfg, key, allowed))]
-    assert not result["ok"], f"config {cfg} was accepted"  # refused while the workflow is read: before any DAG
-    assert_names_the_key(result["error"], key, allowed)
+def test_config_error_names_the_key(cfg, key, allowed):
+    with pytest.raises(ConfigError) as e:
+        study.check(cfg)
+    assert e.value.key == key
+    assert_names_the_key(str(e.value), key, allowed)
 
 
-@pytest.mark.parametrize("case", [0, 2])
+@pytest.mark.parametrize("case", [0, 2, 40])
 def test_a_config_error_reaches_the_dry_run_command(tmp_path, case):
-    """The same refusal through `snakemake -n`: the line naming the key is printed, and no job is planned."""
+    """The same refusal through `snakemake -n` (schema errors and a cross-key one): the line naming the key is
+    printed, and no job is planned."""
     cfg, key, allowed = CASES[case]
     proc = dry_run(tmp_path, cfg)
     assert proc.returncode != 0, f"config {cfg} was accepted"
     err = proc.stdout + proc.stderr
     assert_names_the_key(err, key, allowed)
     assert "Job stats" not in err  # rejected before the DAG is built
+
+
+# --------------------------------------------------------------------- checks and settings of precswitch.study
+def _read(cfg: dict) -> dict:
+    """What precswitch.study makes of a config, as the Snakefile reads it: the refusal (its line), or the plan
+    and the settings the data jobs get."""
+    try:
+        p = study.plan(study.validate(copy.deepcopy(cfg)))
+    except ConfigError as e:
+        return {"ok": False, "error": str(e)}
+    return {"ok": True, "plan": p, "sweeps": p.sweeps, "fetch": study.fetch_needed(p.config),
+            "tokenizer": study.tokenizer_options(p.config), "compile": p.config["train"]["pretrain"]["compile"]}
+
+
+def test_config_checks_the_schema_cannot_express(tmp_path):
+    """Each bad config is refused naming its key and the reason (a table source without its eval file, a hub
+    source without a name, a table as stage-1 source, a list of files for a one-file kind, two swept stages in one
+    sweep, heads that do not divide the hidden size, power equal to alpha); boundary values are accepted (max_length
+    equal to the position embeddings); YAML's `compile: off` (false) is off, also beside telemetry; a sweep over
+    stage 1 tags its schedules with that stage; the tokenizer is trained for model.max_position_embeddings (not a
+    stage's max_length), cased when asked; a local model.init needs no fetch."""
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
+    (init / "model.safetensors").write_bytes(b"")  # the check asks for weights by name
+    table = tmp_path / "t.tsv"
+    table.write_text("label\ts1\n1\ta b\n0\tc d\n", encoding="utf-8")
+    cols = {"text_a": "s1", "text_b": None, "label": "label"}
+    tsv = {"kind": "tsv", "train": str(table), "eval": str(table), "columns": cols}
+    cases = [
+        ({"data": {"finetune": {**tsv, "eval": None}}}, "data.finetune.eval", "required for kind tsv (file path)"),
+        ({"data": {"finetune": {"kind": "hub", "config": "mrpc"}}}, "data.finetune.name", "required for kind hub"),
+        ({"data": {"pretrain": tsv}}, "data.pretrain.kind", "tsv is a classification table; stage 1"),
+        ({"data": {"finetune": {**tsv, "train": [str(table)]}}}, "data.finetune.train",
+         "kind tsv takes one file path, not a list"),
+        ({"sweeps": {"s": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32"},
+                           "finetune": {"precision": "amp_fp16", "switch_to": "fp32"}, "switch_at": [0.5]}}},
+         "sweeps.s", "exactly one stage must be swept"),
+        ({"model": {"hidden_size": 100, "num_attention_heads": 3}}, "model.num_attention_heads",
+         "3 does not divide model.hidden_size (100)"),
+        ({"analysis": {"alpha": 0.5, "power": 0.5}}, "analysis.power", "0.5 must exceed analysis.alpha (0.5)"),
+    ]
+    for cfg, key, problem in cases:
+        with pytest.raises(ConfigError) as e:
+            study.check(cfg)
+        assert e.value.key == key and problem in str(e.value), (cfg, str(e.value))
+    assert _read({"device": "cuda:1"})["ok"]
+    fits = _read({"model": {"max_position_embeddings": 64}, "train": {"pretrain": {"max_length": 64}}})
+    assert fits["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
+    compiled = _read({"train": {"pretrain": {"compile": False, "telemetry_every": 5}},
+                      "tokenizer": {"vocab_size": 5000, "cased": True}, "model": {"max_position_embeddings": 96}})
+    assert compiled["compile"] == "off"
+    assert compiled["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
+    local = _read({"model": {"init": str(init)}, "device": "auto"})
+    assert local["fetch"] is False and local["tokenizer"] == f"--pretrained {init}"
+    swept = _read({"schedules": {"x": {"finetune": "fp32"}}, "analysis": {"baseline": "x", "contrasts": []},
+                   "sweeps": {"pre": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32"}, "finetune": "fp32",
+                                      "switch_at": [0.25]}}})
+    assert swept["sweeps"] == {"pre-at25": {"sweep": "pre", "sweep_at": 0.25, "sweep_stage": "pretrain"}}
+    assert sorted(swept["plan"].schedules) == ["pre-at25", "x"]
+
+
+def test_planning_leaves_the_config_as_given():
+    """plan() works on a copy: the sweep points and YAML's compile false are in plan.config, not in the config."""
+    cfg = study.validate({"sweeps": {"s": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32"},
+                                           "switch_at": [0.5]}},
+                          "train": {"pretrain": {"compile": False}}})
+    before = copy.deepcopy(cfg)
+    p = study.plan(cfg)
+    assert cfg == before
+    assert "s-at50" in p.config["schedules"] and p.config["train"]["pretrain"]["compile"] == "off"
+
+
+def test_reading_a_cpu_study_config_does_not_import_torch(tmp_path):
+    """The workflow reads and checks a config (every dry run, every SLURM job's Snakemake) without importing torch:
+    precswitch.study and the precision names (precswitch.catalog) are torch-free. It used to import torch through
+    precswitch.precision and precswitch.train.config: ~3 of a dry run's 7 s on a 2-core CPU. (device auto asks
+    torch whether there is a GPU: not here, device cpu.) -X importtime lists every module the dry run imported."""
+    cfg = {"schedules": {"x": {"pretrain": {"precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5},
+                               "finetune": "pure_bf16"}},
+           "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1], "device": "cpu",
+           "sweeps": {"s": {"finetune": {"precision": "amp_bf16", "switch_to": "fp32"}, "switch_at": [0.5]}},
+           "train": {"finetune": {"eval_precision": "fp32"}}}
+    path = write_config(tmp_path / "study.yaml", cfg)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "-s", str(SNAKEFILE), "-d",
+                           str(tmp_path), "-n", "--configfile", str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "s-at50" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "precswitch.study" in imported and "torch" not in imported
+
+
+# ------------------------------------------------------------------------------- GPU checks and previous runs
+def test_gpu_checks_before_any_job_name_the_key(monkeypatch):
+    """A local run's training jobs: device cuda on a machine without a GPU is refused naming device and the number
+    of jobs; device auto there trains on the CPU, which refuses a GPU-only precision naming the schedule's stage
+    (stage 1 by the schedule that uses the run); device cpu asks nothing (checked when the config was read)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "t": {"pretrain": "tf32", "finetune": "fp32"}},
+           "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1]}
+    cuda = study.plan(study.validate({**copy.deepcopy(cfg), "device": "cuda"}))
+    with pytest.raises(ConfigError) as e:
+        study.check_gpu(cuda, [("pretrain", "fp32"), ("finetune", "x")], None)
+    assert e.value.key == "device" and "2 training jobs" in str(e.value)
+    auto = study.plan(study.validate({**copy.deepcopy(cfg), "device": "auto"}))
+    assert study.check_gpu(auto, [("pretrain", "fp32"), ("finetune", "t")], None) is None
+    with pytest.raises(ConfigError) as e:
+        study.check_gpu(auto, [("pretrain", "tf32")], None)
+    assert e.value.key == "schedules.t.pretrain" and "tf32 needs cuda" in str(e.value)
+    assert study.check_gpu(cuda, [], None) is None  # e.g. only the fetch job runs
+
+
+def test_keep_previous_runs_keeps_finished_runs_with_their_log_not_their_resume_state(tmp_path):
+    res = tmp_path / "res"
+    done, unfinished = res / "runs" / "finetune" / "x" / "seed1", res / "runs" / "finetune" / "x" / "seed2"
+    for run in (done, unfinished):
+        (run / "resume").mkdir(parents=True)
+    (done / "metrics.json").write_text('{"run": 1}')
+    log = res / "logs" / "finetune" / "x" / "seed1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("log 1")
+    runs = [(str(done / "metrics.json"), [str(log)]), (str(unfinished / "metrics.json"), [])]
+    kept = study.keep_previous_runs(runs, str(res), str(res / "previous"))
+    prev = res / "previous" / "runs" / "finetune" / "x"
+    assert kept == ["runs/finetune/x/seed1"]
+    assert sorted(p.name for p in (prev / "seed1").iterdir()) == ["metrics.json", "seed1.log"]
+    assert not (prev / "seed2").exists()
+    (done / "metrics.json").write_text('{"run": 2}')
+    study.keep_previous_runs(runs, str(res), str(res / "previous"))
+    assert (prev / "seed1" / "metrics.json").read_text() == '{"run": 2}'  # the latest previous version

@@ -81,54 +81,6 @@ def dry_run(tmp_path, cfg: dict | None = None, *extra):
     return snakemake(tmp_path, "-n", "--configfile", path, *extra)
 
 
-# One process loads the workflow once per config (the first load imports Snakemake and the package; each further
-# config costs ~0.3 s, not a 4-s dry run) and prints the config error of each, or OK and what common.smk made of it.
-def each_config_script(body: str, full_error: bool = False) -> str:
-    """A script that loads the workflow once per config of a JSON list (argv: Snakefile, workdir, list) and prints
-    `CONFIG {json}` for each: {"ok": False, "error": its first line (full_error: all of it)}, or the `result` that
-    `body` (code indented for the `with` block, `g` the workflow's globals) makes of it."""
-    return """
-import json, sys
-from pathlib import Path
-from types import SimpleNamespace
-import yaml
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings
-snakefile, workdir = Path(sys.argv[1]), Path(sys.argv[2])
-FULL = """ + repr(full_error) + """
-for i, cfg in enumerate(json.loads(Path(sys.argv[3]).read_text())):
-    path = workdir / f"config{i}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    try:
-        with SnakemakeApi() as api:
-            wf = api.workflow(resource_settings=ResourceSettings(), storage_settings=StorageSettings(),
-                              config_settings=ConfigSettings(configfiles=[path]), snakefile=snakefile, workdir=workdir)
-            g = wf._workflow.globals
-""" + body + """    except Exception as e:
-        result = {"ok": False, "error": str(e).strip() if FULL else str(e).strip().splitlines()[0]}
-    print("CONFIG " + json.dumps(result))
-"""
-
-
-def load_configs(workdir: Path, configs: list[dict], body: str, full_error: bool = False,
-                 env: dict | None = None) -> list[dict]:
-    """Run each_config_script(body) on `configs` in one process (cwd workdir, environment env); one result each."""
-    import json
-
-    path = workdir / "configs.json"
-    path.write_text(json.dumps(configs))
-    proc = subprocess.run([sys.executable, "-c", each_config_script(body, full_error), str(SNAKEFILE), str(workdir),
-                           str(path)], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
-    results = [json.loads(ln.removeprefix("CONFIG ")) for ln in proc.stdout.splitlines() if ln.startswith("CONFIG ")]
-    assert len(results) == len(configs), (proc.stdout + proc.stderr)[-3000:]
-    return results
-
-
-def config_refusals(workdir: Path, configs: list[dict]) -> list[dict]:
-    """What reading each config raised ({"ok": False, "error": all of its text}), or {"ok": True}."""
-    return load_configs(workdir, configs, '            result = {"ok": True}\n', full_error=True)
-
-
 def assert_names_the_key(err: str, key: str, allowed: str) -> None:
     """`err` has a line `config key KEY: ...` that says `allowed`."""
     assert f"config key {key}:" in err, err[-3000:]

@@ -1,6 +1,6 @@
 """Switch-point sweeps: the schedules a study config's ``sweeps:`` expands into.
 
-One place for the workflow (``common.smk``'s ``expand_sweeps``, which also checks the sweep and tags its
+One place for the workflow (``precswitch.study``, which also checks the sweep and tags its
 runs) and ``benchmarks/gpu_hours.py``. A sweep names one stage with ``{precision, switch_to}`` and no
 ``switch_at`` (the swept stage) and a list ``switch_at`` of fractions f of that stage's steps run in
 ``precision`` before switching to ``switch_to``: f = 1 runs the whole stage in ``precision``, f = 0 in
@@ -43,7 +43,7 @@ def point_stages(sweep: dict, stage: str, fraction: float) -> dict:
 def expand(sweeps: dict | None, schedules: dict | None = None) -> dict[str, dict]:
     """Every point of every sweep: ``{schedule name: stages}``.
 
-    Refuses, as the workflow does (``common.smk``'s ``expand_sweeps``, same messages), a sweep that does not sweep
+    Refuses, as the workflow does (``precswitch.study``, same messages), a sweep that does not sweep
     exactly one stage, two points of a sweep that get one name, and a point named like one of ``schedules``: an
     IndexError, or points silently dropped or replacing a schedule, before.
     """

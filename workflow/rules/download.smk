@@ -10,8 +10,8 @@
 # Rules that read hub models/datasets (tokenizer, prepare, and training from a hub model.init) take
 # `fetch_inputs()` as an input, so they run after the download, and prefix their commands with
 # OFFLINE_ENV (params.offline) so that they never touch the network. The helpers (FETCH_MANIFEST,
-# fetch_needed, fetch_inputs, fetch_config_json, OFFLINE_ENV) are in common.smk: Snakemake's linter
-# wants functions and rules in separate files.
+# fetch_needed, fetch_inputs, fetch_config_json, OFFLINE_ENV) are in common.smk (what they decide: in
+# precswitch.study): Snakemake's linter wants functions and rules in separate files.
 
 
 rule fetch:

@@ -77,6 +77,26 @@ ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 MODEL_KEYS = set(DEFAULTS["model"]) | {"vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range"}
 
 
+# Cross-key rules that a study config (precswitch.study, which names the config key) and a stage's hparams
+# (resolve) share: one wording, one test.
+SWITCH_PAIR_PROBLEM = "switch_to and switch_at go together: set both (or neither)"
+
+
+def compile_telemetry_problem(compile_mode, telemetry_every) -> str | None:
+    """Activation telemetry needs eager mode: what is wrong with compiling a stage that records it, or None."""
+    if compile_mode in ("off", False) or not telemetry_every:
+        return None
+    return (f"{compile_mode!r} with telemetry_every {telemetry_every}: activation telemetry hooks run in eager mode "
+            "only; set compile: off or telemetry_every: 0")
+
+
+def steps_epochs_problem(steps, epochs) -> str | None:
+    """A stage's length is steps or epochs, never both nor neither."""
+    if (steps is None) != (epochs is None):
+        return None
+    return f"set exactly one of steps and epochs (the other null); got steps={steps}, epochs={epochs}"
+
+
 def load_hparams(arg: str | dict) -> dict[str, Any]:
     """Parse ``--hparams``: a JSON object string, ``@file.json``, or a path to a .json/.yaml file."""
     if isinstance(arg, dict):
@@ -130,17 +150,16 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
         hp["compile"] = "off"
     if hp["compile"] not in COMPILE_MODES:
         raise PrecswitchError(f"compile {hp['compile']!r}: allowed {', '.join(repr(m) for m in COMPILE_MODES)}")
-    if hp["compile"] != "off" and hp["telemetry_every"]:
-        raise PrecswitchError(
-            f"compile {hp['compile']!r} with telemetry_every {hp['telemetry_every']}: activation telemetry hooks "
-            "run in eager mode only; set compile: off or telemetry_every: 0"
-        )
+    why = compile_telemetry_problem(hp["compile"], hp["telemetry_every"])
+    if why:
+        raise PrecswitchError(f"compile {why}")
     if hp["on_unsupported"] not in ("error", "skip"):
         raise PrecswitchError(f"on_unsupported {hp['on_unsupported']!r}: allowed 'error' or 'skip'")
     if not hp["data"]:
         raise PrecswitchError("hparams key 'data' is required: a dataset dir written by `precswitch prepare`")
-    if (hp["steps"] is None) == (hp["epochs"] is None):
-        raise PrecswitchError("set exactly one of 'steps' or 'epochs' (a positive number)")
+    why = steps_epochs_problem(hp["steps"], hp["epochs"])
+    if why:
+        raise PrecswitchError(why)
     for key in ("steps", "epochs"):
         if hp[key] is not None and (not isinstance(hp[key], (int, float)) or isinstance(hp[key], bool) or hp[key] <= 0):
             raise PrecswitchError(f"{key} must be a positive number, got {hp[key]!r}")
@@ -195,7 +214,7 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(hp["telemetry_every"], int) or isinstance(hp["telemetry_every"], bool) or hp["telemetry_every"] < 0:
         raise PrecswitchError(f"telemetry_every must be a non-negative integer, got {hp['telemetry_every']!r}")
     if (hp["switch_to"] is None) != (hp["switch_at"] is None):
-        raise PrecswitchError("switch_to and switch_at go together: set both (or neither)")
+        raise PrecswitchError(SWITCH_PAIR_PROBLEM)
     if hp["switch_to"] is not None:
         a, b = P.spec(hp["precision"]), P.spec(hp["switch_to"])
         at = hp["switch_at"]
