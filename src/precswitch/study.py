@@ -85,22 +85,18 @@ def _source_defaults() -> dict:
 
 
 def validate(config: dict) -> dict:
-    """The JSON schema: fills its defaults into ``config`` (in place, as Snakemake's ``validate`` does) and
-    refuses what it does not allow, as one :func:`schema_error` line. Returns ``config``."""
-    import jsonschema
-    from jsonschema import Draft202012Validator, validators
+    """The JSON schema, through Snakemake's ``validate`` (which fills the schema's defaults into ``config`` in
+    place): what it refuses becomes one :func:`schema_error` line. Returns ``config``."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate as snakemake_validate
 
-    def set_defaults(validator, properties, instance, sub):
-        for name, subschema in properties.items():
-            if "default" in subschema:
-                instance.setdefault(name, subschema["default"])
-        yield from Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, sub)
-
-    Validator = validators.extend(Draft202012Validator, {"properties": set_defaults})
     try:
-        Validator(schema()).validate(config)
-    except jsonschema.ValidationError as e:
-        raise schema_error(e) from None
+        snakemake_validate(config, str(SCHEMA_PATH))
+    except WorkflowError as e:
+        error = e.__cause__ or e.__context__
+        if not hasattr(error, "absolute_path"):  # not a schema violation: Snakemake's own message
+            raise
+        raise schema_error(error) from None
     return config
 
 
