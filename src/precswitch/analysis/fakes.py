@@ -94,6 +94,7 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
         "eval_precision": "fp32",
         "hparams": {"steps": steps, "precision": precision}, "tags": {"schedule": schedule},
         "resumed": False, "attempts": 1,
+        "model_parameters": 1_013_890 if stage == "pretrain" else 946_946,
         **_provenance(),
     }
     m.update(metrics or {})

@@ -557,6 +557,9 @@ def _schedule_info(sched, runs, s: str, counts: dict, alpha: float) -> dict:
         # seeds other schedules have but this one lacks (no finetune metrics.json was given)
         "missing_seeds": [_jsonable(v) for v in sorted(set(sched["seed"]) - set(sub["seed"]), key=str)],
         **{f"stage{k}_tensor_bytes": _tensor_bytes(sub, runs, k) for k in (1, 2)},
+        # the process peaks the tensor bytes are set beside (mean over the runs used)
+        **{f"stage{k}_peak_memory_bytes": float(sub.loc[sub["used"], f"stage{k}_peak_memory_bytes"].astype(float).mean())
+           if f"stage{k}_peak_memory_bytes" in sub else math.nan for k in (1, 2)},
     }
 
 
