@@ -86,8 +86,7 @@ def test_stats_settings_contrasts_that_are_not_a_list_are_named(tmp_path, capsys
                       ("contrasts: {a: fp16-fp32, b: fp32-fp32}\n", "got dict {'a': 'fp16-fp32', 'b': 'fp32-fp32'}")):
         rc, err, out = _stats_with_settings(tmp_path, capsys, runs, sched, text)
         assert rc == 2, text
-        assert ("analysis setting 'contrasts' must be a list of contrasts ([A, B], 'A vs B' or {a: A, b: B}); "
-                f"{got}") in err, err
+        assert "analysis setting 'contrasts'" in err and got in err, err
         assert err.count("\n") == 1 and not out.exists()
 
 
