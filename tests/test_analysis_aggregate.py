@@ -125,6 +125,8 @@ def test_cli_aggregate(tmp_path, capsys):
 
 def test_mixed_warm_and_cold_starts_warn_about_memory(tmp_path, capsys):
     paths = write_fake_study(tmp_path / "study", seeds=[1, 2])
+    for p in paths:  # the fakes no longer write process_start (warm start is being deleted)
+        p.write_text(json.dumps({**json.loads(p.read_text()), "process_start": "warm"}))
     aggregate(paths, tmp_path / "out1")
     assert "mix process starts" not in capsys.readouterr().err  # all warm: comparable
     m = json.loads(paths[0].read_text())

@@ -1,4 +1,4 @@
-"""Plots and verdict: files exist, explicit outputs, verdict text carries the classifications."""
+"""Plots and the report: files exist, explicit outputs, captions render (the verdict: test_analysis_verdict.py)."""
 
 import itertools
 import json
@@ -12,8 +12,8 @@ from plot_helpers import fake_study, figures
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.plots import PLOT_NAMES, make_plots
-from precswitch.analysis.stats import load_settings, run_stats
-from precswitch.analysis.verdict import render, write_verdict
+from precswitch.analysis.settings import load_settings
+from precswitch.analysis.stats import run_stats
 from precswitch.cli import main
 from precswitch.errors import PrecswitchError
 
@@ -67,73 +67,10 @@ def test_plots_without_fp16_runs(tmp_path):
     assert all(p.is_file() for p in written)
 
 
-def test_verdict_text(study, tmp_path):
-    root, _, stats = study
-    text = write_verdict(root / "results" / "stats.json", tmp_path / "verdict.md")
-    assert (tmp_path / "verdict.md").read_text() == text
-    assert text.startswith("# ")
-    head = text.split("## Answer")[0]
-    assert "If BERT is pre-trained in low precision" in head
-    for needle in ("`cpu`", "2.13.0+cpu", "5.24.0", "`0000000`", "memory measured as `cpu_peak_rss` in `warm`-started"):
-        assert needle in head
-    answer = text.split("## Answer")[1].split("## Per schedule")[0]
-    assert "After amp_fp16 pre-training, fine-tuning in fp32 instead of amp_fp16 raises accuracy" in answer
-    assert "Pre-training in amp_fp16 instead of fp32" in answer and "Pre-training in amp_bf16 instead of fp32" in answer
-    # a failed run is a finding: the answer names it, not only the per-schedule paragraph
-    assert "; `fp16-fp16` failed in 1 of 8 seeds (1 diverged)." in answer, answer
-    per = text.split("## Per schedule")[1]
-    fp16 = [p for p in per.split("\n\n") if p.startswith("**fp16-fp16**")][0]
-    assert "**WORSE**" in fp16 and "seed 4: diverged" in fp16 and "1 failed run" in fp16
-    bf16 = [p for p in per.split("\n\n") if p.startswith("**bf16-fp32**")][0]
-    assert "degenerate" in bf16 and "seeds 2" in bf16
-    # every non-baseline schedule gets exactly one classification label
-    labels = ("**BETTER**", "**WORSE**", "**EQUIVALENT", "**INCONCLUSIVE**", "**NOT JUDGED")
-    for p in per.split("\n\n"):
-        if p.startswith("**") and not p.startswith("**fp32-fp32**"):
-            assert sum(lab in p for lab in labels) == 1, p
-    for p in per.split("\n\n"):
-        if "**INCONCLUSIVE**" in p:
-            assert "seeds would detect" in p
-    assert "## Caveats" in text and "CPU" in text.split("## Caveats")[1]
-    assert "How failures are counted" in text
-    # mixed and pure 16 bits are told apart: the question says so, the study's stage-1 precisions are named
-    assert "mixed precision (amp_fp16, amp_bf16" in head and "pure 16-bit training (pure_fp16, pure_bf16" in head
-    assert ("**Stage 1 ran in:** `fp32`: fp32 throughout, TF32 off; `amp_bf16`, `amp_fp16`: mixed precision "
-            "(fp32 master weights, fp16/bf16 compute). No stage 1 kept its weights in 16 bits") in head
-    # sentences start with a capital; the label is not repeated by the phrase after it
-    import re
-
-    assert not re.search(r"(?<!e\.g)(?<!i\.e)\. [a-z]", per), re.findall(r".{30}\. [a-z].{20}", per)
-    assert "is inconclusive" not in per and "is equivalent to" not in per
 
 
-def test_stage1_kinds_names_what_low_precision_meant():
-    from precswitch.analysis.verdict import _stage1_kinds, precision_kind
-
-    assert precision_kind("amp_fp16-to-fp32-at80").startswith("mixed precision")
-    assert precision_kind("pure_bf16_kahan").startswith("pure 16 bits") and precision_kind("tf32").startswith("fp32 w")
-    both = _stage1_kinds(["pure_bf16", "fp32", "amp_bf16"])
-    assert both == ("**Stage 1 ran in:** `fp32`: fp32 throughout, TF32 off; `amp_bf16`: mixed precision (fp32 master "
-                    "weights, bf16 compute); `pure_bf16`: pure 16 bits (weights, gradients and optimizer state "
-                    "in bf16).")
-    assert _stage1_kinds(["fp32", "pure_fp16"]).endswith("No stage 1 used mixed precision (`amp_fp16`, `amp_bf16`).")
-    assert _stage1_kinds([]) == ""
 
 
-def test_verdict_reports_missing_seeds(tmp_path):
-    paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3])
-    paths = [p for p in paths if "finetune/fp16-fp32/seed2" not in str(p)]
-    aggregate(paths, tmp_path / "t")
-    run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv", load_settings(bootstrap_resamples=0),
-              tmp_path / "t")
-    text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
-    para = [p for p in text.split("\n\n") if p.startswith("**fp16-fp32**")][0]
-    assert "no result at all for seed(s) 2" in para
-    # the Answer says it too, in each sentence about fp16-fp32 (its "2 paired seeds" would otherwise be unexplained)
-    answer = text.split("## Answer")[1].split("## Per schedule")[0]
-    about = [s for s in answer.split(". ") if "`fp16-fp32` −" in s]
-    assert about and all("`fp16-fp32` has no result for seed(s) 2 (see its paragraph)" in s for s in about), answer
-    assert "`fp32-fp32` has no result" not in answer
 
 
 def test_cli_end_to_end(tmp_path, capsys):
@@ -159,15 +96,6 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert not (tmp_path / "x" / "stats.json").exists()
 
 
-def test_verdict_all_degenerate_is_not_informative(tmp_path):
-    sched = {"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")}
-    paths = write_fake_study(tmp_path / "s", schedules=sched, seeds=[1, 2, 3],
-                             degenerate={(s, k) for s in sched for k in (1, 2, 3)})
-    aggregate(paths, tmp_path / "t")
-    run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv", load_settings(bootstrap_resamples=0),
-              tmp_path / "t")
-    text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
-    assert "NOT INFORMATIVE" in text and "the task was not learnt" in text.split("## Per schedule")[0]
 
 
 # ---------------------------------------------------------------------------- audit fixes
@@ -179,143 +107,35 @@ def _small_study(tmp_path, seeds=(1, 2, 3), mutate=None, **kw):
     return fake_study(tmp_path, seeds, mutate, bootstrap_resamples=200, **kw)
 
 
-def _answer(text: str) -> list[str]:
-    return text.split("## Answer")[1].split("## Per schedule")[0].split("\n\n")[1].split(". ")
 
 
 def _row(stats, family, a, b, metric):
     return next(r for r in stats["deltas"] if (r["family"], r["a"], r["b"], r["metric"]) == (family, a, b, metric))
 
 
-def test_shared_stage1_contrast_reports_stage2_time_and_memory(tmp_path):
-    from precswitch.analysis.verdict import _ratio
-
-    out, stats = _small_study(tmp_path)
-    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
-    answer = text.split("## Answer")[1].split("## Per schedule")[0]
-    shared = next(s for s in answer.split(". ") if "fine-tuning in fp32 instead of amp_fp16" in s)
-    t2 = _row(stats, "named", "fp16-fp32", "fp16-fp16", "stage2_train_seconds")
-    m2 = _row(stats, "named", "fp16-fp32", "fp16-fp16", "stage2_peak_memory_bytes")
-    # the stage-2 ratios of deltas.csv (family named), said to be stage 2, never the totals
-    assert f"{_ratio(t2)} the stage-2 (fine-tuning) training time" in shared
-    assert f"{_ratio(m2)} the stage-2 peak memory" in shared
-    assert "same stage-1 runs" in shared and "total training time" not in shared
-    deltas = pd.read_csv(out / "deltas.csv")
-    d = deltas[(deltas["family"] == "named") & (deltas["a"] == "fp16-fp32") & (deltas["b"] == "fp16-fp16")
-               & (deltas["metric"] == "stage2_train_seconds")].iloc[0]
-    assert d["mean"] == pytest.approx(t2["mean"])
-    # contrasts whose stage 1 differs keep the totals
-    other = next(s for s in answer.split(". ") if "Pre-training in amp_fp16 instead of fp32" in s)
-    tt = _row(stats, "named", "fp16-fp32", "fp32-fp32", "total_train_seconds")
-    assert f"{_ratio(tt)} the total training time" in other and "stage-2" not in other
 
 
-def test_no_stage1_contrast_reports_stage2(tmp_path):
-    sched = {"fp32-fp32": ("fp32", "fp32"), "ft-fp32": (None, "fp32"), "ft-fp16": (None, "amp_fp16")}
-    paths = write_fake_study(tmp_path / "s", schedules=sched, seeds=[1, 2, 3])
-    aggregate(paths, tmp_path / "t")
-    run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
-              load_settings(bootstrap_resamples=0, contrasts=[["ft-fp16", "ft-fp32"], ["ft-fp32", "fp32-fp32"]]),
-              tmp_path / "t")
-    text = write_verdict(tmp_path / "t" / "stats.json", tmp_path / "verdict.md")
-    answer = text.split("## Answer")[1].split("## Per schedule")[0]
-    assert answer.count("the stage-2 (fine-tuning) training time") == 2
-    assert "`ft-fp16` and `ft-fp32` have no stage 1" in answer and "`ft-fp32` has no stage 1" in answer
-    assert "total training time" not in answer
 
 
-def _mini_stats(deltas, **extra):
-    """A hand-made stats.json: one schedule against the baseline, the rows given."""
-    info = {"stage1_precision": "amp_fp16", "stage2_precision": "fp32", "n_runs": 3, "n_used": 3,
-            "n_failed": 0, "n_degenerate": 0, "seeds": [1, 2, 3], "accuracy_points": {"n": 3, "mean": 80.0}}
-    base = dict(info, stage1_precision="fp32")
-    stats = {"question": "Q?", "settings": {"margin": 1.0, "alpha": 0.05, "power": 0.8, "bootstrap_resamples": 0},
-             "baseline": "fp32-fp32", "provenance": {"device": ["cpu"]},
-             "schedules": {"fp32-fp32": base, "fp16-fp32": info}, "named_contrasts": [], "missing_contrasts": [],
-             "deltas": deltas, "stage1_relation": {"fp16-fp32 vs fp32-fp32": "different"}}
-    stats.update(extra)
-    return stats
 
 
-def _ratio_row(metric, mean, lo, hi, p_holm, cls, family="vs_baseline", a="fp16-fp32", b="fp32-fp32"):
-    return {"family": family, "a": a, "b": b, "metric": metric, "kind": "ratio", "n_pairs": 3, "mean": mean,
-            "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls}
 
 
-def test_labels_name_unadjusted_ci_and_holm_p():
-    rows = [_ratio_row("stage1_train_seconds", 1.19, 1.05, 1.35, 0.081, "inconclusive"),
-            _ratio_row("stage2_train_seconds", 0.91, 0.32, 2.57, 1.0, "inconclusive"),
-            _ratio_row("stage1_peak_memory_bytes", 1.12, 1.11, 1.14, 0.0016, "worse")]
-    text = render(_mini_stats(rows))
-    para = next(p for p in text.split("\n\n") if p.startswith("**fp16-fp32**"))
-    # the CI excludes ×1 but Holm does not: the text says both, so nothing contradicts
-    assert ("stage 1 ×1.19 [1.05, 1.35] (not significant after Holm, p 0.081; only the unadjusted CI "
-            "excludes ×1)") in para
-    assert "stage 2 ×0.91 [0.32, 2.57] (not significant after Holm, p 1.000)" in para
-    assert "stage 1 ×1.12 [1.11, 1.14] (12% more memory, Holm p 0.002)" in para
-    assert "geometric-mean ratio [unadjusted 95% CI]" in para
-    assert "unadjusted 95% t CIs" in text.split("## Answer")[0]
 
 
-def test_ratio_gets_decimals_when_two_would_hide_the_interval():
-    from precswitch.analysis.verdict import _ratio
-
-    assert _ratio({"mean": 0.96923, "ci_low": 0.96686, "ci_high": 0.97162}) == "×0.969 [0.967, 0.972]"
-    assert _ratio({"mean": 1.19, "ci_low": 1.05, "ci_high": 1.35}) == "×1.19 [1.05, 1.35]"
-    assert _ratio({"mean": 1.0, "ci_low": 1.0, "ci_high": 1.0}) == "×1.00 [1.00, 1.00]"
 
 
-def _stage1_rows(mean, lo, hi, p_holm, cls):
-    return [{"family": "stage1", "a": "amp_fp16", "b": "fp32", "metric": "eval_loss", "kind": "difference",
-             "n_pairs": 3, "mean": mean, "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls}]
 
 
-def test_stage1_tiny_loss_difference_in_significant_digits_and_negligible():
-    extra = {"stage1_baseline_precision": "fp32", "stage1_summary": {"fp32": {"eval_loss": {"n": 3, "mean": 2.152}}}}
-    text = render(_mini_stats(_stage1_rows(-6.634e-5, -1.0205e-4, -3.064e-5, 0.031, "better"), **extra))
-    line = next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
-    assert "−0.000" not in line
-    assert "eval loss −6.6e−5 nats [−1.0e−4, −3.1e−5]" in line
-    assert "−0.0031% of fp32's 2.15 nats" in line
-    assert "better, Holm p 0.031 — negligible: the whole CI is within ±0.1% of the loss" in line
-    # a difference of 2% of the loss is reported, not called negligible
-    text = render(_mini_stats(_stage1_rows(0.043, 0.03, 0.056, 0.01, "worse"), **extra))
-    line = next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
-    assert "eval loss +0.043 nats [+0.030, +0.056]" in line and "+2.0% of fp32's 2.15 nats" in line
-    assert "negligible" not in line
-    # older stats.json without stage1_summary: no relative size, still significant digits
-    text = render(_mini_stats(_stage1_rows(-6.634e-5, -1.0205e-4, -3.064e-5, 0.031, "better"),
-                              stage1_baseline_precision="fp32"))
-    assert "eval loss −6.6e−5 nats" in text and "negligible:" not in text
 
 
-def test_stage1_numbers_agree_between_verdict_summary_and_deltas(tmp_path):
-    def tiny(m, p):  # amp_fp16 stage 1: the fp32 loss of the same seed minus ~7e-5
-        if m["stage"] == "pretrain":
-            m["eval_loss"] = 2.0 + 0.001 * m["seed"] - (6.6e-5 + 1e-5 * (m["seed"] % 2)
-                                                        if m["precision"] == "amp_fp16" else 0.0)
-
-    out, _ = _small_study(tmp_path, seeds=range(1, 6), mutate=tiny)
-    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
-    md = (out / "summary.md").read_text()
-    from precswitch.analysis.stats import fmt_triple
-
-    d = pd.read_csv(out / "deltas.csv")
-    el = d[(d["family"] == "stage1") & (d["a"] == "amp_fp16") & (d["metric"] == "eval_loss")].iloc[0]
-    m, lo, hi = fmt_triple(el["mean"], el["ci_low"], el["ci_high"])
-    assert "e−5" in m
-    assert f"eval loss {m} nats [{lo}, {hi}]" in text
-    row = next(ln for ln in md.splitlines() if ln.startswith("| amp_fp16 |") and "Holm" in ln)
-    assert f"{m} [{lo}, {hi}]" in row and "negligible" in row
-    assert "negligible" in next(ln for ln in text.splitlines() if ln.startswith("- **amp_fp16**"))
 
 
-def test_bootstrap_left_out_below_min_pairs_verdict_and_forest(tmp_path):
+
+
+def test_bootstrap_left_out_below_min_pairs_in_the_forest(tmp_path):
     out, stats = _small_study(tmp_path)
     assert all(r["boot_low"] is None for r in stats["deltas"])
-    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
-    assert "bootstrap CI" not in text.split("## Caveats")[0]
-    assert "Bootstrap CIs are only computed from 8 paired seeds on" in text.split("## Caveats")[1]
     make_plots(out / "runs.csv", out / "schedules.csv", out / "stats.json", outputs=[tmp_path / "forest.svg"])
     svg = (tmp_path / "forest.svg").read_text()
     assert "no bootstrap CI below 8 paired seeds" in svg and "thin: bootstrap" not in svg
@@ -332,80 +152,14 @@ def test_bootstrap_drawn_from_min_pairs(study, tmp_path):
     assert "bootstrap CI where" in svg and "no bootstrap CI below 8" in svg
 
 
-def test_holds_for_has_no_per_run_config_hash(study, tmp_path):
-    root, _, stats = study
-    text = write_verdict(root / "results" / "stats.json", tmp_path / "verdict.md")
-    head = text.split("## Answer")[0]
-    assert "config hash" not in head and "distinct values" not in head and "cafe1234" not in head
-    assert "config_hash" not in stats["provenance"]
 
 
-def _load_mutator(over: set[str]):
-    def mutate(m, p):
-        m["cpu_count"] = 2
-        m["load_avg_1m_start"] = 3.2 if m["run_id"] in over else 0.9
-        # 2.2 on 2 cores: the study's own 2 jobs plus a little background, not oversubscription
-        m["load_avg_1m_end"] = None if m["run_id"] in over else 2.2
-    return mutate
 
 
-def test_oversubscribed_cpu_caveat(tmp_path):
-    over = {"pretrain-fp32-seed1", "finetune-fp16-fp32-seed2"}
-    out, stats = _small_study(tmp_path, mutate=_load_mutator(over))
-    runs = pd.read_csv(out / "runs.csv")
-    assert {"load_avg_1m_start", "load_avg_1m_end", "cpu_count"} <= set(runs.columns)
-    assert stats["load"]["n_oversubscribed"] == 2 and stats["load"]["n_runs_checked"] == len(runs)
-    text = write_verdict(out / "stats.json", tmp_path / "verdict.md")
-    cav = text.split("## Caveats")[1]
-    assert f"oversubscribed during 2 of {len(runs)} CPU runs" in cav
-    assert "time and throughput ratios are unreliable" in cav and "exceeded the CPU count (2" in cav
-    # the Answer quotes time ratios: it says there that they are unreliable, not only in the Caveats
-    answer = text.split("## Answer")[1].split("## Per schedule")[0]
-    assert f"Timings: 2 of {len(runs)} runs ran on an oversubscribed machine" in answer
 
 
-def test_no_load_caveat_when_idle_or_not_recorded(tmp_path):
-    out, stats = _small_study(tmp_path / "a", mutate=_load_mutator(set()))
-    assert stats["load"]["n_oversubscribed"] == 0
-    assert "oversubscribed" not in write_verdict(out / "stats.json", tmp_path / "a.md")
-    out, stats = _small_study(tmp_path / "b")  # metrics.json from before the load averages
-    assert stats["load"] is None
-    assert "oversubscribed" not in write_verdict(out / "stats.json", tmp_path / "b.md")
-    # an old stats.json without the key at all renders too
-    s = json.loads((out / "stats.json").read_text())
-    del s["load"]
-    assert "oversubscribed" not in render(s)
 
 
-def test_gpu_timings_caveat_names_eager_pytorch(tmp_path):
-    """On a GPU, time ratios of eager steps are the host's as much as the chip's: the verdict says which
-    the runs were, and says nothing of it on a CPU or when the step was compiled."""
-    def on_gpu(compile_mode):
-        def mutate(m, p):
-            m.update(device="cuda:0", device_name="NVIDIA H200", cuda_version="13.0")
-            if compile_mode is not None:
-                m["compile"] = compile_mode
-        return mutate
-
-    out, stats = _small_study(tmp_path / "a", mutate=on_gpu(None))  # runs from before the compile key
-    text = write_verdict(out / "stats.json", tmp_path / "a.md")
-    assert "Timings on a GPU are of eager PyTorch" in text.split("## Caveats")[1]
-    out, stats = _small_study(tmp_path / "b", mutate=on_gpu("off"))
-    assert stats["provenance"]["compile"] == ["off"]
-    text = write_verdict(out / "stats.json", tmp_path / "b.md")
-    assert "training step compiled: `off`" in text.split("## Answer")[0]
-    assert "Timings on a GPU are of eager PyTorch" in text
-    assert "Small scale: a tiny BERT" in text  # no model size recorded (older runs): the default's caveat
-    out, _ = _small_study(tmp_path / "c", mutate=lambda m, p: (on_gpu("reduce-overhead")(m, p),
-                                                              m.update(model_parameters=108_311_810)))
-    text = write_verdict(out / "stats.json", tmp_path / "c.md")
-    assert "eager PyTorch" not in text and "training step compiled: `reduce-overhead`" in text
-    assert "Small scale" not in text and "model 108.3M parameters" in text  # a BERT-base study is not tiny
-    from precswitch.analysis.verdict import _param_span
-
-    assert _param_span(["108311810", "108900000.0"]) == "108.3M-108.9M" and _param_span(["510000", "520000"]) == "0.5M"
-    out, _ = _small_study(tmp_path / "d", mutate=lambda m, p: m.update(compile="off"))  # a CPU study
-    assert "Timings on a GPU" not in write_verdict(out / "stats.json", tmp_path / "d.md")
 
 
 def _render_rst(name: str, config: dict) -> str:
@@ -501,40 +255,10 @@ def test_report_front_page_of_a_study_without_stage_1_lists_no_stage_1_settings(
     assert "Data: stage 1 ``synthetic``" in wf and "- pretrain: " in wf  # the sweep's schedules have a stage 1
 
 
-def test_wilcoxon_caveat_counts_pairs_not_runs(tmp_path):
-    """6 finished runs in each schedule but 5 pairs (different seeds diverged): the signed-rank caveat names the pair."""
-    _, stats = _small_study(tmp_path, seeds=range(1, 8), diverged={("fp16-fp32", 1), ("fp32-fp32", 2)},
-                            schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")})
-    assert _row(stats, "vs_baseline", "fp16-fp32", "fp32-fp32", "accuracy")["n_pairs"] == 5
-    caveat = next(line for line in render(stats).splitlines() if "signed-rank" in line)
-    assert "fp16-fp32 vs fp32-fp32" in caveat
-    _, stats = _small_study(tmp_path / "all", seeds=range(1, 7),
-                            schedules={"fp32-fp32": ("fp32", "fp32"), "fp16-fp32": ("amp_fp16", "fp32")})
-    assert "signed-rank" not in render(stats)
 
 
-def test_verdict_answers_against_the_baseline_without_contrasts(tmp_path):
-    """analysis.contrasts: [] (tests/configs/real-files.yaml): the Answer compares each schedule with the
-    baseline instead of 'None of the configured contrasts could be computed'; one seed is 'fewer than 2
-    paired seeds', not 'too few finished seeds' (every run finished)."""
-    sched = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}
-    for seeds, needle in (([1, 2, 3], "Pre-training in amp_bf16 instead of fp32 (fine-tuning in fp32 both times) "),
-                          ([1], "cannot be judged (fewer than 2 paired seeds with results)")):
-        out = tmp_path / f"t{len(seeds)}"
-        paths = write_fake_study(tmp_path / f"s{len(seeds)}", schedules=sched, seeds=seeds)
-        aggregate(paths, out)
-        run_stats(out / "runs.csv", out / "schedules.csv", load_settings(bootstrap_resamples=0, contrasts=[]), out)
-        text = write_verdict(out / "stats.json", out / "verdict.md")
-        answer = text.split("## Answer")[1].split("## Per schedule")[0]
-        assert "None of the configured contrasts" not in answer and "`bf16-fp32` − `fp32-fp32`" in answer, answer
-        assert needle in answer and "finished seeds" not in text, answer
 
 
-def test_counts_agree_in_number():
-    from precswitch.analysis.verdict import _acc_phrase
-
-    assert _acc_phrase({"mean": 0.5, "n_pairs": 1}, 1.0, 95).endswith("+0.50 points, 1 paired seed")
-    assert _acc_phrase({"mean": 0.5, "n_pairs": 3}, 1.0, 95).endswith(", 3 paired seeds")
 
 
 # ---------------------------------------------------------------------------- plot readability
@@ -734,81 +458,14 @@ def test_a_skipped_steps_extra_row_is_marked_but_not_averaged_into_the_loss_curv
     assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [4] and list(crosses[0].get_ydata()) == [1024.0]
 
 
-def test_verdict_does_not_sell_warm_vs_cold_rss_as_memory_saved(tmp_path):
-    """fp32's runs started cold (+120 MiB RSS), the rest warm: the verdict said '16% memory saved' for amp_bf16
-    (really +10%). Now the memory ratios that would pair a cold with a warm run read 'not compared', the Answer
-    and the Caveats say why, and no memory 'saved' claim is made for those comparisons."""
-    paths = write_fake_study(tmp_path / "s", seeds=range(1, 6))
-    for p in paths:
-        m = json.loads(p.read_text())
-        if m["run_id"].startswith(("pretrain-fp32-", "finetune-fp32-fp32-")):
-            m.update(process_start="cold", peak_memory_bytes=m["peak_memory_bytes"] + 120 * 2**20)
-            p.write_text(json.dumps(m))
-    aggregate(paths, tmp_path / "t")
-    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
-                      load_settings(bootstrap_resamples=0), tmp_path / "t")
-    text = render(stats)
-    answer = text.split("## Answer", 1)[1].split("##", 1)[0]
-    for sentence in answer.split(". "):  # a comparison with the cold fp32 baseline states no memory ratio
-        if "− `fp32-fp32`" in sentence:
-            assert "memory" not in sentence, sentence
-    assert "Memory: the ratios above leave out every seed whose two runs were started differently" in answer
-    para = next(ln for ln in text.splitlines() if ln.startswith("**bf16-fp32**"))
-    assert "Peak memory: stage 1 not compared (in every seed with both runs, one was started warm, the other cold)" in para
-    assert "started two ways (cold 10, warm 25)" in text
-    # the named contrast of two warm schedules keeps its memory ratio
-    assert "the stage-2 peak memory" in answer
 
 
-def test_verdict_of_a_study_with_only_the_baseline_and_one_seed(tmp_path):
-    """A one-schedule, one-seed study: the Answer says there is nothing to compare (not 'none of the configured
-    contrasts could be computed'), no empty stage-1 section, and the counts read in the singular."""
-    paths = write_fake_study(tmp_path / "s", seeds=[1], schedules={"fp32-fp32": ("fp32", "fp32")})
-    aggregate(paths, tmp_path / "t")
-    stats = run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
-                      load_settings(bootstrap_resamples=0, contrasts=[]), tmp_path / "t")
-    text = render(stats)
-    assert "Only the baseline schedule `fp32-fp32` ran: there is nothing to compare it with" in text
-    assert "could be computed" not in text and "## Stage 1 on its own" not in text
-    assert "(1 run per schedule)" in text and "1 of 1 run used" in text
 
 
-def test_equal_values_get_no_interval_below_the_sign_tests_minimum(tmp_path):
-    """Three seeds with the very same accuracy printed '[95% CI 80.00, 80.00]': no t interval exists, and a
-    point reads as an exact mean. As for paired differences, [v, v] is a 95% interval only from 6 values on."""
-    import math
-
-    from precswitch.analysis.stats import describe
-
-    three, six = describe([80.0] * 3), describe([80.0] * 6)
-    assert math.isnan(three["ci_low"]) and math.isnan(three["ci_high"]) and three["std"] == 0
-    assert six["ci_low"] == six["ci_high"] == 80.0
-    paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3], sd=0.0, seed_sd=0.0)
-    aggregate(paths, tmp_path / "t")
-    text = render(run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
-                            load_settings(bootstrap_resamples=0), tmp_path / "t"))
-    base = next(ln for ln in text.splitlines() if ln.startswith("**fp32-fp32**"))
-    assert "accuracy 80.00%, seed SD 0.00 points" in base and "CI" not in base
 
 
-def test_numeric_health_unknown_counters_are_not_reported_as_none(tmp_path):
-    paths = write_fake_study(tmp_path / "s", seeds=[1, 2])
-    for p in paths:
-        m = json.loads(p.read_text())
-        m.update(skipped_steps=None, nonfinite_losses=None)
-        p.write_text(json.dumps(m))
-    aggregate(paths, tmp_path / "t")
-    text = render(run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv",
-                            load_settings(bootstrap_resamples=0), tmp_path / "t"))
-    assert "Numeric health: no failed runs; skipped steps and non-finite losses not recorded." in text
-    assert "no skipped steps" not in text
 
 
-def test_parameter_count_of_a_small_model_is_not_zero_millions():
-    from precswitch.analysis.verdict import _param_span
-
-    assert _param_span([22562]) == "22.6k"
-    assert _param_span([108_310_272, 108_893_186]) == "108.3M-108.9M"
 
 
 def test_cli_stats_options_reach_the_settings_and_the_named_files(tmp_path, capsys):
@@ -842,48 +499,9 @@ def test_cli_stats_options_reach_the_settings_and_the_named_files(tmp_path, caps
     assert "fp16-fp16 worse" in err  # the accuracy label, not F1's (F1 is the same everywhere: not judged worse)
 
 
-def _acc_row(cls, mean, lo, hi, p_holm, **kw):
-    return {"family": "vs_baseline", "a": "fp16-fp32", "b": "fp32-fp32", "metric": "accuracy", "kind": "difference",
-            "n_pairs": 3, "mean": mean, "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls,
-            "margin": 1.0, **kw}
 
 
-def _para(text, name="fp16-fp32"):
-    return next(p for p in text.split("\n\n") if p.startswith(f"**{name}**"))
 
 
-def test_verdict_paragraph_states_the_rows_numbers():
-    """The per-schedule paragraph against hand-made rows: throughput up is 'more', down is 'less'; 'by less than
-    the margin' only when the CI lies inside it; the detectable difference is the row's mde and the seeds needed
-    are its seeds_needed and seeds_needed_equivalence."""
-    up = _ratio_row("stage2_samples_per_second", 1.25, 1.2, 1.3, 0.004, "better")
-    worse_small = _acc_row("worse", -0.4, -0.7, -0.1, 0.01, within_margin=True)
-    para = _para(render(_mini_stats([worse_small, up])))
-    assert "less accurate than fp32-fp32, though by less than the ±1 point margin" in para
-    assert "Stage-2 throughput ×1.25 [1.20, 1.30] (25% more throughput, Holm p 0.004)" in para
-    down = _ratio_row("stage2_samples_per_second", 0.8, 0.75, 0.85, 0.004, "worse")
-    worse_big = _acc_row("worse", -2.4, -3.7, -1.1, 0.01, within_margin=False)
-    para = _para(render(_mini_stats([worse_big, down])))
-    assert "less accurate than fp32-fp32." in para and "by less than" not in para
-    assert "Stage-2 throughput ×0.80 [0.75, 0.85] (20% less throughput, Holm p 0.004)" in para
-    inc = _acc_row("inconclusive", 0.3, -0.9, 1.5, 0.6, sd=0.9, mde=1.7, seeds_needed=12, seeds_needed_equivalence=20)
-    para = _para(render(_mini_stats([inc])))
-    assert "with these seeds a difference of 1.70 points is detectable at 80% power after Holm" in para
-    assert ("To resolve it: about 12 paired seeds would detect a 1-point difference with 80% power after Holm "
-            "(observed paired SD 0.90 points); about 20 would put the CI inside ±1 point") in para
 
 
-def test_verdict_names_a_stage1_shared_with_the_baseline_instead_of_a_ratio():
-    rows = [_ratio_row("stage1_train_seconds", 1.0, 1.0, 1.0, 1.0, "inconclusive"),
-            _ratio_row("stage1_peak_memory_bytes", 1.0, 1.0, 1.0, 1.0, "inconclusive"),
-            _ratio_row("stage2_train_seconds", 0.7, 0.65, 0.75, 0.002, "better"),
-            _ratio_row("stage2_peak_memory_bytes", 0.8, 0.75, 0.85, 0.002, "better")]
-    stats = _mini_stats(rows, stage1_relation={"fp16-fp32 vs fp32-fp32": "shared"})
-    para = _para(render(stats))
-    assert "Training time vs baseline (geometric-mean ratio [unadjusted 95% CI], paired log-ratios): stage 1 shared " \
-           "with the baseline (the same runs); stage 2 ×0.70 [0.65, 0.75] (30% time saved, Holm p 0.002)" in para
-    assert "Peak memory: stage 2 ×0.80 [0.75, 0.85] (20% memory saved, Holm p 0.002)" in para
-    assert "stage 1 ×1.00" not in para
-    # the same rows with a stage 1 of its own: the stage-1 ratios are printed
-    para = _para(render(_mini_stats(rows)))
-    assert "stage 1 ×1.00 [1.00, 1.00]" in para and "shared with the baseline" not in para

@@ -8,10 +8,9 @@ import pytest
 
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
-from precswitch.analysis.stats import (
-    classify, compute, holm, load_settings, not_significant, paired_contrast, run_stats,
-    simulate_false_positive_rate,
-)
+from precswitch.analysis.paired import classify, holm, paired_contrast, simulate_false_positive_rate
+from precswitch.analysis.settings import load_settings
+from precswitch.analysis.stats import compute, run_stats
 from precswitch.errors import PrecswitchError
 
 FAST = {"bootstrap_resamples": 200}
@@ -140,7 +139,7 @@ def test_holm_matches_definition():
 
 def test_settings(tmp_path):
     p = tmp_path / "config.yaml"
-    p.write_text("other: 1\nanalysis:\n  baseline: a-b\n  margin: 0.5\n  contrasts: ['x vs y', [p, q]]\n")
+    p.write_text("other: 1\nanalysis:\n  baseline: a-b\n  margin: 0.5\n  contrasts: [[x, y], [p, q]]\n")
     s = load_settings(p, alpha=0.1)
     assert s["baseline"] == "a-b" and s["margin"] == 0.5 and s["alpha"] == 0.1
     assert s["contrasts"] == [["x", "y"], ["p", "q"]]
@@ -168,7 +167,7 @@ def test_run_stats_writes_outputs_and_lists_missing_contrasts(tmp_path):
 
 # ---------------------------------------------------------------------------- audit fixes
 def test_bootstrap_only_from_min_pairs():
-    from precswitch.analysis.stats import MIN_BOOTSTRAP_PAIRS
+    from precswitch.analysis.paired import MIN_BOOTSTRAP_PAIRS
 
     assert MIN_BOOTSTRAP_PAIRS == 8
     rng = np.random.default_rng(3)
@@ -238,20 +237,6 @@ def test_load_check(tmp_path):
     assert compute(_with_load(runs, 9.0, 9.0, device="cuda"), sched, s)[2]["load"] is None
 
 
-def test_fmt_num_and_triple_never_print_tiny_as_zero():
-    from precswitch.analysis.stats import fmt_num, fmt_triple
-
-    assert fmt_num(-6.634e-5) == "−6.6e−5"
-    assert fmt_num(0.0121, 2, 2, True) == "+0.012"
-    assert fmt_num(78.884) == "78.88" and fmt_num(2.1523, 3, 3) == "2.152"
-    assert fmt_num(0.004, 3, 3) == "0.00400"
-    assert fmt_triple(-6.634e-5, -1.0205e-4, -3.064e-5) == ("−6.6e−5", "−1.0e−4", "−3.1e−5")
-    assert fmt_triple(-1.5589e-4, -1.1892e-3, 8.774e-4) == ("−1.6e−4", "−1.2e−3", "+8.8e−4")
-    assert fmt_triple(0.0, -0.02, 0.02) == ("+0.000", "−0.020", "+0.020")
-    assert fmt_triple(0.0121, -0.1255, 0.1497) == ("+0.012", "−0.126", "+0.150")
-    assert fmt_triple(-1.0417, -5.7951, 3.7117) == ("−1.04", "−5.80", "+3.71")  # at least 2 decimals
-
-
 def _tiny_stage1_loss(runs, delta=-6.6e-5, sd=1.5e-5):
     """amp_fp16 stage-1 eval loss = fp32's (same seed) + a tiny, consistent difference."""
     runs = runs.copy()
@@ -272,10 +257,12 @@ def test_summary_md_stage1_differences_significant_but_negligible(tmp_path):
     el = _acc(deltas, "amp_fp16", "fp32", family="stage1", metric="eval_loss")
     assert el["classification"] == "better" and abs(el["mean"]) < 1e-4
     md = render_summary_md(summary, s, deltas, stats["stage1_baseline_precision"])
-    block = md.split("## Stage 1: paired differences against fp32")[1]
+    block = md.split("## Stage 1: paired differences")[1]
     row = next(ln for ln in block.splitlines() if ln.startswith("| amp_fp16 |"))
-    assert "e−5" in row and "negligible" in row and "better, Holm p" in row
-    assert "0.000 " not in row and "−0.000]" not in row
+    cells = [c.strip() for c in row.split("|")]
+    # a loss difference in nats to 3 decimals: one that rounds to zero prints 0.000 (no sign); the label says
+    # what matters: significant and negligible
+    assert cells[3].startswith("0.000") and "better" in cells[5] and "negligible" in cells[5]
     # a real stage-1 difference (fakes: amp_bf16 −3 points of masked-token accuracy) is not negligible
     runs2, sched2 = _study(tmp_path / "b", seeds=range(1, 6), stage1_effects={"amp_bf16": -3.0})
     summary2, deltas2, _ = compute(runs2, sched2, s)
@@ -316,7 +303,6 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
     assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.25) and classify(r, 0.05) == "inconclusive"
     # no 95% interval from 3 equal differences (the sign test's covers 1 − 2 · 0.5^3 = 75%), not a point
     assert math.isnan(r["ci_low"]) and math.isnan(r["ci_high"])
-    assert not_significant({**r, "classification": "inconclusive"}) == "not significant after Holm, p 0.250"
     r = paired_contrast([81.0, 71.0], [80.0, 70.0], margin=1.0)
     r["p_holm"] = r["p_t"]
     assert r["sd"] == 0 and r["p_t"] == pytest.approx(0.5) and classify(r, 0.05) == "inconclusive"
@@ -345,7 +331,7 @@ def test_identical_paired_differences_use_the_exact_sign_test_not_p_zero():
 def test_seeds_needed_when_the_paired_sd_is_far_below_the_margin():
     from statsmodels.stats.power import TTestPower
 
-    from precswitch.analysis.stats import paired_t_power, power_analysis
+    from precswitch.analysis.paired import paired_t_power, power_analysis
 
     # 2 seeds, paired SD 0.1 point, mean 0.5: the CI (±0.9) crosses the margin, so the row is inconclusive and
     # the verdict needs seeds_needed. solve_power gave NaN at SD 0.125 and 2 at SD 0.1 (power there: 0.73).
@@ -375,7 +361,7 @@ def test_deltas_seeds_are_the_pairs_used(tmp_path):
 
 
 def test_power_is_for_the_holm_adjusted_test_the_label_uses(tmp_path):
-    from precswitch.analysis.stats import power_analysis
+    from precswitch.analysis.paired import power_analysis
 
     # the label needs Holm p < alpha; over m comparisons the strictest Holm step is alpha / m. Power at
     # plain alpha promised "about 8 seeds" where the labelled test needs more.
@@ -403,7 +389,7 @@ def test_detectable_difference_has_the_power_it_claims(n, alpha, want):
     import numpy as np
     from scipy import stats as st
 
-    from precswitch.analysis.stats import paired_t_power, power_analysis
+    from precswitch.analysis.paired import paired_t_power, power_analysis
 
     mde = power_analysis(1.0, n, alpha)["mde"]
     assert mde == pytest.approx(want, rel=0.01)
@@ -419,7 +405,8 @@ def test_schedule_stage1_metrics_share_the_stage1_rows_holm_p_and_label(tmp_path
     fp32: one adjusted p and one label, not 'saved' in the stage-1 section and 'not significant' above."""
     from precswitch.analysis.aggregate import aggregate
     from precswitch.analysis.fakes import write_fake_study
-    from precswitch.analysis.stats import load_settings, run_stats
+    from precswitch.analysis.settings import load_settings
+    from precswitch.analysis.stats import run_stats
 
     paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3, 4], rng_seed=3)
     aggregate(paths, tmp_path / "t")
@@ -443,7 +430,8 @@ def test_schedule_stage1_metrics_share_the_stage1_rows_holm_p_and_label(tmp_path
 def test_confidence_level_and_wilcoxon_minimum_follow_alpha():
     """alpha 0.001 printed a '100% CI' and 0.025 a '98% CI'; the Wilcoxon caveat said 6 pairs and p < 0.05
     whatever alpha was (at 0.01 it needs 8)."""
-    from precswitch.analysis.stats import _sign_seeds, conf_level
+    from precswitch.analysis.fmt import conf_level
+    from precswitch.analysis.paired import _sign_seeds
 
     assert [conf_level(a) for a in (0.05, 0.025, 0.01, 0.001)] == ["95", "97.5", "99", "99.9"]
     assert [_sign_seeds(a, "two-sided") for a in (0.05, 0.01)] == [6, 8]
@@ -452,16 +440,14 @@ def test_confidence_level_and_wilcoxon_minimum_follow_alpha():
 def test_a_contrast_of_a_schedule_with_itself_is_refused():
     with pytest.raises(PrecswitchError, match="compares 'fp16-fp16' with itself"):
         load_settings(contrasts=[["fp16-fp16", "fp16-fp16"]])
-    with pytest.raises(PrecswitchError, match="compares 'a' with itself"):
-        load_settings(contrasts=["a vs a"])
-    assert load_settings(contrasts=["a vs b"])["contrasts"] == [["a", "b"]]
+    assert load_settings(contrasts=[["a", "b"], ["a", "b"]])["contrasts"] == [["a", "b"]]
 
 
 def test_power_at_or_below_alpha_is_refused_and_the_detectable_difference_never_crashes():
     """power <= alpha has no 'seeds needed' answer (a test rejects with probability alpha at no effect):
     `precswitch stats` crashed in scipy's brentq after the whole study trained. The settings refuse it, naming
     both keys; the detectable difference itself is 0 there instead of a crash."""
-    from precswitch.analysis.stats import _mde_dz, paired_t_power
+    from precswitch.analysis.paired import _mde_dz, paired_t_power
     from statsmodels.stats.power import TTestPower
 
     for kw in ({"alpha": 0.9}, {"power": 0.02}, {"power": 0.5, "alpha": 0.5}):
@@ -474,7 +460,7 @@ def test_power_at_or_below_alpha_is_refused_and_the_detectable_difference_never_
 
 
 def test_a_contrast_listed_twice_is_compared_once(tmp_path):
-    s = load_settings(contrasts=[["fp16-fp32", "fp32-fp32"], "fp16-fp32 vs fp32-fp32", ["fp16-fp16", "fp32-fp32"]])
+    s = load_settings(contrasts=[["fp16-fp32", "fp32-fp32"], ("fp16-fp32", "fp32-fp32"), ["fp16-fp16", "fp32-fp32"]])
     assert s["contrasts"] == [["fp16-fp32", "fp32-fp32"], ["fp16-fp16", "fp32-fp32"]]
     runs, sched = _study(tmp_path, seeds=range(1, 4))
     _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0, contrasts=s["contrasts"] * 2))
@@ -487,55 +473,6 @@ def test_margin_is_in_accuracy_points_up_to_100():
     for bad in (0, 100.5, 1e9):
         with pytest.raises(PrecswitchError, match="margin"):
             load_settings(margin=bad)
-
-
-def _cold_start(paths, run_prefix: str, seeds, extra_mib: float = 120):
-    """Mark the runs whose run_id starts with ``run_prefix`` (and whose seed is in ``seeds``) as cold-started
-    processes, with the RSS a cold start adds (config/README.md, warm_start)."""
-    import json
-
-    for p in paths:
-        m = json.loads(p.read_text())
-        if m["run_id"].startswith(run_prefix) and m["seed"] in seeds:
-            m.update(process_start="cold", peak_memory_bytes=m["peak_memory_bytes"] + int(extra_mib * 2**20))
-            p.write_text(json.dumps(m))
-
-
-def test_memory_pairs_only_processes_started_the_same_way(tmp_path):
-    """On CPU, peak memory is process RSS, ~120 MB lower for a process forked from the warm-start server. A study
-    whose fp32 runs started cold and the rest warm reported '16% memory saved' for amp_bf16, whose memory is
-    really 10% higher: a memory comparison now pairs only seeds whose two runs started the same way."""
-    paths = write_fake_study(tmp_path / "s", seeds=range(1, 6))
-    _cold_start(paths, "pretrain-fp32-", {1, 2})
-    _cold_start(paths, "finetune-fp32-fp32-", {1, 2}, extra_mib=60)
-    runs, sched = aggregate(paths, tmp_path / "t")
-    _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
-    assert stats["process_starts"] == {"cold": 4, "warm": 31}
-    # the fakes' real ratios (amp_bf16 stage 1 +10%, stage 2 fp32 on both sides), not the cold starts' artefact
-    for metric, family, a, b, real in [("peak_memory_bytes", "vs_baseline", "bf16-fp32", "fp32-fp32", 1.1),
-                                       ("stage2_peak_memory_bytes", "vs_baseline", "bf16-fp32", "fp32-fp32", 1.0),
-                                       ("peak_memory_bytes", "stage1", "amp_bf16", "fp32", 1.1)]:
-        r = _acc(deltas, a, b, family=family, metric=metric)
-        assert r["n_mixed_starts"] == 2 and r["n_pairs"] == 3 and r["seeds"] == "3 4 5", (metric, family)
-        assert r["mean"] == pytest.approx(real, abs=0.03), (metric, family)
-    # both sides warm in every seed: all 5 pairs, none left out
-    same = _acc(deltas, "fp16-fp32", "fp16-fp16", family="named", metric="stage2_peak_memory_bytes")
-    assert same["n_mixed_starts"] == 0 and same["n_pairs"] == 5
-    # every seed mixed: no memory ratio at all (not a number built from the artefact)
-    _cold_start(paths, "pretrain-fp32-", {3, 4, 5})
-    runs, sched = aggregate(paths, tmp_path / "t2")
-    _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
-    r = _acc(deltas, "amp_bf16", "fp32", family="stage1", metric="peak_memory_bytes")
-    assert r["n_mixed_starts"] == 5 and r["n_pairs"] == 0 and math.isnan(r["mean"])
-    assert stats["memory_pairs_mixed_starts"] > 0
-
-
-def test_memory_of_a_study_started_one_way_is_compared_as_before(tmp_path):
-    runs, sched = _study(tmp_path, seeds=range(1, 4))
-    _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
-    assert stats["process_starts"] is None and stats["memory_pairs_mixed_starts"] == 0
-    assert (deltas["n_mixed_starts"] == 0).all()
-    assert _acc(deltas, "bf16-fp32", metric="peak_memory_bytes")["n_pairs"] == 3
 
 
 def test_stage2_summary_leaves_out_runs_whose_stage1_failed(tmp_path):
@@ -620,7 +557,7 @@ def test_bootstrap_ci_is_the_seeded_bca_interval_of_the_paired_differences():
 
 
 def test_detectable_difference_scales_with_the_paired_sd():
-    from precswitch.analysis.stats import paired_t_power, power_analysis
+    from precswitch.analysis.paired import paired_t_power, power_analysis
 
     # dz = 0.996 at 10 pairs (test_detectable_difference_has_the_power_it_claims): in points, mde = dz × SD
     for sd in (0.5, 2.5):
@@ -735,7 +672,7 @@ def test_mcc_and_accuracy_differences_are_in_points(tmp_path):
 
 
 def test_describe_is_the_t_interval_with_the_sample_sd():
-    from precswitch.analysis.stats import describe
+    from precswitch.analysis.paired import describe
 
     d = describe([1.0, 2.0, 3.0, 4.0, 5.0])
     assert d["n"] == 5 and d["mean"] == 3.0 and d["std"] == pytest.approx(math.sqrt(2.5))
@@ -769,7 +706,7 @@ def test_stage1_rows_are_holm_adjusted_over_the_stage1_precisions(tmp_path):
 def test_seeds_needed_reach_the_power_by_the_noncentral_t():
     from scipy import stats as st
 
-    from precswitch.analysis.stats import power_analysis
+    from precswitch.analysis.paired import power_analysis
 
     def power(es, n, alpha=0.05):  # two-sided paired t-test at standardized effect es
         c, nc = st.t.ppf(1 - alpha / 2, n - 1), es * math.sqrt(n)
@@ -805,13 +742,9 @@ def test_a_named_contrast_of_two_other_stage_1s_gets_its_own_stage1_row(tmp_path
     shared = _acc(deltas, "fp16-fp32", "bf16-fp32", family="named", metric="stage1_eval_loss")
     assert (shared["p_holm"], shared["classification"]) == (row["p_holm"], row["classification"])
     md = render_summary_md(summary, s, deltas, stats["stage1_baseline_precision"])
-    assert "## Stage 1: paired differences of the named contrasts' stage 1s" in md and "| amp_fp16 − amp_bf16 |" in md
-    verdict = render(stats)
-    assert "- **amp_fp16** vs amp_bf16 (4 paired seeds): eval loss" in verdict
-    assert "- **amp_fp16** vs fp32 (4 paired seeds)" in verdict
-    # the other side's failed runs are named too (the baseline's are listed on a line of their own)
-    stats["stage1_precisions"]["amp_bf16"]["n_failed"] = 2
-    assert "- **amp_fp16** vs amp_bf16 (4 paired seeds; amp_bf16: 2 failed run(s)): eval loss" in render(stats)
+    assert "| amp_fp16 − amp_bf16 | 4 |" in md
+    rows = [ln for ln in render(stats).split("## Stage 1 on its own")[1].splitlines() if ln.startswith("| `")]
+    assert [r.split("|")[1:3] for r in rows][-1] == [" `amp_fp16` vs `amp_bf16` ", " 4 "]
     # without that contrast: only the comparisons with fp32
     _, deltas, _ = compute(runs, sched, load_settings(bootstrap_resamples=0, contrasts=[["fp16-fp32", "fp16-fp16"]]))
     assert set(deltas.loc[deltas["family"] == "stage1", "b"]) == {"fp32"}

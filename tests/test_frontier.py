@@ -21,7 +21,8 @@ from precswitch import study
 from precswitch.analysis.aggregate import aggregate, read_table
 from precswitch.analysis.fakes import write_stage
 from precswitch.analysis.plots import PLOT_NAMES, make_plots
-from precswitch.analysis.stats import load_settings, run_stats
+from precswitch.analysis.settings import load_settings
+from precswitch.analysis.stats import run_stats
 from precswitch.analysis.verdict import write_verdict
 
 FRONTIER = ROOT / "config" / "frontier.yaml"
@@ -251,11 +252,14 @@ def test_stats_and_verdict_with_switched_stage1_and_skipped_fp8(switched_study, 
     root, stats = switched_study
     # the switched stage 1 is its own group, compared with fp32
     assert {"fp32", "amp_bf16", "amp_fp16-to-fp32-at80"} <= set(stats["stage1_precisions"])
-    assert stats["schedules"]["fp16x80-fp32"]["stage1_precision"] == "amp_fp16-to-fp32-at80"
+    x80 = stats["schedules"]["fp16x80-fp32"]
+    assert (x80["stage1_spec"], x80["stage1_precision"], x80["stage1_switch_to"]) == (
+        "amp_fp16-to-fp32-at80", "amp_fp16", "fp32")
     fp8 = stats["schedules"]["bf16-fp8"]
     assert fp8["n_skipped"] == 3 and fp8["n_used"] == 0
     text = write_verdict(root / "stats.json", tmp_path / "verdict.md")
-    assert "bf16-fp8" in text and "skipped" in text and "NOT JUDGED" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| `bf16-fp8` vs"))
+    assert row.split("|")[3].strip().startswith("not judged") and "skipped" in text
 
 
 def test_switch_point_and_overflow_plots(switched_study, tmp_path):

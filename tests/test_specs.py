@@ -83,19 +83,6 @@ def test_the_loss_scale_plot_finds_fp16_in_a_stages_columns_not_its_name():
                                           "spec": ["amp_fp16"]})).any()
 
 
-# TEMPORARY (see precswitch.specs): the verdict still reads spec names; these go with first_precision/describe.
-def test_the_verdict_reads_a_spec_with_overrides_by_its_precisions():
-    """The verdict's 'Stage 1 ran in' line counts pure_fp16-with-... as pure 16 bits and fp32-with-... as fp32
-    (it was 'other')."""
-    from precswitch.analysis.verdict import precision_kind
-    from precswitch.specs import first_precision
-
-    assert first_precision("amp_fp16-to-fp32-at80-with-lr0.001") == "amp_fp16"
-    assert precision_kind("fp32-with-lr0.0001") == precision_kind("fp32")
-    assert precision_kind("pure_fp16-with-adam_eps0.0001").startswith("pure 16 bits")
-    assert precision_kind("amp_fp16-to-fp32-at80-with-lr0.001").startswith("mixed precision")
-
-
 def test_the_schema_allows_exactly_the_override_keys():
     """workflow/schemas/config.schema.yaml's overrides are precswitch.specs.OVERRIDE_KEYS, each a train.<stage> key
     of the same type and bounds (so an override is refused wherever the stage's own value would be)."""
@@ -124,37 +111,3 @@ def test_a_runs_spec_column_carries_the_overrides_its_tags_name():
     assert flatten_metrics({**base, "tags": {}})["spec"] == "pure_fp16"
     assert flatten_metrics({**base, "switch_to": "fp32", "switch_at": 0.5,
                             "tags": {"overrides": {"lr": 1e-3}}})["spec"] == "pure_fp16-to-fp32-at50-with-lr0.001"
-
-
-@pytest.mark.parametrize("name, words", [
-    ("pure_fp16", "pure_fp16"),
-    ("amp_fp16-to-fp32-at80", "amp_fp16-to-fp32-at80"),
-    ("pure_fp16-with-adam_eps0.0001", "pure_fp16 with adam_eps 0.0001"),
-    ("pure_bf16-with-adam_eps1e-06-lr2e-05", "pure_bf16 with adam_eps 1e-06, lr 2e-05"),
-    ("fp32-with-adam_beta10.8-adam_beta20.95-max_grad_norm0.0",
-     "fp32 with adam_beta1 0.8, adam_beta2 0.95, max_grad_norm 0.0"),
-])
-def test_a_spec_name_reads_back_in_words(name, words):
-    """The verdict's question says which values a schedule overrides, read back from the spec name: an exponent's
-    '-' is part of a value, a key starts only where a key name follows."""
-    from precswitch.specs import describe
-
-    assert describe(name) == words
-    spec = {"precision": name.split("-with-")[0], "overrides": dict(
-        (k, float(v)) for k, v in (w.split(" ") for w in words.partition(" with ")[2].split(", ") if w))}
-    if "-to-" not in name:
-        assert spec_name(spec) == name  # the name is read back to what made it
-
-
-def test_the_verdict_asks_about_the_overrides_in_words():
-    """Two schedules that differ in stage 1's eps alone: the question names the eps, not a run directory."""
-    from precswitch.analysis.verdict import _question_phrase
-
-    info = {"a": {"stage1_precision": "pure_fp16-with-adam_eps0.0001", "stage2_precision": "fp32"},
-            "b": {"stage1_precision": "pure_fp16", "stage2_precision": "fp32"},
-            "c": {"stage1_precision": "pure_bf16", "stage2_precision": "pure_bf16-with-lr0.0006"},
-            "d": {"stage1_precision": "pure_bf16", "stage2_precision": "pure_bf16"}}
-    assert _question_phrase("a", "b", info) == \
-        "Pre-training in pure_fp16 with adam_eps 0.0001 instead of pure_fp16 (fine-tuning in fp32 both times)"
-    assert _question_phrase("c", "d", info) == \
-        "After pure_bf16 pre-training, fine-tuning in pure_bf16 with lr 0.0006 instead of pure_bf16"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from precswitch.analysis.stats import paired_t_power, power_analysis
+from precswitch.analysis.paired import paired_t_power, power_analysis
 
 
 # ---------------------------------------------------------------------------- power / seeds needed
@@ -38,10 +38,9 @@ def test_seeds_needed_never_falls_as_the_paired_sd_grows():
 
 
 # ---------------------------------------------------------------------------- paired_contrast edge cases
-from precswitch.analysis.stats import (  # noqa: E402
-    _sign_seeds, classify, compute, load_settings, loss_negligible, mark_outcomes, paired_contrast,
-    within_margin,
-)
+from precswitch.analysis.paired import _sign_seeds, classify, paired_contrast, within_margin  # noqa: E402
+from precswitch.analysis.settings import load_settings  # noqa: E402
+from precswitch.analysis.stats import compute, loss_negligible, mark_outcomes  # noqa: E402
 
 
 def test_identical_values_have_p_1_in_both_tests_not_the_sign_tests_p():
@@ -226,7 +225,7 @@ def test_a_named_contrast_given_the_other_way_round_is_one_holm_slot(study):
 def test_a_comparison_without_a_p_is_not_in_the_holm_family_nor_the_power(study):
     """fp16-fp16 with one used seed: its two comparisons have no p; the family (and alpha / m for the power) is
     the 2 comparisons that have one."""
-    from precswitch.analysis.stats import power_analysis
+    from precswitch.analysis.paired import power_analysis
 
     runs, sched = study
     sched = sched.copy()
@@ -309,107 +308,7 @@ def test_a_schedule_whose_stage2_failed_keeps_its_own_family_for_stage1_metrics(
     assert r["p_holm"] != pytest.approx(s1["p_holm"])
 
 
-# ---------------------------------------------------------------------------- verdict wording and numbers
-def _stats(deltas, named=(), **extra):
-    info = {"stage1_precision": "amp_fp16", "stage2_precision": "fp32", "n_runs": 6, "n_used": 6, "n_failed": 0,
-            "n_degenerate": 0, "seeds": [1, 2, 3, 4, 5, 6],
-            "accuracy_points": {"n": 6, "mean": 80.0, "std": 1.234, "ci_low": 78.7, "ci_high": 81.3}}
-    s = {"question": "Q?", "settings": {"margin": 1.0, "alpha": 0.05, "power": 0.8, "bootstrap_resamples": 0},
-         "baseline": "fp32-fp32", "provenance": {"device": ["cpu"]},
-         "schedules": {"fp32-fp32": dict(info, stage1_precision="fp32"), "fp16-fp32": info},
-         "named_contrasts": [list(p) for p in named], "missing_contrasts": [], "deltas": deltas,
-         "stage1_relation": {"fp16-fp32 vs fp32-fp32": "different"}}
-    s.update(extra)
-    return s
-
-
-def _acc(cls, mean, lo, hi, p_holm, family="vs_baseline", **kw):
-    return {"family": family, "a": "fp16-fp32", "b": "fp32-fp32", "metric": "accuracy", "kind": "difference",
-            "n_pairs": 6, "mean": mean, "ci_low": lo, "ci_high": hi, "p_holm": p_holm, "classification": cls,
-            "margin": 1.0, **kw}
-
-
-def _answer(text):
-    """The Answer's sentences (not the rules paragraph after them)."""
-    return text.split("## Answer")[1].strip().split("\n\n")[0]
-
-
-def _paragraph(text, name="fp16-fp32"):
-    return next(p for p in text.split("\n\n") if p.startswith(f"**{name}**"))
-
-
-def test_the_answer_never_reads_a_non_significant_difference_as_no_difference():
-    from precswitch.analysis.verdict import render
-
-    inc = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6, family="named", tost_p=0.3)
-    ans = _answer(render(_stats([inc], named=[("fp16-fp32", "fp32-fp32")])))
-    assert "has an inconclusive effect on accuracy" in ans
-    for wrong in ("unchanged", "no difference", "does not change", "same accuracy"):
-        assert wrong not in ans, wrong
-    assert "Holm p 0.600" in ans and "TOST p" not in ans  # TOST p only where equivalence is claimed
-    eq = _acc("equivalent", 0.1, -0.4, 0.6, 0.7, family="named", tost_p=0.004)
-    ans = _answer(render(_stats([eq], named=[("fp16-fp32", "fp32-fp32")])))
-    assert "leaves accuracy unchanged within ±1 point" in ans and "Holm p 0.700, TOST p 0.004" in ans
-
-
-def test_the_schedule_paragraph_prints_each_p_from_its_own_column():
-    from precswitch.analysis.verdict import render
-
-    r = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6, p_t=0.15, p_wilcoxon=0.312, tost_p=0.4)
-    para = _paragraph(render(_stats([r])))
-    assert "paired t Holm p 0.600, Wilcoxon p 0.312, TOST p 0.400" in para
-    assert "accuracy 80.00% [95% CI 78.70, 81.30], seed SD 1.23 points" in para.replace("Accuracy", "accuracy")
-
-
-def test_a_ratio_label_follows_the_holm_classification_not_the_raw_p():
-    from precswitch.analysis.verdict import render
-
-    row = {"family": "vs_baseline", "a": "fp16-fp32", "b": "fp32-fp32", "metric": "stage2_train_seconds",
-           "kind": "ratio", "n_pairs": 6, "mean": 0.5, "ci_low": 0.45, "ci_high": 0.56, "p_t": 0.01, "p_holm": 0.2,
-           "classification": "inconclusive"}
-    para = _paragraph(render(_stats([row])))
-    assert "stage 2 ×0.50 [0.45, 0.56] (not significant after Holm, p 0.200; only the unadjusted CI excludes ×1)" in para
-    para = _paragraph(render(_stats([dict(row, p_holm=0.02, classification="better")])))
-    assert "stage 2 ×0.50 [0.45, 0.56] (50% time saved, Holm p 0.020)" in para
-
-
-def test_to_resolve_says_equivalence_is_out_of_reach_for_a_mean_beyond_either_bound():
-    from precswitch.analysis.verdict import render
-
-    for mean, lo, hi in ((-1.3, -2.9, 0.3), (1.3, -0.3, 2.9)):
-        r = _acc("inconclusive", mean, lo, hi, 0.3, sd=1.5, seeds_needed=20)
-        para = _paragraph(render(_stats([r])))
-        assert "the observed mean is outside the margin, so equivalence is not in reach" in para, mean
-
-
-def test_the_wilcoxon_caveat_names_only_contrasts_below_its_minimum():
-    from precswitch.analysis.verdict import render
-
-    six = _acc("inconclusive", 0.3, -0.9, 1.5, 0.6)
-    text = render(_stats([six]))
-    assert "Wilcoxon signed-rank test cannot reach" not in text
-    text = render(_stats([dict(six, n_pairs=5)]))
-    assert "With fewer than 6 paired seeds the Wilcoxon signed-rank test cannot reach p < 0.05 (fp16-fp32 vs fp32-fp32)" in text
-
-
-def test_a_tiny_accuracy_difference_never_prints_as_zero_points():
-    """analysis.md, number formatting: differences keep 2 significant digits, so 'raises accuracy (+0.00 points
-    [+0.00, +0.01])' cannot happen: a significant difference of 0.004 points printed as zero."""
-    from precswitch.analysis.verdict import render
-
-    r = _acc("better", 0.004, 0.0021, 0.0059, 0.01, family="named", within_margin=True, boot_low=0.0025,
-             boot_high=0.0056)
-    text = render(_stats([r, dict(r, family="vs_baseline")], named=[("fp16-fp32", "fp32-fp32")]))
-    want = "+0.0040 points [unadjusted 95% CI +0.0021, +0.0059]"
-    assert want in _answer(text)
-    para = _paragraph(text)
-    assert want in para and "(bootstrap CI +0.0025, +0.0056)" in para
-    assert "+0.00 points" not in text
-    # ordinary sizes keep their two decimals
-    r = _acc("inconclusive", 0.17, -0.74, 1.09, 0.6)
-    assert "+0.17 points [unadjusted 95% CI −0.74, +1.09]" in _paragraph(render(_stats([r])))
-
-
+# ---------------------------------------------------------------------------- equivalence seeds, describe
 def test_seeds_for_equivalence_are_the_t_intervals_fewest_pairs():
     """Smallest n with t(1 − alpha/2, n − 1) · SD / √n < margin − |mean|: at mean 0, SD 2, margin 1, 18 pairs
     (17 give a half-width of 1.03 points, 18 give 0.99)."""
@@ -426,7 +325,7 @@ def test_describe_of_equal_values_gives_the_sign_tests_interval_only_from_its_mi
     """n equal values (a schedule whose accuracy is the same k/N on every seed): no t interval; [v, v] covers with
     probability 1 − 2 · 0.5^n, so a (1 − alpha) interval exists from 6 values at alpha 0.05 (5 at alpha 0.1, where
     2 · 0.5^5 = 0.0625 < 0.1), none below: a point read as 'the mean is exactly v' from 3 seeds."""
-    from precswitch.analysis.stats import describe
+    from precswitch.analysis.paired import describe
 
     for n, alpha, point in ((5, 0.05, False), (6, 0.05, True), (4, 0.1, False), (5, 0.1, True), (2, 0.05, False)):
         d = describe([0.75] * n, alpha)
@@ -498,7 +397,7 @@ def test_holm_is_capped_at_1_monotone_in_the_raw_p_and_ignores_missing_ones():
     without a p (NaN) is not one of the m."""
     from statsmodels.stats.multitest import multipletests
 
-    from precswitch.analysis.stats import holm
+    from precswitch.analysis.paired import holm
 
     ps = [0.5, 0.01, 0.6, 0.02]
     got = holm(ps)
@@ -510,56 +409,6 @@ def test_holm_is_capped_at_1_monotone_in_the_raw_p_and_ignores_missing_ones():
     with_nan = holm([0.5, float("nan"), 0.01, 0.6, 0.02])
     assert math.isnan(with_nan[1]) and [with_nan[i] for i in (0, 2, 3, 4)] == pytest.approx(got)
     assert holm([0.03], alpha=0.01) == [0.03]  # one comparison: unchanged, whatever alpha
-
-
-def test_number_formatting_at_its_boundaries():
-    """analysis.md, number formatting: scientific notation only *below* 0.001; zero carries no sign; large values keep
-    their decimals; a CI triple without sign is plain; p below 0.001 reads '< 0.001', 0.001 itself is printed."""
-    from precswitch.analysis.stats import _pfmt, fmt_num, fmt_triple
-
-    assert fmt_num(0.001) == "0.0010" and fmt_num(-0.001) == "−0.0010"
-    assert fmt_num(0.00099) == "9.9e−4" and fmt_num(1e-12, sign=True) == "+1.0e−12"
-    assert fmt_num(0.0, sign=True) == "0.00" and fmt_num(-0.0, sign=True) == "0.00"
-    assert fmt_num(-0.04999) == "−0.050" and fmt_num(9.996, sign=True) == "+10.00"
-    assert fmt_num(123456.789) == "123456.79" and fmt_num(-2.5e7) == "−25000000.00"
-    assert fmt_triple(0.001, 0.0005, 0.0015) == ("+0.0010", "+0.0005", "+0.0015")
-    assert fmt_triple(0.4, 0.1, 0.7, sign=False) == ("0.40", "0.10", "0.70")
-    assert fmt_triple(12345.6, 12000.0, 13000.4) == ("+12345.60", "+12000.00", "+13000.40")
-    assert fmt_triple(float("nan"), 0.1, 0.2) == ("n/a", "+0.10", "+0.20")
-    assert (_pfmt(0.001), _pfmt(0.00099), _pfmt(float("nan")), _pfmt(None)) == ("0.001", "< 0.001", "n/a", "n/a")
-
-
-def test_a_printed_p_value_never_rounds_up_to_the_threshold_it_is_below():
-    """'better, Holm p 0.050' read as if the label broke its own p < 0.05 rule (p was 0.0496): a p that rounds up
-    to a usual alpha (0.2, 0.1, 0.05, 0.025, 0.01, 0.005) keeps the digits that show it below; any other p keeps 3
-    decimals (0.14498 is 0.145)."""
-    from precswitch.analysis.stats import diff_label, fmt_p, not_significant
-    from precswitch.analysis.verdict import _p
-
-    assert [fmt_p(v) for v in (0.0496, 0.049996, 0.0099, 0.1996, 0.0049)] == [
-        "0.0496", "0.049996", "0.0099", "0.1996", "0.0049"]
-    assert [fmt_p(v) for v in (0.0504, 0.05, 0.0123, 0.4567, 0.0094, 0.14498, 0.9999, True)] == [
-        "0.050", "0.050", "0.012", "0.457", "0.009", "0.145", "1.000", "n/a"]
-    assert diff_label({"classification": "better", "p_holm": 0.0496}) == "better, Holm p 0.0496"
-    assert not_significant({"classification": "inconclusive", "p_holm": 0.0504}) == (
-        "not significant after Holm, p 0.050")
-    assert _p(0.0496) == "0.0496"  # the verdict prints p-values the same way
-
-
-def test_not_significant_names_the_null_of_the_rows_kind():
-    """The note 'only the unadjusted CI excludes …' names ×1 for a ratio and 0 for a difference, and only when the
-    interval excludes it on either side."""
-    from precswitch.analysis.stats import not_significant
-
-    r = {"classification": "inconclusive", "p_holm": 0.08, "kind": "ratio", "ci_low": 0.8, "ci_high": 0.95}
-    assert not_significant(r) == "not significant after Holm, p 0.080; only the unadjusted CI excludes ×1"
-    assert not_significant({**r, "ci_low": 1.02, "ci_high": 1.2}).endswith("excludes ×1")
-    assert not_significant({**r, "ci_low": 0.9, "ci_high": 1.1}) == "not significant after Holm, p 0.080"
-    d = {**r, "kind": "difference", "ci_low": 0.2, "ci_high": 0.95}  # inside (0, 1): excludes 0, not a ratio's 1
-    assert not_significant(d).endswith("only the unadjusted CI excludes 0")
-    assert not_significant({**d, "ci_low": -1.3, "ci_high": -0.1}).endswith("excludes 0")
-    assert not_significant({**d, "ci_low": -0.2}) == "not significant after Holm, p 0.080"
-    assert not_significant({**r, "classification": "insufficient data"}) == "too few paired seeds to test"
 
 
 def test_classify_direction_of_a_metric_without_one_and_of_ratios():
@@ -722,14 +571,17 @@ def test_stage1_relation_is_decided_on_the_seeds_both_schedules_have():
     assert _stage1_relation(old, "A", "B") == "different"
 
 
-def test_settings_aliases_and_contrast_spellings():
-    """n_boot / bootstrap and equivalence_margin are the documented keys' aliases; 'A - B' is a contrast like
-    'A vs B' and 'A,B'; a command-line value of None leaves the file's."""
-    s = load_settings(n_boot=7, equivalence_margin=0.5,
-                      contrasts=["fp16-fp32 - fp32-fp32", "a,b", {"a": "c", "b": "d"}])
-    assert s["bootstrap_resamples"] == 7 and s["margin"] == 0.5
-    assert s["contrasts"] == [["fp16-fp32", "fp32-fp32"], ["a", "b"], ["c", "d"]]
-    assert load_settings(bootstrap=0, alpha=None)["bootstrap_resamples"] == 0
+def test_settings_have_no_aliases_and_none_leaves_the_default():
+    """One spelling per setting (the schema's): an alias is an unknown key; a command-line value of None leaves
+    the file's (here the schema's default)."""
+    from precswitch.errors import PrecswitchError
+
+    for alias in ("n_boot", "bootstrap", "equivalence_margin"):
+        with pytest.raises(PrecswitchError, match=alias):
+            load_settings(**{alias: 1})
+    assert load_settings(bootstrap_resamples=0, alpha=None)["alpha"] == 0.05
+    with pytest.raises(PrecswitchError, match="contrasts"):
+        load_settings(contrasts=["a vs b"])
 
 
 def test_power_settings_reach_the_power_figures():
@@ -787,7 +639,7 @@ def test_null_simulation_follows_its_alpha_and_margin():
     """simulate_false_positive_rate runs the study's own rule at the alpha and margin given: at alpha 0.2 about a
     fifth of the null pairs are called different; with a margin of 100 points every other pair is equivalent, with
     0.01 none; the rate sits inside its Wilson interval and the same seed gives the same answer."""
-    from precswitch.analysis.stats import simulate_false_positive_rate
+    from precswitch.analysis.paired import simulate_false_positive_rate
 
     wide = simulate_false_positive_rate(n_sims=150, n_seeds=5, alpha=0.2, seed=3, margin=100.0)
     assert 0.1 < wide["false_positive_rate"] < 0.3 and wide["alpha"] == 0.2
@@ -799,6 +651,6 @@ def test_null_simulation_follows_its_alpha_and_margin():
 
 def test_confidence_level_keeps_every_digit_alpha_has():
     """alpha 0.0005 is a 99.95% interval, 0.0125 (0.05 over a Holm family of 4) 98.75%: not rounded to 100 or 98.8."""
-    from precswitch.analysis.stats import conf_level
+    from precswitch.analysis.fmt import conf_level
 
     assert [conf_level(a) for a in (0.0005, 0.0125, 0.1, 0.2)] == ["99.95", "98.75", "90", "80"]

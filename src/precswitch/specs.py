@@ -23,7 +23,6 @@ One place for the workflow (``common.smk``), the analysis (``aggregate``'s spec 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 #: train.<stage> keys a stage spec may override: the optimizer's recipe, which a precision may need tuned
@@ -80,24 +79,3 @@ def spec_name(spec: dict) -> str:
     if not _missing(spec.get("switch_to")) and not _missing(spec.get("switch_at")):
         name += f"-to-{spec['switch_to']}-at{percent(spec['switch_at'])}"
     return name + overrides_suffix(spec.get("overrides"))
-
-
-# --- TEMPORARY: name readers still used by analysis/verdict.py only (issue 29: the verdict is being
-# rewritten to read structured fields; delete these two, the regex and their tests in tests/test_specs.py
-# with that change). Nothing else may call them: the tables carry the structure as columns.
-def first_precision(name: Any) -> str:
-    """The precision a spec name starts in: ``amp_fp16`` for ``amp_fp16-to-fp32-at80`` or
-    ``amp_fp16-with-lr0.001``."""
-    return re.split(r"-to-|-with-", str(name), maxsplit=1)[0]
-
-
-_OVERRIDE = re.compile(r"(" + "|".join(OVERRIDE_KEYS) + r")(.+?)(?=-(?:" + "|".join(OVERRIDE_KEYS) + r")|$)")
-
-
-def describe(name: Any) -> str:
-    """A spec name in words, for the verdict: ``pure_fp16 with adam_eps 0.0001, lr 0.002`` for
-    ``pure_fp16-with-adam_eps0.0001-lr0.002``; a name without overrides is returned as it is."""
-    head, sep, tail = str(name).partition("-with-")
-    if not sep:
-        return head
-    return f"{head} with " + ", ".join(f"{k} {v}" for k, v in _OVERRIDE.findall(tail))

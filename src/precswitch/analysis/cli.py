@@ -106,7 +106,8 @@ def _aggregate(args: argparse.Namespace) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     from ..errors import PrecswitchError
-    from .stats import load_settings, run_stats
+    from .settings import load_settings
+    from .stats import run_stats
 
     explicit = [args.summary_csv, args.summary_md, args.deltas_csv, args.stats_json]
     if args.out_dir is None and any(e is None for e in explicit):

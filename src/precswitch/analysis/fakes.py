@@ -77,7 +77,7 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
         ("bfloat16" if precision == "pure_bf16" else "float32"),
         "checkpoint_dtype_written": "float32", "checkpoint_dtype_read": None,
         "train_seconds": 60.0 / _SPEED.get(precision, 1.0) * (1 + rng.normal(0, 0.02)),
-        "eval_seconds": 2.0, "setup_seconds": 4.0, "checkpoint_seconds": 0.5, "process_start": "warm",
+        "eval_seconds": 2.0, "setup_seconds": 4.0, "checkpoint_seconds": 0.5,
         "steps_planned": steps, "steps_completed": done, "timing_warmup_steps": 2,
         "samples_per_second": 32 * 20 * _SPEED.get(precision, 1.0) * (1 + rng.normal(0, 0.02)),
         "tokens_per_second": 64 * 32 * 20 * _SPEED.get(precision, 1.0),
@@ -94,6 +94,7 @@ def write_stage(out: Path, *, run_id: str, stage: str, precision: str, seed: int
         "eval_precision": "fp32",
         "hparams": {"steps": steps, "precision": precision}, "tags": {"schedule": schedule},
         "resumed": False, "attempts": 1,
+        "model_parameters": 1_013_890 if stage == "pretrain" else 946_946,
         **_provenance(),
     }
     m.update(metrics or {})

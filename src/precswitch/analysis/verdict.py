@@ -1,7 +1,9 @@
-"""results/verdict.md: the answer to the question, one paragraph per schedule, caveats.
+"""results/verdict.md: the answer first (a headline table and two sentences), then the details in tables.
 
-Everything comes from stats.json (written by ``precswitch stats``), whose ``provenance`` block is taken
-from the runs table's provenance columns (device, versions, git commit, config hash).
+Everything comes from stats.json (``precswitch stats``): each schedule's design (stage-1/stage-2 precision,
+switch, overrides) from the schedules table's columns, never from its name. Sections, one function each:
+title, headline table, answer sentences, accuracy tests, per-schedule table, time and memory, memory and
+the tensors, stage 1, failures, caveats, provenance.
 """
 
 from __future__ import annotations
@@ -13,649 +15,460 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
-from ..specs import describe, first_precision
-from .stats import (
-    NEGLIGIBLE_LOSS_FRACTION,
-    _sign_seeds,
-    conf_level,
-    diff_label,
-    fmt_num,
-    fmt_p,
-    fmt_triple,
-    loss_negligible,
-    not_significant,
-)
+from .fmt import conf_level, diff, finite, fmt_p, md_table, mib, num, ratio_ci, seeds, with_ci
 
-TITLE = "Pre-train in 16 bits, fine-tune in fp32: does accuracy go up or down?"
-
-#: what each family of precision names keeps in which format (README's table), for the verdict's
-#: "in this study" line; a switch spec (amp_fp16-to-fp32-at80) counts as its first precision
-PRECISION_KINDS = (
-    ("fp32", "fp32 throughout, TF32 off"),
-    ("tf32", "fp32 weights, TF32 tensor-core matmuls"),
-    ("amp_", "mixed precision (fp32 master weights, fp16/bf16 compute)"),
-    ("pure_", "pure 16 bits (weights, gradients and optimizer state in fp16/bf16)"),
-    ("fp8", "fp8 matmuls (fp32 master weights)"),
-)
-
-
-def precision_kind(spec: str) -> str:
-    name = first_precision(spec)
-    for prefix, kind in PRECISION_KINDS:
-        if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
-            return kind
-    return "other"
-
-
-def _formats(kind: str, specs: list[str]) -> str:
-    """The kind's 'fp16/bf16' narrowed to the 16-bit formats its precisions use: `amp_bf16` alone computes
-    in bf16, not 'fp16/bf16'."""
-    names = [first_precision(x) for x in specs]
-    used = [f for f in ("fp16", "bf16") if any(f in n for n in names)]
-    return kind.replace("fp16/bf16", "/".join(used)) if used else kind
-
-
-def _stage1_kinds(specs) -> str:
-    """'**Stage 1 ran in:** fp32: ...; amp_bf16, amp_fp16: mixed precision (...). No stage 1 ...' for the
-    stage-1 precisions of this study, so a reader of the question knows which "low precision" answered it."""
-    groups: dict[str, list[str]] = {}
-    for spec in sorted(map(str, specs)):
-        groups.setdefault(precision_kind(spec), []).append(spec)
-    if not groups:
-        return ""
-    order = [k for _, k in PRECISION_KINDS] + ["other"]
-    parts = [", ".join(f"`{x}`" for x in groups[k]) + (f": {_formats(k, groups[k])}" if k != "other" else "")
-             for k in order if k in groups]
-    mixed, pure = PRECISION_KINDS[2][1] in groups, PRECISION_KINDS[3][1] in groups
-    tail = ""
-    if mixed and not pure:
-        tail = (" No stage 1 kept its weights in 16 bits (`pure_fp16`, `pure_bf16`), so the answer below is "
-                "about mixed precision.")
-    elif pure and not mixed:
-        tail = " No stage 1 used mixed precision (`amp_fp16`, `amp_bf16`)."
-    return f"**Stage 1 ran in:** {'; '.join(parts)}.{tail}"
-
-
-def _param_span(values: list) -> str:
-    """'108.3M' or '108.3M-108.9M' (a masked-LM and a classification head differ in size); '22.6k' below 0.1M
-    (not '0.0M')."""
-    lo, hi = (f"{v / 1e6:.1f}M" if v >= 1e5 else f"{v / 1e3:.1f}k"
-              for v in (min(map(float, values)), max(map(float, values))))
-    return lo if lo == hi else f"{lo}-{hi}"
-
-
-#: below this many parameters the verdict calls the model tiny (the embedded default has ~1M; BERT-small
-#: ~29M, BERT-base 108M) and says its numbers need not transfer to BERT-base/large
+#: below this many parameters the verdict calls the model tiny (the embedded default has ~1M; BERT-base 108M)
 TINY_MODEL_PARAMETERS = 10_000_000
+#: on a CPU, a memory difference counts as the precision's only when the model and optimizer state bytes of the
+#: two sides differ (in the same direction) by at least this share of the baseline side's process peak
+MATERIAL_SHARE = 0.05
+#: a stage-1 loss difference whose whole CI lies within ± this share of the other side's loss is negligible
+NEGLIGIBLE_LOSS_FRACTION = 0.001
+SIGNIFICANT = ("better", "worse", "higher", "lower")
 
 
-def _f(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def render(stats: dict) -> str:
+    v = _View(stats)
+    sections = [_title(v), _headline(v), _answer(v), _accuracy_details(v), _schedules_table(v), _cost_details(v),
+                _memory_table(v), _stage1(v), _failures(v), _caveats(v), _provenance(v)]
+    return "\n\n".join(s for s in sections if s) + "\n"
 
 
-def _pt(v: Any, nd: int = 2, sign: bool = True) -> str:
-    if not _f(v):
-        return "n/a"
-    s = f"{v:+.{nd}f}" if sign else f"{v:.{nd}f}"
-    return s.replace("-", "−")
+class _View:
+    """stats.json with the look-ups every section needs."""
+
+    def __init__(self, stats: dict):
+        self.stats = stats
+        s = stats.get("settings", {})
+        self.margin, self.alpha, self.power = s.get("margin", 1.0), s.get("alpha", 0.05), s.get("power", 0.8)
+        self.conf = conf_level(self.alpha)
+        self.baseline = stats.get("baseline")
+        self.info: dict = stats.get("schedules", {})
+        self.deltas: list[dict] = stats.get("deltas", [])
+        self.prov: dict = stats.get("provenance", {})
+        self.cpu = any(str(d).startswith("cpu") for d in self.prov.get("device", []))
+        self.cpu_rss = "cpu_peak_rss" in self.prov.get("memory_kind", []) or (self.cpu and not self.prov.get("memory_kind"))
+
+    def row(self, family: str, a: str, b: str, metric: str) -> dict | None:
+        return next((r for r in self.deltas if (r.get("family"), r.get("a"), r.get("b"), r.get("metric"))
+                     == (family, a, b, metric)), None)
+
+    def comparisons(self) -> list[tuple[str, str, str]]:
+        """(a, b, family): the named contrasts first, then every other schedule against the baseline."""
+        named = [(a, b, "named") for a, b in self.stats.get("named_contrasts", [])]
+        seen = {frozenset((a, b)) for a, b, _ in named}
+        rest = [(s, self.baseline, "vs_baseline") for s in sorted(self.info)
+                if s != self.baseline and frozenset((s, self.baseline)) not in seen]
+        return named + rest
+
+    def relation(self, a: str, b: str) -> str:
+        return (self.stats.get("stage1_relation") or {}).get(f"{a} vs {b}", "different")
+
+    def stage(self, s: str, k: int) -> str:
+        """A schedule's stage as the table has it: its spec, or 'none' for a schedule without a stage 1."""
+        i = self.info.get(s, {})
+        if k == 1 and not i.get("has_stage1", True):
+            return "none"
+        return str(i.get(f"stage{k}_spec") or i.get(f"stage{k}_precision") or "none")
 
 
-_p = fmt_p
+# ------------------------------------------------------------------------------------------------ title
+def design(v: _View) -> str:
+    """Which stage's precision varies across the schedules: pretrain | finetune | both | none."""
+    s1 = {v.stage(s, 1) for s in v.info}
+    s2 = {v.stage(s, 2) for s in v.info}
+    return {(True, False): "pretrain", (False, True): "finetune", (True, True): "both"}.get(
+        (len(s1) > 1, len(s2) > 1), "none")
 
 
-def _n(v: Any, nd: int = 2, sig: int = 2, sign: bool = True) -> str:
-    """A difference with at least ``sig`` significant digits (a tiny value never prints as 0.000)."""
-    return fmt_num(v, nd, sig, sign) if _f(v) else "n/a"
+def _title(v: _View) -> str:
+    s1 = sorted({v.stage(s, 1) for s in v.info})
+    s2 = sorted({v.stage(s, 2) for s in v.info})
+    d = design(v)
+    title = {
+        "pretrain": f"Pre-training precision ({', '.join(s1)}), fine-tuned in {', '.join(s2)}: does accuracy change?",
+        "finetune": f"Fine-tuning precision ({', '.join(s2)}) after {', '.join(s1)} pre-training: does accuracy change?",
+        "both": "Pre-training and fine-tuning precision: what does each schedule change?",
+        "none": f"One schedule, `{v.baseline}`: nothing to compare",
+    }[d]
+    scale = _scale(v)
+    return f"# {title}\n\n{scale[:1].upper()}{scale[1:]}."
 
 
-#: a memory ratio with no pair left after dropping the seeds whose two runs started differently (stats.py)
-MEMORY_NOT_COMPARED = "not compared (in every seed with both runs, one was started warm, the other cold)"
+def _scale(v: _View) -> str:
+    """'Tiny BERT (0.95M-1.0M parameters) on a CPU, 5 seeds'."""
+    sizes = [float(x) for x in v.prov.get("model_parameters", []) if _isnum(x)]
+    size = "BERT"
+    if sizes:
+        lo, hi = (f"{x / 1e6:.2g}M" for x in (min(sizes), max(sizes)))
+        size = f"{'tiny BERT' if max(sizes) < TINY_MODEL_PARAMETERS else 'BERT'} ({lo if lo == hi else f'{lo}-{hi}'} parameters)"
+    where = "a CPU" if v.cpu else ", ".join(f"`{x}`" for x in v.prov.get("device_name", [])) or "an unknown device"
+    n = len({x for i in v.info.values() for x in i.get("seeds", [])})
+    return f"{size} on {where}, {n} seed{'s' if n != 1 else ''}"
 
 
-def _ratio(r: dict | None) -> str:
-    """×0.87 [0.86, 0.88]; more decimals (up to 4) where 2 would print a CI as one number (×0.969 [0.967,
-    0.972], not ×0.97 [0.97, 0.97])."""
-    if not r or not _f(r.get("mean")):
-        return "n/a"
-    lo, hi, dec = r.get("ci_low"), r.get("ci_high"), 2
-    ci = _f(lo) and _f(hi)
-    if ci:
-        while dec < 4 and lo != hi and f"{lo:.{dec}f}" == f"{hi:.{dec}f}":
-            dec += 1
-    s = f"×{r['mean']:.{dec}f}"
-    if ci:
-        s += f" [{lo:.{dec}f}, {hi:.{dec}f}]"
-    return s
+def _isnum(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
 
 
-def _saved(r: dict | None, what: str) -> str:
-    """The label of a time/memory ratio with its Holm-adjusted p: '13% time saved, Holm p 0.004' or
-    'not significant after Holm, p 0.081; only the unadjusted CI excludes ×1'."""
-    if not r or not _f(r.get("mean")):
+# ------------------------------------------------------------------------------------------------ headline
+def _headline(v: _View) -> str:
+    rows = [_headline_row(v, a, b, fam) for a, b, fam in v.comparisons()]
+    if not rows:
         return ""
-    m = r["mean"]
-    sig = r.get("classification") in ("better", "worse", "higher", "lower")
-    if not sig:
-        return not_significant(r)
-    pct = abs(1 - m) * 100
-    # the style by the printed value: ×0.90 is 9.999…% in floating point, '10%' like ×1.10's, not '10.0%'
-    pct_s = f"{pct:.0f}%" if pct >= 9.95 else (f"{pct:.1f}%" if pct >= 0.095 else f"{fmt_num(pct, 2, 2)}%")
-    if what == "throughput":  # higher is better: nothing is "saved"
-        lab = f"{pct_s} {'more' if m > 1 else 'less'} throughput"
-    else:
-        lab = f"{pct_s} {what} saved" if m < 1 else f"{pct_s} more {what}"
-    return f"{lab}, Holm p {_p(r.get('p_holm'))}"
+    header = ["comparison", f"accuracy Δ (points) [{v.conf}% CI]", "accuracy", "time ratio", "time",
+              "memory ratio", "memory"]
+    note = (f"A − B paired by seed. Accuracy: *better/worse* = Holm-adjusted p < {v.alpha:g}; *equivalent* = the "
+            f"whole CI inside {_pm(v.margin)}; otherwise *inconclusive*. Time and memory: A / B, geometric mean "
+            "of paired ratios; over both stages, or stage 2 alone (marked) when the two share their stage-1 runs or "
+            "one has none; *n.s.* = not significant after Holm.")
+    missing = [f"`{a}` vs `{b}`" for a, b in v.stats.get("missing_contrasts", [])]
+    tail = f"\n\nNot run (schedule missing): {', '.join(missing)}." if missing else ""
+    return "## Answer\n\n" + md_table(header, rows) + "\n\n" + note + tail
 
 
-def _count(n: Any, one: str, many: str | None = None) -> str:
-    """'1 paired seed', '3 paired seeds'."""
-    return f"{n} {one if n == 1 else (many or one + 's')}"
+def cost_rows(v: _View, a: str, b: str, family: str) -> tuple[dict | None, dict | None, bool]:
+    """The time and memory rows of a comparison: totals, or stage 2 alone when stage 1 is shared or absent."""
+    stage2 = v.relation(a, b) in ("shared", "none")
+    t = v.row(family, a, b, "stage2_train_seconds" if stage2 else "total_train_seconds")
+    m = v.row(family, a, b, "stage2_peak_memory_bytes" if stage2 else "peak_memory_bytes")
+    return t, m, stage2
+
+
+def _headline_row(v: _View, a: str, b: str, family: str) -> list[str]:
+    acc = v.row(family, a, b, "accuracy")
+    t, m, stage2 = cost_rows(v, a, b, family)
+    mark = " (stage 2)" if stage2 else ""
+    return [f"`{a}` vs `{b}`", with_ci(*_mci(acc)), accuracy_label(v, acc, a, b),
+            ratio_ci(t) + (mark if t else ""), time_label(t), ratio_ci(m) + (mark if m else ""),
+            memory_label(v, m, a, b, stage2)]
+
+
+def _mci(r: dict | None) -> tuple:
+    r = r or {}
+    return r.get("mean"), r.get("ci_low"), r.get("ci_high")
+
+
+def accuracy_label(v: _View, r: dict | None, a: str, b: str) -> str:
+    c = (r or {}).get("classification")
+    if not isinstance(c, str) or c == "insufficient data":
+        return "not judged (< 2 pairs)"
+    if all(_all_degenerate(v.info.get(x, {})) for x in (a, b)):
+        return f"{c}, not informative (majority class only)"
+    if c in ("better", "worse") and r.get("within_margin"):
+        return f"{c}, within ±{v.margin:g}"
+    return c
+
+
+def time_label(r: dict | None) -> str:
+    if not r or not finite(r.get("mean")):
+        return "–"
+    if r.get("classification") not in SIGNIFICANT:
+        return "n.s."
+    return "faster" if r["mean"] < 1 else "slower"
+
+
+def memory_label(v: _View, r: dict | None, a: str, b: str, stage2: bool) -> str:
+    """'saved' / 'more' only when the model and optimizer state bytes explain the difference; on a CPU a
+    difference they do not explain is the runtime's footprint."""
+    if not r or not finite(r.get("mean")):
+        return "–"
+    if r.get("classification") not in SIGNIFICANT:
+        return "n.s."
+    if not memory_explained(v, a, b, r["mean"], stage2):
+        return "runtime footprint, not the precision"
+    return "saved" if r["mean"] < 1 else "more"
+
+
+def tensor_bytes(v: _View, s: str, stage2: bool) -> float:
+    i = v.info.get(s, {})
+    vals = [i.get("stage2_tensor_bytes")] + ([] if stage2 else [i.get("stage1_tensor_bytes")])
+    vals = [x for x in vals if finite(x)]
+    return max(vals) if vals else math.nan
+
+
+def memory_explained(v: _View, a: str, b: str, ratio: float, stage2: bool) -> bool:
+    """A memory ratio is the precision's when the memory measured is the device's (CUDA), or when the two
+    sides' model and optimizer state bytes differ in its direction by a material share of B's process peak."""
+    if not v.cpu_rss:
+        return True
+    ta, tb = tensor_bytes(v, a, stage2), tensor_bytes(v, b, stage2)
+    ib = v.info.get(b, {})
+    peaks = [ib.get("stage2_peak_memory_bytes")] + ([] if stage2 else [ib.get("stage1_peak_memory_bytes")])
+    peak = max([x for x in peaks if finite(x)], default=math.nan)
+    if not (finite(ta) and finite(tb) and finite(peak)) or peak <= 0:
+        return False
+    return abs(ta - tb) >= MATERIAL_SHARE * peak and (ta < tb) == (ratio < 1)
 
 
 def _pm(margin: float) -> str:
-    return f"±{margin:g} point" + ("" if margin == 1 else "s")
+    return f"±{margin:g} point{'' if margin == 1 else 's'}"
 
 
 def _all_degenerate(i: dict) -> bool:
     return bool(i.get("n_used")) and i.get("n_degenerate") == i.get("n_used")
 
 
-class _Deltas:
-    def __init__(self, rows: list[dict]):
-        self.rows = rows
-
-    def get(self, family: str, a: str, b: str, metric: str) -> dict | None:
-        for r in self.rows:
-            if r.get("family") == family and r.get("a") == a and r.get("b") == b and r.get("metric") == metric:
-                return r
-        return None
-
-    def any(self, a: str, b: str, metric: str) -> dict | None:
-        return (self.get("named", a, b, metric) or self.get("vs_baseline", a, b, metric))
-
-
-def _acc_phrase(r: dict | None, margin: float, conf: int, with_p: bool = False) -> str:
-    """'+0.17 points [unadjusted 95% CI −0.74, +1.09], 8 paired seeds' (with_p: and the Holm/TOST p
-    the classification rests on)"""
-    if not r or not _f(r.get("mean")):
-        return "no paired seeds"
-    # at least 2 significant digits, the CI in the mean's style: a difference of 0.004 points is not "+0.00"
-    m, lo, hi = fmt_triple(r["mean"], r.get("ci_low"), r.get("ci_high"))
-    s = f"{m} points"
-    if _f(r.get("ci_low")) and _f(r.get("ci_high")):
-        s += f" [unadjusted {conf}% CI {lo}, {hi}]"
-    if with_p and _f(r.get("p_holm")):
-        s += f", Holm p {_p(r['p_holm'])}"
-        if r.get("classification") == "equivalent" and _f(r.get("tost_p")):
-            s += f", TOST p {_p(r['tost_p'])}"
-    s += f", {_count(r.get('n_pairs'), 'paired seed')}"
-    return s
+# ------------------------------------------------------------------------------------------------ answer
+def _answer(v: _View) -> str:
+    """One or two plain sentences: what the study found, at its scale."""
+    comps = v.comparisons()
+    if not comps:
+        return f"Only `{v.baseline}` ran: add schedules to the config to compare it with something."
+    parts = [_finding(v, a, b, fam) for a, b, fam in comps]
+    out = [f"At this scale ({_scale(v)}): " + "; ".join(parts) + "."]
+    costs = []
+    saved = [f"`{a}`" for a, b, fam in comps if memory_label(v, cost_rows(v, a, b, fam)[1], a, b,
+                                                            cost_rows(v, a, b, fam)[2]) == "runtime footprint, not the precision"]
+    if saved:
+        costs.append(f"the memory differences of {', '.join(dict.fromkeys(saved))} are the runtime's footprint, "
+                     "not the precision's (the model and optimizer state explain too little of them: see Memory)")
+    load = v.stats.get("load") or {}
+    if v.cpu and (load.get("n_oversubscribed") or 0) > 0:
+        costs.append(f"the time ratios are unreliable: {load['n_oversubscribed']} of {load.get('n_runs_checked')} "
+                     "runs ran on an oversubscribed machine")
+    if costs:
+        text = "; ".join(costs)
+        out.append(text[:1].upper() + text[1:] + ".")
+    return " ".join(out)
 
 
-def _class_phrase(r: dict | None, b: str, margin: float) -> str:
-    """What the bold label means for this comparison with ``b``, without repeating the label."""
-    c = (r or {}).get("classification", "insufficient data")
-    if c == "better":
-        s = f"more accurate than {b}"
-    elif c == "worse":
-        s = f"less accurate than {b}"
+def _finding(v: _View, a: str, b: str, family: str) -> str:
+    r = v.row(family, a, b, "accuracy")
+    c = (r or {}).get("classification")
+    if c in ("better", "worse"):
+        s = f"`{a}` is {'more' if c == 'better' else 'less'} accurate than `{b}` ({diff(r['mean'])} points)"
     elif c == "equivalent":
-        s = f"the same accuracy as {b} within {_pm(margin)}"
+        s = f"`{a}` matches `{b}` within {_pm(v.margin)}"
     elif c == "inconclusive":
-        s = f"neither a significant difference from {b} nor a CI inside {_pm(margin)}"
+        s = f"`{a}` vs `{b}` is inconclusive"
     else:
-        s = "fewer than 2 paired seeds with results"
-    if c in ("better", "worse") and r and r.get("within_margin"):
-        s += f", though by less than the {_pm(margin)} margin"
-    return s
+        s = f"`{a}` vs `{b}` cannot be judged (fewer than 2 paired seeds)"
+    failed = [f"`{x}` failed in {v.info[x]['n_failed']} of {v.info[x].get('n_runs')} runs"
+              for x in (a, b) if (v.info.get(x) or {}).get("n_failed")]
+    return s + (f" ({', '.join(failed)})" if failed else "")
 
 
-def _question_phrase(a: str, b: str, info: dict) -> str:
-    """What a contrast asks, derived from the schedules' precisions."""
-    ia, ib = info.get(a, {}), info.get(b, {})
-    a1, a2, b1, b2 = (describe(x) if isinstance(x, str) else x  # pure_fp16 with adam_eps 0.0001: overrides in words
-                      for x in (ia.get("stage1_precision"), ia.get("stage2_precision"),
-                                ib.get("stage1_precision"), ib.get("stage2_precision")))
-    if a1 and a1 == b1 and a2 != b2:
-        return f"After {a1} pre-training, fine-tuning in {a2} instead of {b2}"
-    if a2 and a2 == b2 and a1 != b1 and a1 and b1:
-        return f"Pre-training in {a1} instead of {b1} (fine-tuning in {a2} both times)"
-    return f"Schedule {a} ({a1 or 'no stage 1'} → {a2}) against {b} ({b1 or 'no stage 1'} → {b2})"
-
-
-def _effect_verb(r: dict | None, margin: float) -> str:
-    """'raises accuracy'; with ', though by less than the ±1 point margin' when the whole CI lies inside it,
-    as in the schedule's paragraph (the Answer is what most readers read)."""
-    c = (r or {}).get("classification", "insufficient data")
-    s = {
-        "better": "raises accuracy",
-        "worse": "lowers accuracy",
-        "equivalent": f"leaves accuracy unchanged within {_pm(margin)}",
-        "inconclusive": "has an inconclusive effect on accuracy",
-    }.get(c, "cannot be judged (fewer than 2 paired seeds with results)")
-    if c in ("better", "worse") and r and r.get("within_margin"):
-        s += f", though by less than the {_pm(margin)} margin"
-    return s
-
-
-def _failed_phrase(info: dict, names) -> str:
-    """'`pf16-pf16` failed in 2 of 2 seeds (2 diverged)' for the schedules among ``names`` with failed runs, and
-    '`x` has no result for seed(s) 2 ...' for those missing a seed the others have."""
-    bits = []
-    for x in names:
-        i = info.get(x, {})
-        if i.get("n_failed"):
-            kinds = [f"{i[k]} {w}" for k, w in (("n_diverged", "diverged"), ("n_skipped", "skipped")) if i.get(k)]
-            other = i["n_failed"] - sum(i.get(k) or 0 for k in ("n_diverged", "n_skipped"))
-            if other > 0:
-                kinds.append(f"{other} without a finite accuracy")
-            if i.get("n_skipped") == i["n_failed"]:  # not run (e.g. a precision this device lacks): no numerical failure
-                bits.append(f"`{x}` was not run in {i['n_failed']} of {i.get('n_runs')} seeds (skipped: see its paragraph)")
-            else:
-                bits.append(f"`{x}` failed in {i['n_failed']} of {i.get('n_runs')} seeds ({', '.join(kinds)})")
-        if i.get("missing_seeds"):  # fewer pairs than seeds: say which, as its paragraph does
-            bits.append(f"`{x}` has no result for seed(s) {', '.join(map(str, i['missing_seeds']))} "
-                        "(see its paragraph)")
-    return "; ".join(bits)
-
-
-def _needs(r: dict | None, margin: float, power: float) -> str:
-    if not r:
+# ------------------------------------------------------------------------------------------------ details
+def _accuracy_details(v: _View) -> str:
+    rows = []
+    for a, b, fam in v.comparisons():
+        r = v.row(fam, a, b, "accuracy") or {}
+        rows.append([f"`{a}` vs `{b}`", seeds(r.get("n_pairs")), with_ci(*_mci(r)),
+                     with_ci(r.get("mean"), r.get("boot_low"), r.get("boot_high")) if finite(r.get("boot_low")) else "–",
+                     fmt_p(r.get("p_holm")), fmt_p(r.get("p_wilcoxon_holm")), fmt_p(r.get("tost_p")),
+                     num(r.get("sd"), 2), num(r.get("mde"), 2), seeds(r.get("seeds_needed_observed")),
+                     seeds(r.get("seeds_needed")), seeds(r.get("seeds_needed_equivalence"))])
+    if not rows:
         return ""
-    bits = []
-    if _f(r.get("seeds_needed")):
-        bits.append(f"about {int(r['seeds_needed'])} paired seeds would detect a {margin:g}-point difference "
-                    f"with {power * 100:.0f}% power after Holm (observed paired SD {_pt(r.get('sd'), 2, False)} points)")
-    if _f(r.get("seeds_needed_equivalence")):
-        bits.append(f"about {int(r['seeds_needed_equivalence'])} would put the CI inside {_pm(margin)} "
-                    "if the observed mean and SD held")
-    elif _f(r.get("mean")) and abs(r["mean"]) >= margin:
-        bits.append("the observed mean is outside the margin, so equivalence is not in reach")
-    return "; ".join(bits)
+    header = ["comparison", "pairs", f"Δ [{v.conf}% t CI]", "bootstrap CI", "Holm p", "Wilcoxon Holm p", "TOST p",
+              "paired SD", "detectable Δ", "seeds: observed Δ", f"seeds: {v.margin:g}-point Δ", "seeds: CI in margin"]
+    note = (f"Points. Seeds needed, with {v.power * 100:.0f}% power at the Holm-adjusted alpha and the observed "
+            f"paired SD: *observed Δ* = pairs that detect a difference as large as the one observed; "
+            f"*{v.margin:g}-point Δ* = pairs that detect a margin-sized difference; *CI in margin* = pairs that would "
+            f"put the CI inside ±{v.margin:g} if the observed mean and SD held (n/a when the mean is outside). "
+            "*Detectable Δ*: the smallest difference these pairs detect with that power.")
+    return "## Accuracy tests\n\n" + md_table(header, rows) + "\n\n" + note
 
 
-def _loss_phrase(el: dict, base_loss: Any, b1: str) -> str:
-    """'eval loss −6.6e−5 nats [−1.0e−4, −3.1e−5] (−0.0031% of fp32's 2.15 nats; better, Holm p 0.031 —
-    negligible: the whole CI is within ±0.1% of the loss)'"""
-    lo, hi = el.get("ci_low"), el.get("ci_high")
-    m, l, h = fmt_triple(el["mean"], lo, hi)
-    s = f"eval loss {m} nats"
-    if _f(lo) and _f(hi):
-        s += f" [{l}, {h}]"
-    bits = []
-    rel = _f(base_loss) and base_loss > 0
-    if rel:
-        bits.append(f"{_n(el['mean'] / base_loss * 100, 1)}% of {b1}'s {base_loss:.3g} nats")
-    lab = diff_label(el)
-    if rel and loss_negligible(lo, hi, base_loss):
-        lab += (f" — negligible: the whole CI is within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of the loss"
-                if el.get("classification") in ("better", "worse") else
-                f"; negligible either way: the whole CI is within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of the loss")
-    bits.append(lab)
-    return s + f" ({'; '.join(bits)})"
-
-
-def _stage1_relation(stats: dict, a: str, b: str) -> str:
-    """shared | different | none (stats.json ``stage1_relation``; older files: from the precisions)."""
-    rel = (stats.get("stage1_relation") or {}).get(f"{a} vs {b}")
-    if rel:
-        return rel
-    info = stats.get("schedules", {})
-    a1, b1 = info.get(a, {}).get("stage1_precision"), info.get(b, {}).get("stage1_precision")
-    if not a1 or not b1:
-        return "none"
-    return "shared" if a1 == b1 else "different"
-
-
-def _cost_phrase(D: _Deltas, stats: dict, a: str, b: str, family: str = "named") -> str:
-    """Time and memory of a named contrast: the totals when the two schedules' stage 1 differs, else
-    (shared stage-1 runs, or no stage 1 on one side) stage 2 alone, saying so."""
-    rel = _stage1_relation(stats, a, b)
-    if rel in ("shared", "none"):
-        t = D.get(family, a, b, "stage2_train_seconds")
-        mem = D.get(family, a, b, "stage2_peak_memory_bytes")
-        t_what, m_what = "the stage-2 (fine-tuning) training time", "the stage-2 peak memory"
-        if rel == "shared":
-            why = ("stage 2 only: both schedules start from the very same stage-1 runs, which add the same "
-                   "time to both totals and set both peak memories")
-        else:
-            lone = [x for x in (a, b) if not _has_stage1(stats, x)] or [a, b]
-            why = (f"stage 2 only: {' and '.join(f'`{x}`' for x in lone)} "
-                   f"{'has' if len(lone) == 1 else 'have'} no stage 1 (fine-tunes model.init), so the totals "
-                   "would not compare like with like")
-    else:
-        t = D.get(family, a, b, "total_train_seconds")
-        mem = D.get(family, a, b, "peak_memory_bytes")
-        t_what, m_what, why = "the total training time", "the peak memory over both stages", ""
-    tail = []
-    if t and _f(t.get("mean")):
-        tail.append(f"takes {_ratio(t)} {t_what} ({_saved(t, 'time')})")
-    if mem and _f(mem.get("mean")):
-        tail.append(f"{_ratio(mem)} {m_what} ({_saved(mem, 'memory')})")
-    if not tail:
-        return ""
-    return "; it " + " and ".join(tail) + (f" — {why}" if why else "")
-
-
-def _has_stage1(stats: dict, s: str) -> bool:
-    """Whether schedule ``s`` has a stage-1 run (stats.json ``has_stage1``; older files: whether a paired
-    stage-1 time exists for it)."""
-    i = stats.get("schedules", {}).get(s) or {}
-    if "has_stage1" in i:
-        return bool(i["has_stage1"])
-    return any(rr.get("metric") == "stage1_train_seconds" and s in (rr.get("a"), rr.get("b"))
-               and _f(rr.get("mean")) for rr in stats.get("deltas", []))
-
-
-def render(stats: dict) -> str:
-    s = stats.get("settings", {})
-    margin, alpha, power = s.get("margin", 1.0), s.get("alpha", 0.05), s.get("power", 0.8)
-    conf = conf_level(alpha)
-    baseline = stats.get("baseline")
-    info: dict = stats.get("schedules", {})
-    D = _Deltas(stats.get("deltas", []))
-    prov: dict = stats.get("provenance", {})
-    out: list[str] = [f"# {TITLE}", ""]
-    out.append(f"**Question.** {stats.get('question', '')}")
-    out.append("")
-    kinds = _stage1_kinds(stats.get("stage1_precisions", {}))
-    if kinds:
-        out += [kinds, ""]
-
-    def pv(k: str) -> str:
-        v = prov.get(k) or []
-        if len(v) > 3:
-            return f"{len(v)} distinct values (per run; see runs.csv)"
-        return ", ".join(f"`{x}`" for x in v) if v else "unknown"
-
-    seeds = sorted({x for i in info.values() for x in i.get("seeds", [])}, key=lambda x: (str(type(x)), x))
-    n_per = sorted({i.get("n_runs") for i in info.values()})
-    out.append("**Holds for:** "
-               f"device {pv('device')} ({pv('device_name')}); torch {pv('torch_version')}, "
-               f"transformers {pv('transformers_version')}"
-               + (f", CUDA {pv('cuda_version')}" if prov.get("cuda_version") else "")
-               + f"; git commit {pv('git_commit')}; "
-               f"threads {pv('threads')}"
-               + (f"; model {_param_span(prov['model_parameters'])} parameters" if prov.get("model_parameters") else "")
-               + (f"; training step compiled: {pv('compile')}" if prov.get("compile") else "")
-               + f"; memory measured as {pv('memory_kind')}"
-               + (f" in {pv('process_start')}-started processes" if prov.get("process_start") else "") + ". "
-               f"Seeds {', '.join(map(str, seeds))} ({'/'.join(map(str, n_per))} run{'' if n_per == [1] else 's'} per schedule); "
-               f"baseline `{baseline}`; equivalence margin {_pm(margin)} of accuracy; alpha {alpha:g} "
-               f"(paired t-tests, Holm-adjusted per metric over every schedule comparison below, each counted once). "
-               f"Intervals in brackets are "
-               f"unadjusted {conf}% t CIs of one comparison; labels (better/worse, significant, saved) use "
-               f"the Holm-adjusted p shown beside them, so an interval can exclude 0 (or ×1) while the label "
-               f"says not significant. Per-run hyper-parameter hashes: `config_hash` in runs.csv.")
-    out.append("")
-
-    # ---------------- answer
-    out.append("## Answer")
-    out.append("")
-    sentences = []
-    answered = [(a, b, "named") for a, b in stats.get("named_contrasts", [])]
-    if not answered and not stats.get("missing_contrasts"):
-        # no contrasts configured (analysis.contrasts: []): answer with each schedule against the baseline
-        answered = [(a, baseline, "vs_baseline") for a in sorted(info) if a != baseline]
-    for a, b, family in answered:
-        r = D.get(family, a, b, "accuracy")
-        sent = (f"{_question_phrase(a, b, info)} {_effect_verb(r, margin)} "
-                f"(`{a}` − `{b}`: {_acc_phrase(r, margin, conf, with_p=True)})")
-        sent += _cost_phrase(D, stats, a, b, family)
-        dead = [x for x in (a, b) if _all_degenerate(info.get(x, {}))]
-        if dead:
-            sent += (f" — but every finished run of {' and '.join(f'`{x}`' for x in dead)} predicts only the "
-                     "majority class: the task was not learnt, so this says nothing about precision")
-        failed = _failed_phrase(info, (a, b))
-        if failed:  # a failure is a finding: say it here, not only in the per-schedule paragraphs
-            sent += f"; {failed}"
-        sentences.append(sent + ".")
-    if not sentences and set(info) <= {baseline} and not stats.get("missing_contrasts"):
-        sentences.append(f"Only the baseline schedule `{baseline}` ran: there is nothing to compare it with "
-                         "(add schedules to the config to answer the question); its own figures are below.")
-    elif not sentences:
-        sentences.append("None of the configured contrasts could be computed: see the per-schedule paragraphs.")
-    for a, b in stats.get("missing_contrasts", []):
-        sentences.append(f"The contrast `{a}` vs `{b}` was not run (schedule missing).")
-    load = stats.get("load") or {}
-    if (any(str(d).startswith("cpu") for d in prov.get("device", []))
-            and (load.get("n_oversubscribed") or 0) > 0):
-        # the time ratios above come from these runs: say so here, not only in the Caveats at the end
-        sentences.append(f"Timings: {load['n_oversubscribed']} of {load.get('n_runs_checked')} runs ran on an "
-                         "oversubscribed machine, so the time ratios above are unreliable (see Caveats); "
-                         "accuracy and memory are not affected.")
-    if stats.get("process_starts") and (stats.get("memory_pairs_mixed_starts") or 0) > 0:
-        sentences.append("Memory: the ratios above leave out every seed whose two runs were started differently "
-                         "(warm vs cold: their RSS is not comparable; see Caveats).")
-    out.append(" ".join(sentences))
-    out.append("")
-    out.append(f"Accuracy is the fine-tuned model's accuracy on the eval split; differences are in percentage "
-               f"points, paired by seed. A schedule is *better/worse* when the Holm-adjusted paired t-test gives "
-               f"p < {alpha:g}; *equivalent* when it is not and the whole {conf}% CI lies inside {_pm(margin)} "
-               f"(TOST p < {alpha:g}); otherwise *inconclusive*.")
-    out.append("")
-
-    # ---------------- per schedule
-    out.append(f"## Per schedule (against `{baseline}`)")
-    out.append("")
-    order = [baseline] + sorted(k for k in info if k != baseline)
-    for name in order:
-        i = info.get(name)
+def _schedules_table(v: _View) -> str:
+    rows = []
+    for s in [v.baseline] + sorted(k for k in v.info if k != v.baseline):
+        i = v.info.get(s)
         if i is None:
             continue
-        head = (f"**{name}** (stage 1 {i.get('stage1_precision') or 'none (fine-tune only)'} → stage 2 "
-                f"{i.get('stage2_precision')}; {i.get('n_used')} of {_count(i.get('n_runs'), 'run')} used)")
-        parts = []
         acc = i.get("accuracy_points", {})
-        acc_s = f"accuracy {_pt(acc.get('mean'), 2, False)}%" if _f(acc.get("mean")) else "no finished runs"
-        if _f(acc.get("ci_low")):
-            acc_s += f" [{conf}% CI {_pt(acc['ci_low'], 2, False)}, {_pt(acc['ci_high'], 2, False)}]"
-        if _f(acc.get("std")):
-            acc_s += f", seed SD {_pt(acc['std'], 2, False)} points"
-        if name == baseline:
-            parts.append(f"{head}: the baseline; {acc_s}.")
-        else:
-            r = D.get("vs_baseline", name, baseline, "accuracy")
-            c = (r or {}).get("classification", "insufficient data")
-            label = {"better": "BETTER", "worse": "WORSE", "equivalent": "EQUIVALENT",
-                     "inconclusive": "INCONCLUSIVE"}.get(c, "NOT JUDGED")
-            if c != "insufficient data" and _all_degenerate(i) and _all_degenerate(info.get(baseline, {})):
-                label += ", BUT NOT INFORMATIVE: both only predict the majority class"
-            txt = f"{head}: **{label}** — {_class_phrase(r, baseline, margin)}. {acc_s[:1].upper()}{acc_s[1:]}; "
-            txt += f"paired difference {_acc_phrase(r, margin, conf)}"
-            if r and _f(r.get("boot_low")) and _f(r.get("boot_high")):
-                _, blo, bhi = fmt_triple(r["mean"], r["boot_low"], r["boot_high"])
-                txt += f" (bootstrap CI {blo}, {bhi})"
-            if r:
-                txt += (f"; paired t Holm p {_p(r.get('p_holm'))}, Wilcoxon p {_p(r.get('p_wilcoxon'))}, "
-                        f"TOST p {_p(r.get('tost_p'))}")
-                if _f(r.get("mde")) and r["mde"] > 0:
-                    txt += f"; with these seeds a difference of {_pt(r['mde'], 2, False)} points is detectable at {power * 100:.0f}% power after Holm"
-            txt += "."
-            if c == "inconclusive":
-                n = _needs(r, margin, power)
-                if n:
-                    txt += f" To resolve it: {n}."
-            parts.append(txt)
-            # time and memory
-            shared1 = _stage1_relation(stats, name, baseline) == "shared"
-            tm = []
-            for col, lab in (("stage1_train_seconds", "stage 1"), ("stage2_train_seconds", "stage 2"),
-                             ("total_train_seconds", "total")):
-                rr = D.get("vs_baseline", name, baseline, col)
-                if shared1 and col == "stage1_train_seconds":
-                    tm.append("stage 1 shared with the baseline (the same runs)")
-                elif rr and _f(rr.get("mean")):
-                    tm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'time')})")
-            mm = []
-            for col, lab in (("stage1_peak_memory_bytes", "stage 1"), ("stage2_peak_memory_bytes", "stage 2")):
-                rr = D.get("vs_baseline", name, baseline, col)
-                if shared1 and col == "stage1_peak_memory_bytes":
-                    continue
-                if rr and _f(rr.get("mean")):
-                    mm.append(f"{lab} {_ratio(rr)} ({_saved(rr, 'memory')})")
-                elif rr and (rr.get("n_mixed_starts") or 0) > 0:
-                    mm.append(f"{lab} {MEMORY_NOT_COMPARED}")
-            th = D.get("vs_baseline", name, baseline, "stage2_samples_per_second")
-            line = []
-            if tm:
-                line.append(f"Training time vs baseline (geometric-mean ratio [unadjusted {conf}% CI], paired "
-                            "log-ratios): " + "; ".join(tm))
-            if mm:
-                line.append("Peak memory: " + "; ".join(mm))
-            if th and _f(th.get("mean")):
-                line.append(f"Stage-2 throughput {_ratio(th)} ({_saved(th, 'throughput')})")
-            if line:
-                parts.append(". ".join(line) + ".")
-        # health
-        h = []
-        if i.get("n_failed"):
-            fl = "; ".join(f"seed {f.get('seed')}: {f.get('outcome')}" + (f" ({f['reason']})" if f.get("reason") else "")
-                           for f in i.get("failed", []))
-            h.append(f"{i['n_failed']} failed run(s), excluded from the means and counted — {fl}")
+        rows.append([f"`{s}`", v.stage(s, 1), v.stage(s, 2), _overrides(i), f"{i.get('n_used')}/{i.get('n_runs')}",
+                     i.get("n_failed", 0), i.get("n_degenerate", 0),
+                     with_ci(acc.get("mean"), acc.get("ci_low"), acc.get("ci_high"), num),
+                     num(acc.get("std"), 2), num(i.get("stage1_skipped_steps"), 0), num(i.get("stage2_skipped_steps"), 0),
+                     num(i.get("nonfinite_losses"), 0)])
+    header = ["schedule", "stage 1", "stage 2", "overrides", "used/runs", "failed", "degenerate",
+              f"accuracy % [{v.conf}% CI]", "seed SD", "skipped steps 1", "skipped steps 2", "non-finite losses"]
+    return "## Schedules\n\n" + md_table(header, rows)
+
+
+def _overrides(i: dict) -> str:
+    bits = [f"stage {k}: " + ", ".join(f"{key} {val}" for key, val in sorted(o.items()))
+            for k in (1, 2) if (o := i.get(f"stage{k}_overrides"))]
+    return "; ".join(bits) or "–"
+
+
+def _cost_details(v: _View) -> str:
+    metrics = [("stage1_train_seconds", "stage-1 time"), ("stage2_train_seconds", "stage-2 time"),
+               ("total_train_seconds", "total time"), ("stage2_samples_per_second", "stage-2 throughput"),
+               ("stage1_peak_memory_bytes", "stage-1 peak"), ("stage2_peak_memory_bytes", "stage-2 peak")]
+    rows = []
+    for a, b, fam in v.comparisons():
+        shared = v.relation(a, b) == "shared"
+        cells = []
+        for col, _ in metrics:
+            r = v.row(fam, a, b, col)
+            if shared and col.startswith("stage1_"):
+                cells.append("shared")
+            elif r and finite(r.get("mean")):
+                cells.append(f"{ratio_ci(r)}, Holm p {fmt_p(r.get('p_holm'))}")
+            else:
+                cells.append("–")
+        rows.append([f"`{a}` vs `{b}`"] + cells)
+    if not rows:
+        return ""
+    return ("## Time and memory\n\n" + md_table(["comparison"] + [m for _, m in metrics], rows) + "\n\n"
+            f"A / B, geometric mean of paired ratios [{v.conf}% CI on the log scale]; *shared*: both start from the "
+            "same stage-1 runs. Train time is the training loop only.")
+
+
+def _memory_table(v: _View) -> str:
+    rows = []
+    for s in [v.baseline] + sorted(k for k in v.info if k != v.baseline):
+        i = v.info.get(s, {})
+        for k in (1, 2):
+            peak, tb = i.get(f"stage{k}_peak_memory_bytes"), i.get(f"stage{k}_tensor_bytes")
+            if not finite(peak) and not finite(tb):
+                continue
+            share = f"{tb / peak * 100:.1f}%" if finite(peak) and finite(tb) and peak > 0 else "n/a"
+            rows.append([f"`{s}`", k, v.stage(s, k), mib(peak), mib(tb), share])
+    if not rows:
+        return ""
+    what = ("the process's peak RSS, which holds the Python/torch runtime" if v.cpu_rss else "the device's peak memory")
+    return ("## Memory\n\n" + md_table(["schedule", "stage", "precision", "process peak (MiB)",
+                                        "model + optimizer state (MiB)", "share"], rows) + "\n\n"
+            f"Process peak: {what}. Model + optimizer state: parameters × bytes each holds (weight, gradient and "
+            "AdamW's two moments in the precision's parameter dtype: 16 bytes in fp32 and mixed precision, 8 in pure "
+            "16 bits), exact from the parameter count. A memory difference is called *saved* only when these "
+            f"bytes explain it (on a CPU: they differ in its direction by at least {MATERIAL_SHARE:.0%} of the "
+            "process peak).")
+
+
+def _stage1(v: _View) -> str:
+    b1 = v.stats.get("stage1_baseline_precision")
+    st1 = [r for r in v.deltas if r.get("family") == "stage1"]
+    if not b1 or not st1:
+        return ""
+    summary = v.stats.get("stage1_summary") or {}
+    rows = []
+    for a, b in dict.fromkeys((r["a"], r["b"]) for r in st1):
+        el, ma, ts, pm = (next((r for r in st1 if (r["a"], r["b"], r["metric"]) == (a, b, m)), None)
+                          for m in ("eval_loss", "mlm_accuracy", "train_seconds", "peak_memory_bytes"))
+        base = ((summary.get(b) or {}).get("eval_loss") or {}).get("mean")
+        n = next((r.get("n_pairs") for r in (el, ma, ts, pm) if r and finite(r.get("mean"))), 0)
+        lab = _short(el) + ("; negligible" if el and _negligible(el, base) else "")
+        rows.append([f"`{a}` vs `{b}`", seeds(n), with_ci(*_mci(el), diff, unit="nats"), lab,
+                     with_ci(*_mci(ma)), _short(ma), ratio_ci(ts), ratio_ci(pm)])
+    header = ["stage 1", "pairs", "eval loss Δ (nats)", "loss", "masked-token acc. Δ (points)", "acc.",
+              "time ratio", "peak memory ratio"]
+    return (f"## Stage 1 on its own (against {b1})\n\n" + md_table(header, rows) + "\n\n"
+            f"Masked-LM eval metrics of the pre-trained models, paired by seed; labels from the Holm-adjusted p over "
+            f"the stage-1 comparisons. *negligible*: the whole loss CI lies within ±{NEGLIGIBLE_LOSS_FRACTION:.1%} of "
+            "B's loss (paired seeds share data and masks, so a tiny difference can be significant without mattering).")
+
+
+def _short(r: dict | None) -> str:
+    c = (r or {}).get("classification")
+    return c if isinstance(c, str) else "–"
+
+
+def _negligible(el: dict, base: Any) -> bool:
+    lo, hi = el.get("ci_low"), el.get("ci_high")
+    return finite(lo) and finite(hi) and finite(base) and base > 0 and \
+        max(abs(lo), abs(hi)) < NEGLIGIBLE_LOSS_FRACTION * base
+
+
+def _failures(v: _View) -> str:
+    lines = []
+    for s in sorted(v.info):
+        i = v.info[s]
+        for f in i.get("failed", []):
+            lines.append(f"- `{s}` seed {f.get('seed')}: {f.get('outcome')}" + (f" ({f['reason']})" if f.get("reason") else ""))
         if i.get("missing_seeds"):
-            h.append(f"no result at all for seed(s) {', '.join(map(str, i['missing_seeds']))}, which other "
-                     "schedules have (no fine-tuning metrics were aggregated: not run, not finished, or its "
-                     "stage 1 failed); these seeds are missing from its pairs")
-        if _all_degenerate(i):
-            h.append("EVERY finished run is degenerate (accuracy ≤ majority class): the task was not learnt, "
-                     "so accuracy comparisons with this schedule say nothing about precision")
-        elif i.get("n_degenerate"):
-            h.append(f"{i['n_degenerate']} degenerate run(s) (accuracy ≤ majority class; kept in the statistics): "
-                     f"seeds {', '.join(map(str, i.get('degenerate_seeds', [])))}")
-        for k, lab in (("stage1_skipped_steps", "stage 1"), ("stage2_skipped_steps", "stage 2")):
-            if _f(i.get(k)) and i[k] > 0:
-                h.append(f"{_count(int(i[k]), 'skipped optimizer step')} in {lab} (loss-scale overflow), over all seeds")
-        if _f(i.get("nonfinite_losses")) and i["nonfinite_losses"] > 0:
-            h.append(f"{_count(int(i['nonfinite_losses']), 'non-finite loss', 'non-finite losses')} over both stages")
-        for k, lab in (("stage1_loss_scale_min", "stage 1"), ("stage2_loss_scale_min", "stage 2")):
-            if _f(i.get(k)) and i[k] < 1:
-                h.append(f"the {lab} loss scale fell to {i[k]:g} (gradients underflow or overflow persistently)")
-        if h:
-            parts.append("Numeric health: " + "; ".join(h) + ".")
-        elif not any(_f(i.get(k)) for k in ("stage2_skipped_steps", "nonfinite_losses")):
-            # runs.csv without the counters (hand-made or older metrics.json): not "none", unknown
-            parts.append("Numeric health: no failed runs; skipped steps and non-finite losses not recorded.")
-        else:
-            parts.append("Numeric health: no failed runs, no skipped steps, no non-finite losses.")
-        out.append(" ".join(parts))
-        out.append("")
+            lines.append(f"- `{s}`: no result for seed(s) {', '.join(map(str, i['missing_seeds']))}")
+        if i.get("n_degenerate"):
+            lines.append(f"- `{s}`: degenerate (accuracy ≤ majority class, kept in the statistics) in seed(s) "
+                         f"{', '.join(map(str, i.get('degenerate_seeds', [])))}")
+    rule = v.stats.get("failure_rule", "")
+    return "## Failures\n\n" + ("\n".join(lines) + "\n\n" if lines else "None.\n\n") + rule
 
-    # ---------------- stage 1
-    b1 = stats.get("stage1_baseline_precision")
-    st1 = [r for r in stats.get("deltas", []) if r.get("family") == "stage1"]
-    if b1 and (st1 or len(stats.get("stage1_precisions") or {}) > 1):  # something to compare b1 with
-        out.append(f"## Stage 1 on its own (pre-training, against {b1})")
-        out.append("")
-        base_loss = ((stats.get("stage1_summary") or {}).get(b1) or {}).get("eval_loss", {}).get("mean")
-        out.append("Masked-LM eval metrics of the pre-trained models, paired by seed. At small scale a "
-                   "pre-training precision effect may show here without reaching fine-tuning accuracy. "
-                   f"Brackets: unadjusted {conf}% CIs; labels from Holm-adjusted p over the stage-1 comparisons "
-                   f"(each stage 1 against {b1}, then those of the named contrasts whose stage 1s differ). "
-                   "Paired seeds share data and masks, so a loss difference far too small to matter can still be "
-                   f"significant: one whose whole CI lies within ±{NEGLIGIBLE_LOSS_FRACTION * 100:g}% of "
-                   f"the other stage 1's eval loss is called negligible.")
-        out.append("")
-        summary1 = stats.get("stage1_summary") or {}
-        pairs = sorted({(r["a"], r["b"]) for r in st1 if r["b"] == b1}) + list(
-            dict.fromkeys((r["a"], r["b"]) for r in st1 if r["b"] != b1))
-        for p, q in pairs:
-            el, ma, ts, pm = (next((r for r in st1 if (r["a"], r["b"]) == (p, q) and r["metric"] == m), None)
-                              for m in ("eval_loss", "mlm_accuracy", "train_seconds", "peak_memory_bytes"))
-            bits = []
-            if el and _f(el.get("mean")):
-                q_loss = base_loss if q == b1 else (summary1.get(q) or {}).get("eval_loss", {}).get("mean")
-                bits.append(_loss_phrase(el, q_loss, q))
-            if ma and _f(ma.get("mean")):
-                m, l, h = fmt_triple(ma["mean"], ma.get("ci_low"), ma.get("ci_high"))
-                ci = f" [{l}, {h}]" if _f(ma.get("ci_low")) and _f(ma.get("ci_high")) else ""
-                bits.append(f"masked-token accuracy {m} points{ci} ({diff_label(ma)})")
-            if ts and _f(ts.get("mean")):
-                bits.append(f"train time {_ratio(ts)} ({_saved(ts, 'time')})")
-            if pm and _f(pm.get("mean")):
-                bits.append(f"peak memory {_ratio(pm)} ({_saved(pm, 'memory')})")
-            elif pm and (pm.get("n_mixed_starts") or 0) > 0:
-                bits.append(f"peak memory {MEMORY_NOT_COMPARED}")
-            # the pairs of the first metric with a result: a stage 1 without eval metrics (eval_loss null)
-            # still has its time and memory pairs
-            n = next((r.get("n_pairs") for r in (el, ma, ts, pm) if r and _f(r.get("mean"))), 0)
-            cnt = stats.get("stage1_precisions", {}).get(p, {})
-            fail = f"; {cnt.get('n_failed')} failed run(s)" if cnt.get("n_failed") else ""
-            cnt_q = stats.get("stage1_precisions", {}).get(q, {}) if q != b1 else {}  # b1's are listed below
-            fail += f"; {q}: {cnt_q.get('n_failed')} failed run(s)" if cnt_q.get("n_failed") else ""
-            out.append(f"- **{p}** vs {q} ({_count(n, 'paired seed')}{fail}): " + ("; ".join(bits) if bits else "no paired data") + ".")
-        bf = stats.get("stage1_precisions", {}).get(b1, {})
-        if bf.get("n_failed"):
-            out.append(f"- baseline {b1}: {bf['n_failed']} failed run(s).")
-        out.append("")
 
-    # ---------------- rules and caveats
-    out.append("## How failures are counted")
-    out.append("")
-    out.append(stats.get("failure_rule", ""))
-    out.append("")
-    out.append("## Caveats")
-    out.append("")
-    cav = []
-    devices = prov.get("device", [])
-    if any(str(d).startswith("cpu") for d in devices):
-        cav.append("Timings and memory were measured on a CPU. They say nothing about GPUs: there fp16/bf16 run on "
-                   "tensor cores and memory is device memory. On a CPU the speed of fp16 and bf16 depends on the "
-                   "instruction set (e.g. AMX for bf16), and peak memory is the process's peak RSS, which includes "
-                   "the Python/torch runtime, not only tensors.")
-    compiled = [c for c in prov.get("compile", []) if c != "off"]
-    if any(str(d).startswith("cuda") for d in devices) and not compiled:
-        cav.append("Timings on a GPU are of eager PyTorch (`compile: off`, the default). On an H200, BERT-base's "
-                   "eager 16-bit steps at batch 32 waited on the host's kernel launches: amp_bf16 ran 2.2× fp32's "
-                   "steps/s eager and 5× with CUDA graphs (docs/gpu.md). The time ratios here are eager PyTorch's "
-                   "on this machine, not the GPU's limit; `train.<stage>.compile: reduce-overhead` measures the "
-                   "compiled step. Accuracy and memory comparisons are not affected.")
-    for k in ("device", "device_name", "torch_version", "transformers_version", "git_commit", "threads", "compile"):
-        if len(prov.get(k, [])) > 1:
-            cav.append(f"The runs do not share one {k} ({', '.join(prov[k])}): timings and results may not be comparable.")
-    sizes = [float(x) for x in prov.get("model_parameters", [])]
-    if not sizes or max(sizes) < TINY_MODEL_PARAMETERS:  # runs from before the key: assume the tiny default
-        cav.append("Small scale: a tiny BERT, short training and few seeds. Effects that need long training or "
-                   "large models (e.g. fp16 overflow in activations of large bf16-pretrained models) will not show "
-                   "here, and the numbers need not transfer to BERT-base/large.")
-    load = stats.get("load") or {}
-    if any(str(d).startswith("cpu") for d in devices) and (load.get("n_oversubscribed") or 0) > 0:
-        cc = "/".join(map(str, load.get("cpu_count") or [])) or "?"
-        cav.append(f"The machine was oversubscribed during {load['n_oversubscribed']} of {load.get('n_runs_checked')} "
-                   f"CPU runs: their 1-minute load average at the start or end of the training loop exceeded the "
-                   f"CPU count ({cc}) by more than {load.get('threshold', 1.25) - 1:.0%} (highest load "
-                   f"{load.get('max_load', math.nan):.1f}). Other work competed for the "
-                   "cores, so those runs' timings are distorted and the time and throughput ratios are unreliable "
-                   "(accuracy and peak memory are per process and not affected). Rerun with fewer parallel jobs (`--cores`) on an "
-                   "otherwise idle machine for timings.")
-    starts = stats.get("process_starts") or {}
-    if len(starts) > 1:
-        how = ", ".join(f"{k} {v}" for k, v in starts.items())
-        cav.append(f"Peak memory here is each CPU process's RSS, and the runs were started two ways ({how}): a "
-                   "warm-started process (forked from the warm-start server) does not count the shared-library "
-                   "pages it never touches, so its RSS is about 120 MB below a cold one's (config/README.md, "
-                   "`warm_start`). Memory ratios pair only seeds whose two runs started the same way (deltas.csv's "
-                   "`n_mixed_starts` counts the seeds left out of each); the memory means in summary.md mix both. For memory figures, run every job one way (e.g. `warm_start: false`).")
-    bmin = stats.get("bootstrap_min_pairs")
-    if bmin and s.get("bootstrap_resamples", 0) and any(
-            2 <= (r.get("n_pairs") or 0) < bmin for r in stats.get("deltas", [])):
-        cav.append(f"Bootstrap CIs are only computed from {bmin} paired seeds on (n pairs allow only C(2n−1, n) "
-                   "distinct resamples: 10 for n = 3); contrasts with fewer pairs show the t CI alone (empty "
-                   "boot_low/boot_high in deltas.csv, no thin bar in the forest plot).")
-    # the exact Wilcoxon test's smallest two-sided p is 2 / 2^n, the sign test's: 6 pairs at alpha 0.05
-    w_min = int(_sign_seeds(alpha, "two-sided"))
-    small = sorted({f"{r['a']} vs {r['b']}" for r in stats.get("deltas", [])
-                    if r.get("metric") == "accuracy" and r.get("family") != "stage1"
-                    and (r.get("n_pairs") or 0) < w_min})
-    if small:
-        cav.append(f"With fewer than {w_min} paired seeds the Wilcoxon signed-rank test cannot reach p < {alpha:g} "
-                   f"({', '.join(small)}); the verdict uses the paired t-test.")
-    cav.append("Train time is the training loop only (no setup, evaluation or checkpoint writes); time ratios "
-               "are geometric means of per-seed ratios. Seed-to-seed noise in fine-tuning accuracy is often "
-               "larger than any precision effect: read the CIs, not the means.")
-    out.extend(f"- {c}" for c in cav)
-    out.append("")
-    return "\n".join(out)
+# ------------------------------------------------------------------------------------------------ caveats
+def _caveats(v: _View) -> str:
+    cav = [c for c in (_cpu_caveat(v), _gpu_caveat(v), _scale_caveat(v), _load_caveat(v), _bootstrap_caveat(v),
+                       _wilcoxon_caveat(v)) if c]
+    cav += [f"The runs do not share one {k} ({', '.join(v.prov[k])}): timings and results may not be comparable."
+            for k in ("device", "device_name", "torch_version", "transformers_version", "git_commit", "threads",
+                      "compile") if len(v.prov.get(k, [])) > 1]
+    return "## Caveats\n\n" + "\n".join(f"- {c}" for c in cav) if cav else ""
+
+
+def _cpu_caveat(v: _View) -> str:
+    if not v.cpu:
+        return ""
+    return ("Measured on a CPU: the speed of fp16/bf16 depends on its instruction set (e.g. AMX for bf16), and peak "
+            "memory is the process's RSS, mostly the runtime's; neither says what a GPU would do.")
+
+
+def _gpu_caveat(v: _View) -> str:
+    gpu = any(str(d).startswith("cuda") for d in v.prov.get("device", []))
+    if not gpu or [c for c in v.prov.get("compile", []) if c != "off"]:
+        return ""
+    return ("GPU timings are of eager PyTorch (`compile: off`): small 16-bit steps wait on kernel launches "
+            "(docs/gpu.md); `train.<stage>.compile: reduce-overhead` measures the compiled step.")
+
+
+def _scale_caveat(v: _View) -> str:
+    sizes = [float(x) for x in v.prov.get("model_parameters", []) if _isnum(x)]
+    if sizes and max(sizes) >= TINY_MODEL_PARAMETERS:
+        return ""
+    return ("Small scale: a tiny BERT, short training, few seeds; effects of long training or large models "
+            "(e.g. fp16 overflow in activations) will not show here.")
+
+
+def _load_caveat(v: _View) -> str:
+    load = v.stats.get("load") or {}
+    if not v.cpu or not (load.get("n_oversubscribed") or 0) > 0:
+        return ""
+    return (f"{load['n_oversubscribed']} of {load.get('n_runs_checked')} CPU runs ran with a 1-minute load above "
+            f"{load.get('threshold', 1.25):g}× the CPU count ({'/'.join(map(str, load.get('cpu_count') or []))}; "
+            f"highest {load.get('max_load', math.nan):.1f}): their time ratios are unreliable; rerun with fewer "
+            "parallel jobs (`--cores`).")
+
+
+def _bootstrap_caveat(v: _View) -> str:
+    bmin = v.stats.get("bootstrap_min_pairs")
+    if not (bmin and v.stats.get("settings", {}).get("bootstrap_resamples", 0)) or not any(
+            2 <= (r.get("n_pairs") or 0) < bmin for r in v.deltas):
+        return ""
+    return f"Bootstrap CIs only from {bmin} paired seeds on; rows with fewer show the t CI alone."
+
+
+def _wilcoxon_caveat(v: _View) -> str:
+    from .paired import _sign_seeds
+
+    w_min = int(_sign_seeds(v.alpha, "two-sided"))
+    small = sorted({f"`{r['a']}` vs `{r['b']}`" for r in v.deltas if r.get("metric") == "accuracy"
+                    and r.get("family") != "stage1" and (r.get("n_pairs") or 0) < w_min})
+    if not small:
+        return ""
+    return (f"Below {w_min} paired seeds the Wilcoxon test cannot reach p < {v.alpha:g} ({', '.join(small)}); "
+            "the labels use the paired t-test.")
+
+
+def _provenance(v: _View) -> str:
+    def pv(k: str) -> str:
+        vals = v.prov.get(k) or []
+        return f"{len(vals)} values (see runs.csv)" if len(vals) > 3 else ", ".join(f"`{x}`" for x in vals) or "unknown"
+
+    n_per = sorted({i.get("n_runs") for i in v.info.values()})
+    items = [("device", f"{pv('device')} ({pv('device_name')})"), ("torch", pv("torch_version")),
+             ("transformers", pv("transformers_version"))]
+    items += [("CUDA", pv("cuda_version"))] if v.prov.get("cuda_version") else []
+    items += [("git commit", pv("git_commit")), ("threads", pv("threads")), ("memory measured as", pv("memory_kind")),
+              ("runs per schedule", "/".join(map(str, n_per))), ("baseline", f"`{v.baseline}`"),
+              ("alpha", f"{v.alpha:g} (paired t-tests, Holm-adjusted per metric)"),
+              ("equivalence margin", f"{_pm(v.margin)} of accuracy")]
+    return "## Holds for\n\n" + md_table(["", ""], [[k, x] for k, x in items])
 
 
 def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike) -> str:
