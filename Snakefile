@@ -85,19 +85,9 @@ include: "workflow/rules/analyze.smk"
 report: "workflow/report/workflow.rst"
 
 
-# warm start (config warm_start): one process imports torch & co. once, every job forks from it
 onstart:
     check_gpu_here()
     keep_previous_runs()
-    start_warm_server()
-
-
-onsuccess:
-    stop_warm_server()
-
-
-onerror:
-    stop_warm_server()
 
 
 rule all:

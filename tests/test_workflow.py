@@ -182,8 +182,7 @@ def test_gpu_resource_only_off_cpu(tmp_path):
 
 def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
     """device auto trains on the CPU where torch sees no CUDA GPU: a local run's training jobs then claim
-    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use) and fork from the
-    warm-start server like any CPU job. A dry run plans gpu=1 (the GPU may be on the machine that runs it),
+    gpu=0 (profiles/default's gpu: 1 would run them one at a time for a GPU they never use). A dry run plans gpu=1 (the GPU may be on the machine that runs it),
     as a cluster run does. --touch plans and 'runs' the jobs as a real local run does, without training."""
     import torch
 
@@ -196,7 +195,6 @@ def test_device_auto_claims_a_gpu_only_where_one_is(tmp_path):
     ran = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
     here = "gpu=1" if torch.cuda.is_available() else "gpu=0"
     assert proc.returncode == 0 and len(ran) == 2 and all(here in r for r in ran), out[-3000:]
-    assert ("warm start: server pid" in out) != torch.cuda.is_available(), out[:3000]
 
 
 def _touch_study(tmp_path, cfg):
@@ -623,7 +621,7 @@ def test_a_rerun_keeps_the_finished_runs_it_replaces_under_previous(tmp_path):
     starts (its files and its log, not its resume/ state); an unfinished run and the runs that do not rerun are
     not; the next rerun keeps the latest version. (--touch runs onstart as a real run does, without training.)"""
     study = {"schedules": {"x": {"pretrain": "fp32", "finetune": "fp32"}, "y": {"finetune": "fp32"}},
-             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2], "warm_start": False,
+             "analysis": {"baseline": "x", "contrasts": []}, "seeds": [1, 2],
              "results_dir": "res"}
     _touch_study(tmp_path, study)
     res = tmp_path / "res"
@@ -884,8 +882,7 @@ def test_a_switch_at_1_stage_shares_the_unswitched_run(tmp_path):
 # what common.smk made of it.
 _CONFIGS_BODY = """\
             result = {"ok": True, "sweeps": g["SWEEPS"], "fetch": g["fetch_needed"](),
-                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"],
-                      "warm": g["_warm_off_reason"]()}
+                      "tokenizer": g["tokenizer_options"](), "compile": g["config"]["train"]["pretrain"]["compile"]}
 """
 
 
@@ -896,8 +893,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     equal to alpha); boundary values are accepted (max_length equal to the position embeddings); YAML's
     `compile: off` (false) is off, also beside telemetry; a sweep over stage 1 tags its schedules with that stage;
     the tokenizer is trained for model.max_position_embeddings (not a stage's max_length), cased when asked; a
-    local model.init needs no fetch; GPU jobs start cold (device cuda:N, and auto where torch sees a GPU), CPU
-    jobs warm (device auto without a GPU trains on the CPU)."""
+    local model.init needs no fetch."""
     init = tmp_path / "init"
     init.mkdir()
     (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
@@ -940,12 +936,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     assert results[-3]["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
     assert results[-4]["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
     assert results[-2]["fetch"] is False and results[-2]["tokenizer"] == f"--pretrained {init}"
-    # warm start forks jobs from one process: not where they use a GPU (a fork cannot use CUDA)
-    import torch
-
-    auto = "device auto: GPU jobs start cold" if torch.cuda.is_available() else None
-    assert results[-2]["warm"] == auto and results[-1]["warm"] is None
-    assert results[-5]["ok"] and results[-5]["warm"] == "device cuda:1: GPU jobs start cold"
+    assert results[-5]["ok"]  # device cuda:1
 
 
 def test_reading_a_cpu_study_config_does_not_import_torch(tmp_path):
@@ -979,7 +970,7 @@ _JOBS_BODY = """\
                     hp = json.loads(g["finetune_hparams"](SimpleNamespace(schedule=n, seed=str(seed))))
                     hps[hp["run_id"]] = hp
             result = {"ok": True, "stage1": g["STAGE1"], "schedules": g["SCHEDULES"], "sweeps": g["SWEEPS"],
-                      "fetch": g["fetch_needed"](), "warm": g["_warm_off_reason"](), "hparams": hps}
+                      "fetch": g["fetch_needed"](), "hparams": hps}
 """
 
 
@@ -1031,7 +1022,6 @@ AUDIT4_CONFIGS = {
     "synthetic_rows": {"data": {"synthetic": {"n_train": 16}},
                        "train": {"pretrain": {"batch_size": 32}, "finetune": {"batch_size": 16}}, "seeds": [1]},
     "steps_and_epochs": {"train": {"pretrain": {"steps": 10, "epochs": 1}}},
-    "warm_off": {"warm_start": False, "device": "cpu", "seeds": [1]},
     # on_unsupported is the refused stage's own
     "cpu_tf32_finetune_skipped": {"device": "cpu", "schedules": {"x": {"pretrain": "fp32", "finetune": "tf32"}},
                                   "train": {"finetune": {"on_unsupported": "skip"}}, **_ONE},
@@ -1218,14 +1208,11 @@ def test_config_keys_the_checks_read_and_let_through(audit4):
     assert audit4["hub_without_name"]["error"].startswith("config key data.finetune.name: required for kind hub")
 
 
-def test_on_unsupported_and_warm_start_are_read_from_their_own_keys(audit4):
+def test_on_unsupported_is_read_from_the_stages_own_key(audit4):
     """device cpu refuses a precision the CPU cannot run unless that stage's on_unsupported is skip (stage 1's does
-    not cover stage 2), and the message names the stage's key; warm_start: false turns the warm-start server off on
-    a CPU study, which otherwise uses it."""
+    not cover stage 2), and the message names the stage's key."""
     assert audit4["cpu_tf32_finetune_skipped"]["ok"], audit4["cpu_tf32_finetune_skipped"]
     assert audit4["cpu_tf32_finetune_skipped"]["hparams"]["finetune-x-seed1"]["on_unsupported"] == "skip"
     assert audit4["cpu_tf32_finetune_pretrain_skipped"]["error"] == (
         "config key schedules.x.finetune: tf32 cannot run on a CPU (device is cpu): tf32 needs cuda; set device: cuda "
         "on a GPU machine, or train.finetune.on_unsupported: skip to record such runs as skipped")
-    assert audit4["warm_off"]["warm"] == "warm_start: false"
-    assert audit4["synthetic_rows"]["warm"] is None  # device cpu (the default), warm_start true

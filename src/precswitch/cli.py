@@ -20,7 +20,6 @@ COMMAND_MODULES = (
     "precswitch.train.cli",
     "precswitch.analysis.cli",
     "precswitch.fetch",
-    "precswitch.warm",
 )
 
 
@@ -32,24 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"precswitch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a module not written yet must not break the others
-            if e.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        # hand the command to the warm-start server when Snakemake started one (precswitch.warm)
-        from . import warm
-
-        status = warm.delegate(sys.argv[1:])
-        if status is not None:
-            return status
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

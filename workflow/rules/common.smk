@@ -20,7 +20,6 @@ _SRC = os.path.join(os.path.dirname(WORKFLOW_DIR), "src")
 if os.path.isdir(_SRC) and _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 import precswitch.gpu as precswitch_gpu
-import precswitch.warm as precswitch_warm
 import precswitch.sweeps as precswitch_sweeps
 from precswitch.specs import run_spec, spec_name, stage_spec
 from precswitch.catalog import SPECS, NAMES, eval_precision_problem
@@ -848,7 +847,7 @@ def fetch_config_json():
 
 
 # Environment of jobs that must not download (compute nodes): everything is in the cache. The rules
-# put OFFLINE_ENV in front of their command; the warm-start server gets OFFLINE_VARS.
+# put OFFLINE_ENV in front of their command.
 OFFLINE_VARS = (
     {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if fetch_needed()
@@ -909,28 +908,6 @@ if not config.get("sweeps"):
     del PLOTS["switch_point"]
 if not config["train"]["pretrain"].get("telemetry_every"):
     del PLOTS["overflow"]
-
-
-# --- warm start (config warm_start; src/precswitch/warm.py) ---------------------------------------
-# One server per local run imports torch & co. once; every `precswitch` job forks from it. Started
-# by `onstart` in the Snakefile, stopped by `onsuccess`/`onerror`, and by itself if Snakemake dies.
-_WARM = {}
-
-
-def _warm_off_reason():
-    if not config["warm_start"]:
-        return "warm_start: false"
-    if not sys.platform.startswith("linux"):
-        # fork after importing torch is only safe where it is tested (macOS frameworks object to it)
-        return f"platform {sys.platform}: jobs start cold"
-    if not trains_on_cpu_here():
-        # a child forked after the parent touched CUDA cannot use it; a GPU job is long anyway
-        return f"device {config['device']}: GPU jobs start cold"
-    if not workflow.local_exec:
-        return "jobs run through an executor on other machines"
-    if workflow.deployment_settings.deployment_method:
-        return "--sdm runs jobs in their own environments"
-    return None
 
 
 def check_cuda_build_for_cluster(device):
@@ -1075,72 +1052,3 @@ def keep_previous_runs():
             f"precswitch: {len(kept)} finished run(s) will rerun; their previous results are kept "
             f"under {PREVIOUS}/ (e.g. {kept[0]}): delete it when no longer needed"
         )
-
-
-def start_warm_server():
-    """onstart: start `precswitch warm serve` with the environment the jobs get; export its socket."""
-    import subprocess
-    import tempfile
-
-    from snakemake.logging import logger
-
-    why = _warm_off_reason()
-    if why:
-        logger.info(f"precswitch warm start: off ({why})")
-        return
-    sock_dir = precswitch_warm.make_socket_dir()
-    if sock_dir is None:
-        logger.info(
-            f"precswitch warm start: off (the temp dir {tempfile.gettempdir()} and /tmp give socket "
-            "paths too long for a Unix socket)"
-        )
-        return
-    sock = os.path.join(sock_dir, "socket")
-    env = dict(os.environ)
-    env.update(OFFLINE_VARS)  # what every job's shell line sets
-    env.update(
-        {k: "1" for k in precswitch_warm.THREAD_ENV}
-    )  # no thread pools in the server; children set their own
-    os.makedirs(LOGS, exist_ok=True)
-    with open(os.path.join(LOGS, "warm-server.log"), "ab") as log:
-        proc = subprocess.Popen(
-            [
-                os.path.join(WORKFLOW_DIR, "scripts", "precswitch"),
-                "warm",
-                "serve",
-                "--socket",
-                sock,
-                "--parent-pid",
-                str(os.getpid()),
-                "--idle-timeout",
-                "900",
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the jobs (which forward it), not the server
-        )
-    # jobs started before the server listens wait for it (not start cold) while this pid is alive
-    precswitch_warm.write_pid(sock, proc.pid)
-    os.environ[precswitch_warm.SOCKET_ENV] = sock
-    _WARM.update(proc=proc, dir=sock_dir)
-    logger.info(f"precswitch warm start: server pid {proc.pid} on {sock}")
-
-
-def stop_warm_server():
-    """onsuccess/onerror: stop the server (its running children get SIGTERM) and remove its socket dir."""
-    import shutil
-    import subprocess
-
-    proc = _WARM.pop("proc", None)
-    os.environ.pop(precswitch_warm.SOCKET_ENV, None)
-    if proc is None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    shutil.rmtree(_WARM.pop("dir"), ignore_errors=True)
