@@ -42,11 +42,12 @@ from _bench import PY, cli, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Runs `precswitch ARGV` (sys.argv[2:]) and writes the wall-clock stamps to sys.argv[1].
+#: Runs `precswitch ARGV` (sys.argv[2:]) as the program does (cli.main() reading sys.argv) and writes the
+#: wall-clock stamps to sys.argv[1].
 DRIVER = r"""
 import json, sys, time
 T = {"main": time.time()}
-marks, argv = sys.argv[1], sys.argv[2:]
+marks, sys.argv = sys.argv[1], ["precswitch", *sys.argv[2:]]
 import precswitch
 from precswitch import cli, measure
 from precswitch.train import engine as E
@@ -79,7 +80,7 @@ if write is not None:
             T["metrics_written"] = time.time()
         return r
     E.atomic_write_json = write_json
-rc = cli.main(argv)
+rc = cli.main()
 T["main_end"] = time.time()
 with open(marks, "w") as f:
     json.dump(T, f)
@@ -148,7 +149,8 @@ def prepare_default(root: Path, cfg: dict) -> dict[str, Path]:
 def timed_job(src: Path, hp: dict, out: Path) -> dict:
     """One `precswitch train` in a fresh process running src's package: its phases (seconds)."""
     marks_file = out.with_suffix(".marks.json")
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = {k: v for k, v in os.environ.items() if k != "PRECSWITCH_WARM_SOCKET"}  # older packages: no warm start
+    env["PYTHONPATH"] = str(src)
     spawn = time.time()
     r = subprocess.run([PY, "-c", DRIVER, str(marks_file), "train", "--hparams", json.dumps(hp), "--out", str(out)],
                        env=env, capture_output=True, text=True)

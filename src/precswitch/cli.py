@@ -8,6 +8,7 @@ happen inside those functions so that ``precswitch --help`` is fast.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. With no argv (the ``precswitch`` program: the process exits next) the objects left are
+    frozen out of the garbage collector first: the interpreter's shutdown otherwise walks every object torch,
+    transformers and datasets created, seconds of a training job's exit (benchmarks/job_overhead.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -46,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrecswitchError as e:
         print(f"precswitch: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    finally:
+        if argv is None:
+            gc.freeze()
 
 
 if __name__ == "__main__":
