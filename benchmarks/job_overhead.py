@@ -1,167 +1,224 @@
 #!/usr/bin/env python
-"""The fixed cost of one training job at BERT-base's size: everything a job spends outside its
-training steps, the per-job term of benchmarks/gpu_hours.py (--stage1-job-s, --stage2-job-s).
+"""A training job's fixed cost: from process start to its first training step, and from its last step to exit.
 
-Runs `precswitch train` twice in fresh processes, as the workflow's rules do, on BERT-base's layers
-and widths (the synthetic data's 4k vocabulary: ~86M parameters, bert-base-cased has 108M):
-  stage 1: masked LM from a BERT-base model directory written with save_pretrained (as a fetched
-           bert-base-cased is loaded), --steps steps, resumable state saved once, final checkpoint;
-  stage 2: classification initialised from stage 1's checkpoint (as every fine-tuning job is).
-For each it splits the process's wall time into what the engine reports (setup_seconds: data, model
-load, optimizer; train_seconds; eval_seconds; checkpoint_seconds; state_save_seconds) and the rest
-(interpreter start, imports, writing metrics, exit), and prints the fixed cost per job without the
-training steps and without evaluation (which on a GPU is a second or two: forward passes only).
+Runs one stage-1 job (masked LM from scratch) and one stage-2 job (classification from that stage 1's
+checkpoint) of the embedded default study (config/config.yaml: tiny BERT, synthetic data, fp32, its
+hyper-parameters) as the workflow runs them: `precswitch train` in a fresh process, each --repeats times,
+with --steps training steps (the fixed cost does not depend on them). Prints the median of each phase:
 
-What a CPU cannot say: the CUDA part of setup (context creation, cuBLAS/cuDNN handles, NVML), and how
-long a process takes to start and import CUDA torch. With --gpu-metrics and --gpu-log (the metrics.json
-list and the printed output of a GPU run of precision_throughput.py, tiny model, e.g.
-benchmarks/h200/run1_engine_cuda*) it adds (a) the GPU's median setup_seconds minus this machine's for
-the same tiny model, run here too, and (b) the GPU run's seconds outside every engine-timed part,
-per process, less this machine's preparation of the benchmark data (the GPU run prepared its data
-too): the estimate of a job's fixed cost on that GPU.
+  process start to the first step: interpreter start, imports (to run_stage), set-up (config, device,
+      numeric switches, the stage's lazy imports), data (dataset and tokenizer), model build,
+      optimizer and loop set-up (optimizer, collator, batches, eval batches, the first batch), first step
+  last step to exit: eval, checkpoint write (without periodic resumable-state saves), metrics write
+      (steps.csv, provenance, metrics.json), exit (the summary line and interpreter shutdown)
 
---model tiny runs the embedded default's model on the tiny benchmark's data instead (seconds; the tests do).
+How: a small driver runs `precswitch.cli.main` in the child and stamps the wall clock where the engine enters
+its phases (run_stage, _load_data, _build_model, the first forward_loss, the first measure.sync after it,
+evaluate, the metrics.json write); the parent stamps the spawn and the exit. A stamp whose function the
+engine no longer has is left out: its phase then counts in the next one (shown as '-').
 
-  .venv/bin/python benchmarks/job_overhead.py --gpu-metrics benchmarks/h200/run1_engine_cuda_metrics.json \
-      --gpu-log benchmarks/h200/run1_engine_cuda.txt
+--src DIR runs another checkout's package (LABEL=DIR, repeatable, interleaved: e.g. before and after a
+change, on the same prepared data; a ratio column compares the last with the first).
+
+  PYTHONPATH=src .venv/bin/python benchmarks/job_overhead.py --src before=../baseline/src --src after=src
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import BASE_MODEL, MODEL, engine_run, positive_int, prepare  # noqa: E402
+from _bench import PY, cli, positive_int  # noqa: E402
 
-#: the parts of a run the engine times; checkpoint_seconds includes state_save_seconds (resumable state)
-ENGINE_PARTS = ("setup_seconds", "train_seconds", "eval_seconds", "checkpoint_seconds")
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Runs `precswitch ARGV` (sys.argv[2:]) as the program does (cli.main() reading sys.argv) and writes the
+#: wall-clock stamps to sys.argv[1].
+DRIVER = r"""
+import json, sys, time
+T = {"main": time.time()}
+marks, sys.argv = sys.argv[1], ["precswitch", *sys.argv[2:]]
+import precswitch
+from precswitch import cli, measure
+from precswitch.train import engine as E
+T["src"] = precswitch.__file__
+
+def stamp(owner, name, enter=None, leave=None, when=lambda: True):
+    f = getattr(owner, name, None)
+    if f is None:
+        return
+    def wrapped(*a, **k):
+        if enter and enter not in T and when():
+            T[enter] = time.time()
+        r = f(*a, **k)
+        if leave and leave not in T and when():
+            T[leave] = time.time()
+        return r
+    setattr(owner, name, wrapped)
+
+stamp(E, "run_stage", "stage")
+stamp(E, "_load_data", "data")
+stamp(E, "_build_model", "model", "model_built")
+stamp(E, "forward_loss", "loop")
+stamp(measure, "sync", leave="first_step", when=lambda: "loop" in T)
+stamp(E, "evaluate", "eval", "eval_done")
+write = getattr(E, "atomic_write_json", None)
+if write is not None:
+    def write_json(path, *a, **k):
+        r = write(path, *a, **k)
+        if str(path).endswith("metrics.json"):
+            T["metrics_written"] = time.time()
+        return r
+    E.atomic_write_json = write_json
+rc = cli.main()
+T["main_end"] = time.time()
+with open(marks, "w") as f:
+    json.dump(T, f)
+sys.exit(rc)
+"""
+
+#: phase -> (the stamp it ends at); each starts where the previous present stamp is (the first at the spawn)
+START_PHASES = (("interpreter start", "main"), ("imports", "stage"), ("set-up", "data"), ("data", "model"),
+                ("model build", "model_built"), ("optimizer and loop set-up", "loop"), ("first step", "first_step"))
+END_PHASES = ("eval", "checkpoint write", "metrics write", "exit")
+#: hparams keys of config.yaml's train.<stage> that are not the engine's (as the workflow leaves them out)
+NOT_HPARAMS = {"pretrain": {"max_length"}, "finetune": {"max_length", "mlm_probability"}}
 
 
-def timed_run(hp: dict, out: Path) -> dict:
-    """One `precswitch train` process (_bench.engine_run, outputs kept in out): its metrics.json plus
-    wall_seconds and rest_seconds (wall minus every part the engine reports: interpreter start,
-    imports, metrics write, exit)."""
-    hp = dict(hp)
-    m = engine_run(hp.pop("data"), hp.pop("objective"), hp.pop("precision"), out=out, **hp)
-    m["rest_seconds"] = m["wall_seconds"] - sum(m.get(k) or 0.0 for k in ENGINE_PARTS)
-    return m
-
-
-def fixed_seconds(m: dict) -> float:
-    """A job's cost outside its training steps and its evaluation."""
-    return m["wall_seconds"] - m["train_seconds"] - (m.get("eval_seconds") or 0.0)
-
-
-def model_dir(root: Path, sizes: dict, vocab_size: int) -> Path:
-    """A masked-LM directory as save_pretrained writes it (random weights), as a fetched model is."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    m = dict(sizes)
-    attn = m.pop("attn_implementation")
-    model = BertForMaskedLM(BertConfig(vocab_size=vocab_size, attn_implementation=attn, **m))
-    out = root / "init-model"
-    model.save_pretrained(out)
+def phases(marks: dict, metrics: dict) -> dict:
+    """Seconds of each phase of one job from its stamps (marks: the driver's plus spawn and exit) and its
+    metrics.json; None for a phase whose stamp is missing (its time is in the next one)."""
+    out, prev = {}, marks["spawn"]
+    for name, key in START_PHASES:
+        t = marks.get(key)
+        out[name] = None if t is None else t - prev
+        prev = t if t is not None else prev
+    out["to first step"] = prev - marks["spawn"]
+    last = marks.get("eval", marks.get("main_end"))
+    ckpt = (metrics.get("checkpoint_seconds") or 0.0) - (metrics.get("state_save_seconds") or 0.0)
+    eval_s = marks["eval_done"] - marks["eval"] if "eval_done" in marks and "eval" in marks else None
+    written = marks.get("metrics_written")
+    out["eval"] = eval_s
+    out["checkpoint write"] = ckpt
+    out["metrics write"] = (written - marks["eval_done"] - ckpt) if written and eval_s is not None else None
+    out["exit"] = marks["exit"] - (written or marks["main_end"])
+    out["last step to exit"] = marks["exit"] - last
+    out["wall"] = marks["exit"] - marks["spawn"]
     return out
+
+
+def stage_hparams(cfg: dict, stage: str, steps: int, data: Path, tokenizer: Path, init: str) -> dict:
+    """The hparams the workflow gives a stage of study config cfg (fp32, seed 1), with `steps` steps."""
+    hp = {k: v for k, v in cfg["train"][stage].items() if k not in NOT_HPARAMS[stage]}
+    hp.update(steps=steps, epochs=None, timing_warmup_steps=min(hp["timing_warmup_steps"], steps - 1))
+    model = {k: v for k, v in cfg["model"].items() if k not in ("init", "revision")}
+    hp.update(run_id=f"{stage}-fp32-seed1", stage=stage, objective="mlm" if stage == "pretrain" else "classify",
+              precision="fp32", seed=1, tags={} if stage == "pretrain" else {"schedule": "fp32-fp32"},
+              data=str(data), tokenizer=str(tokenizer), init=init,
+              model=model if init == "scratch" else {"attn_implementation": model["attn_implementation"]},
+              threads=cfg["threads"], device=cfg["device"])
+    return hp
+
+
+def prepare_default(root: Path, cfg: dict) -> dict[str, Path]:
+    """The default study's data (synthetic language, tokenizer, both stages' prepared datasets) under root."""
+    syn, tok = cfg["data"]["synthetic"], root / "tokenizer"
+    src = json.dumps({"kind": "synthetic", "dir": str(root / "synth")})
+    cli("synth", "--out", str(root / "synth"), "--seed", str(syn["seed"]), "--n-corpus", str(syn["n_corpus"]),
+        "--n-train", str(syn["n_train"]), "--n-dev", str(syn["n_dev"]))
+    cli("tokenizer", "--source", src, "--out", str(tok), "--vocab-size", str(cfg["tokenizer"]["vocab_size"]),
+        "--model-max-length", str(cfg["model"]["max_position_embeddings"]))
+    out = {"tokenizer": tok}
+    for stage, obj in (("pretrain", "mlm"), ("finetune", "classify")):
+        out[stage] = root / f"prepared-{stage}"
+        cli("prepare", "--source", src, "--tokenizer", str(tok), "--objective", obj,
+            "--max-length", str(cfg["train"][stage]["max_length"]), "--out", str(out[stage]))
+    return out
+
+
+def timed_job(src: Path, hp: dict, out: Path) -> dict:
+    """One `precswitch train` in a fresh process running src's package: its phases (seconds)."""
+    marks_file = out.with_suffix(".marks.json")
+    env = {k: v for k, v in os.environ.items() if k != "PRECSWITCH_WARM_SOCKET"}  # older packages: no warm start
+    env["PYTHONPATH"] = str(src)
+    spawn = time.time()
+    r = subprocess.run([PY, "-c", DRIVER, str(marks_file), "train", "--hparams", json.dumps(hp), "--out", str(out)],
+                       env=env, capture_output=True, text=True)
+    end = time.time()
+    if r.returncode != 0:
+        raise SystemExit(f"job_overhead: precswitch train ({src}) failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    marks = {**json.loads(marks_file.read_text()), "spawn": spawn, "exit": end}
+    if Path(marks["src"]).resolve().parent.parent != src.resolve():
+        raise SystemExit(f"job_overhead: the child ran {marks['src']}, not the package under {src}")
+    return phases(marks, json.loads((out / "metrics.json").read_text()))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=positive_int, default=4, help="training steps per job (default 4)")
-    ap.add_argument("--threads", type=positive_int, default=2)
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--model", choices=["base", "tiny"], default="base",
-                    help="base (default): BERT-base's layers and widths; tiny: the embedded default's (a smoke test)")
-    ap.add_argument("--gpu-metrics", type=Path, default=None,
-                    help="metrics.json list of precision_throughput.py on a GPU (tiny model)")
-    ap.add_argument("--json-out", type=Path, default=None, help="also write the final JSON line's object here")
-    ap.add_argument("--gpu-log", type=Path, default=None, help="that run's printed output (its '# took N s')")
+    ap.add_argument("--steps", type=positive_int, default=10, help="training steps per job (default 10)")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="processes per job and package (median)")
+    ap.add_argument("--src", action="append", default=[], metavar="[LABEL=]DIR",
+                    help="the package's src/ directory to run (default: this checkout's); repeatable")
+    ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml", help="the study config")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the result (JSON) here")
     a = ap.parse_args(argv)
-    gpu, took = None, None
-    if bool(a.gpu_metrics) != bool(a.gpu_log):  # one without the other used to be ignored, without a word
-        ap.error("--gpu-metrics and --gpu-log go together (the GPU run's metrics and its printed output)")
-    if a.gpu_metrics:  # read before the runs (minutes at BERT-base's size), not after them
-        try:
-            gpu = json.loads(a.gpu_metrics.read_text())
-            log = a.gpu_log.read_text()
-        except (OSError, ValueError) as e:
-            ap.error(f"--gpu-metrics/--gpu-log: {e}")
-        gpu = [m for m in (gpu if isinstance(gpu, list) else [gpu])
-               if isinstance(m, dict) and m.get("device") == "cuda" and m.get("setup_seconds")]
-        took = re.search(r"^# took (\d+(?:\.\d+)?) s", log, re.MULTILINE)
-        if not gpu or not took:
-            ap.error(f"no CUDA run with setup_seconds in {a.gpu_metrics}, or no '# took N s' in {a.gpu_log}")
-    rows = {}
+    srcs = {}
+    for item in a.src or [f"src={ROOT / 'src'}"]:
+        label, _, path = item.rpartition("=")
+        label = label or Path(path).resolve().parent.name
+        if not (Path(path) / "precswitch" / "cli.py").is_file():
+            ap.error(f"--src {item}: {path} holds no precswitch package")
+        if label in srcs:
+            ap.error(f"--src {item}: label {label!r} given twice")
+        srcs[label] = Path(path)
+    cfg = yaml.safe_load(a.config.read_text())
+    runs = {(label, stage): [] for label in srcs for stage in ("stage 1", "stage 2")}
     with tempfile.TemporaryDirectory() as t:
         root = Path(t)
-        t_prep = time.perf_counter()
-        tiny_root = root / "tiny-data"
-        tiny_data = prepare(tiny_root)  # what precision_throughput.py prepares before its runs (tiny model)
-        prep_seconds = time.perf_counter() - t_prep
-        # BERT-base's jobs read 128-token blocks, as the GPU configs' stage 1; the tiny smoke run reads the tiny data
-        data_root = root if a.model == "base" else tiny_root
-        data = prepare(root, max_length=128, pack=True) if a.model == "base" else tiny_data
-        vocab = json.loads((data_root / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
-        sizes = BASE_MODEL if a.model == "base" else MODEL
-        init = model_dir(root, sizes, len(vocab))
-        common = dict(seed=1, precision=a.precision, threads=a.threads, steps=a.steps, timing_warmup_steps=1,
-                      batch_size=32, eval_batch_size=128, lr=5e-5, warmup_ratio=0.1,
-                      tokenizer=str(data_root / "tokenizer"), device="cpu")
-        attn = {"attn_implementation": sizes["attn_implementation"]}  # the sizes come from the model dir
-        rows["stage 1"] = timed_run({**common, "objective": "mlm", "data": str(data["mlm"]), "init": str(init),
-                                     "model": attn, "save_checkpoint": True,
-                                     "checkpoint_every_steps": max(a.steps // 2, 1)}, root / "s1")
-        rows["stage 2"] = timed_run({**common, "objective": "classify", "data": str(data["classify"]),
-                                     "init": str(root / "s1" / "checkpoint"), "model": attn,
-                                     "save_checkpoint": False}, root / "s2")
-        # the tiny model on the tiny benchmark's data, as the GPU's tiny runs it is compared with
-        tiny = timed_run({**common, "objective": "mlm", "data": str(tiny_data["mlm"]), "init": "scratch",
-                          "model": MODEL, "save_checkpoint": False, "steps": 20,
-                          "tokenizer": str(tiny_root / "tokenizer")}, root / "tiny")
-    print(f"# job overhead: {a.model} model's layers and widths (vocab {len(vocab)}), {a.precision}, {a.steps} steps, "
-          f"threads {a.threads}, device cpu; seconds")
-    print(f"{'job':<8} {'params':>6} {'wall':>7} {'rest':>6} {'setup':>6} {'train':>7} {'eval':>6} {'ckpt':>6} "
-          f"{'state':>6} {'fixed':>6}")
-    for name, m in rows.items():
-        print(f"{name:<8} {m['model_parameters'] / 1e6:>5.0f}M {m['wall_seconds']:>7.1f} {m['rest_seconds']:>6.1f} "
-              f"{m['setup_seconds']:>6.1f} {m['train_seconds']:>7.1f} {m['eval_seconds'] or 0:>6.1f} "
-              f"{m['checkpoint_seconds'] or 0:>6.1f} {m['state_save_seconds'] or 0:>6.1f} {fixed_seconds(m):>6.1f}")
-    saves = rows["stage 1"].get("state_saves") or 0
-    per_save = rows["stage 1"]["state_save_seconds"] / saves if saves else None
-    print(f"tiny model setup here: {tiny['setup_seconds']:.1f} s; resumable state of stage 1: "
-          + (f"{per_save:.1f} s per save ({saves} saves)" if per_save else "no save"))
-    rest_here = statistics.fmean(m["rest_seconds"] for m in (*rows.values(), tiny))
-    print(f"data preparation of the tiny benchmark: {prep_seconds:.1f} s; process start, imports and exit: "
-          f"{rest_here:.1f} s per process")
-    result = {"prep_seconds": prep_seconds, "rest_per_process_s": rest_here,
-              "stage1_fixed_s": fixed_seconds(rows["stage 1"]), "stage2_fixed_s": fixed_seconds(rows["stage 2"]),
-              "state_save_s": per_save, "tiny_setup_s": tiny["setup_seconds"],
-              "rows": {k: {f: m.get(f) for f in ("wall_seconds", "rest_seconds", "model_parameters", *ENGINE_PARTS,
-                                                 "state_save_seconds")}
-                       for k, m in rows.items()}}
-    if gpu:
-        setup = statistics.median(m["setup_seconds"] for m in gpu)
-        cuda_extra = max(setup - tiny["setup_seconds"], 0.0)
-        outside = float(took.group(1)) - sum(m.get(k) or 0.0 for m in gpu for k in ENGINE_PARTS)
-        gpu_rest = max(outside - prep_seconds, 0.0) / len(gpu)  # per process: start, CUDA torch imports, exit
-        extra = cuda_extra + max(gpu_rest - rest_here, 0.0)
-        result.update(cuda_setup_extra_s=cuda_extra, gpu_rest_per_process_s=gpu_rest,
-                      gpu_stage1_job_s=result["stage1_fixed_s"] - (rows["stage 1"]["state_save_seconds"] or 0) + extra,
-                      gpu_stage2_job_s=result["stage2_fixed_s"] + extra)
-        print(f"on the GPU ({len(gpu)} tiny runs): setup {setup:.1f} s (here {tiny['setup_seconds']:.1f} s: CUDA adds "
-              f"{cuda_extra:.1f} s); outside the engine's clocks {outside:.0f} s in all, less {prep_seconds:.0f} s of data "
-              f"preparation as here: {gpu_rest:.1f} s per process (here {rest_here:.1f} s)")
-        print(f"estimated fixed cost per job on that GPU, without evaluation or periodic state saves: "
-              f"stage 1 {result['gpu_stage1_job_s']:.0f} s, stage 2 {result['gpu_stage2_job_s']:.0f} s")
+        data = prepare_default(root / "data", cfg)
+        for r in range(a.repeats):  # interleaved: a load on the machine falls on every package alike
+            for label, src in srcs.items():
+                s1 = root / f"{label}-{r}-s1"
+                hp1 = stage_hparams(cfg, "pretrain", a.steps, data["pretrain"], data["tokenizer"], "scratch")
+                runs[label, "stage 1"].append(timed_job(src, hp1, s1))
+                hp2 = stage_hparams(cfg, "finetune", a.steps, data["finetune"], data["tokenizer"],
+                                    str(s1 / "checkpoint"))
+                runs[label, "stage 2"].append(timed_job(src, hp2, root / f"{label}-{r}-s2"))
+    names = [n for n, _ in START_PHASES] + ["to first step"] + list(END_PHASES) + ["last step to exit", "wall"]
+    med = {f"{label} {stage}": {n: (statistics.median(vals) if (vals := [p[n] for p in ps if p[n] is not None])
+                                   else None) for n in names}
+           for (label, stage), ps in runs.items()}
+    cols = list(med)
+    ratio = len(srcs) == 2
+    labels = list(srcs)
+    print(f"# job overhead: default study's tiny model (config {a.config.name}), fp32, {a.steps} steps, "
+          f"median of {a.repeats} fresh processes; seconds")
+    head = f"{'phase':<26}" + "".join(f"{c:>17}" for c in cols)
+    if ratio:
+        head += "".join(f"{f'{labels[1]}/{labels[0]} {s[-1]}':>16}" for s in ("stage 1", "stage 2"))
+    print(head)
+    for n in names:
+        line = f"{n:<26}" + "".join(f"{med[c][n]:>17.2f}" if med[c][n] is not None else f"{'-':>17}" for c in cols)
+        if ratio:
+            for s in ("stage 1", "stage 2"):
+                x, y = med[f"{labels[0]} {s}"][n], med[f"{labels[1]} {s}"][n]
+                line += f"{y / x:>16.2f}" if x and y is not None else f"{'-':>16}"
+        print(line)
+    result = {"steps": a.steps, "repeats": a.repeats, "src": {k: str(v) for k, v in srcs.items()}, "median": med,
+              "runs": {f"{label} {stage}": ps for (label, stage), ps in runs.items()}}
     if a.json_out:
         a.json_out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
+    print(json.dumps({"median": med}))
     return 0
 
 

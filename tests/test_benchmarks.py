@@ -414,102 +414,6 @@ def test_trainer_script_without_warmup_times_every_step(monkeypatch, tmp_path, c
     assert "--warmup 9: needs 0 <= warmup < --steps (9)" in capsys.readouterr().err
 
 
-# ================================================================== job_overhead.py
-JOB_METRICS = {  # engine parts; checkpoint_seconds holds the resumable-state saves
-    "stage 1": {"wall_seconds": 20.0, "setup_seconds": 3.0, "train_seconds": 5.0, "eval_seconds": 1.0,
-                "checkpoint_seconds": 4.0, "state_saves": 2, "state_save_seconds": 2.5, "model_parameters": 86e6},
-    "stage 2": {"wall_seconds": 12.0, "setup_seconds": 2.0, "train_seconds": 4.0, "eval_seconds": 0.5,
-                "checkpoint_seconds": 0.5, "state_saves": 0, "state_save_seconds": 0.0, "model_parameters": 86e6},
-    "tiny": {"wall_seconds": 6.0, "setup_seconds": 1.0, "train_seconds": 2.0, "eval_seconds": None,
-             "checkpoint_seconds": 0.25, "state_saves": 0, "state_save_seconds": 0.0, "model_parameters": 1e6},
-}
-
-
-def _run_job_overhead(monkeypatch, tmp_path, argv, calls):
-    jo = _load("job_overhead")
-    clock, preps = Clock(), []
-
-    def prepare(root, **kw):
-        preps.append(kw)
-        clock.sleep(3.0 if not kw else 40.0)  # the tiny benchmark's data: 3 s
-        (Path(root) / "tokenizer").mkdir(parents=True, exist_ok=True)
-        (Path(root) / "tokenizer" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
-        return _fake_prepare([])(root)
-
-    def engine_run(data, objective, precision, out=None, **hp):
-        calls.append({"data": data, "objective": objective, "precision": precision, "out": out, **hp})
-        name = "tiny" if hp["steps"] == 20 else "stage 1" if objective == "mlm" else "stage 2"
-        return dict(JOB_METRICS[name])
-
-    monkeypatch.setattr(jo, "prepare", prepare)
-    monkeypatch.setattr(jo, "engine_run", engine_run)
-    monkeypatch.setattr(jo, "model_dir", lambda root, sizes, vocab: calls.append(("model_dir", sizes, vocab))
-                        or root / "init-model")
-    monkeypatch.setattr(jo, "time", types.SimpleNamespace(perf_counter=clock))
-    assert jo.main(argv) == 0
-    return jo, preps
-
-
-def test_job_overhead_splits_wall_time_and_estimates_the_gpu_job(monkeypatch, tmp_path, capsys):
-    """rest = wall - engine parts (the state saves counted once, in checkpoint_seconds); fixed = wall - train
-    - eval; the GPU estimate adds the CUDA setup (median of the GPU's CUDA runs less the tiny run's setup here)
-    and the GPU run's per-process seconds outside the engine's clocks (less the data preparation) beyond
-    this machine's; stage 1's estimate leaves out its periodic state saves."""
-    gpu = [{"device": "cuda", "setup_seconds": 9.0, "train_seconds": 4.0, "eval_seconds": 1.0, "checkpoint_seconds": 0},
-           {"device": "cuda", "setup_seconds": 10.0, "train_seconds": 4.0, "eval_seconds": 1.0},
-           {"device": "cuda", "setup_seconds": 12.0, "train_seconds": 4.0, "eval_seconds": 1.0,
-            "checkpoint_seconds": 1.0},
-           {"device": "cpu", "setup_seconds": 1.0, "train_seconds": 50.0},  # not a GPU run
-           {"device": "cuda", "status": "failed"}]  # no setup_seconds: not counted
-    (tmp_path / "g.json").write_text(json.dumps(gpu))
-    (tmp_path / "g.txt").write_text("table\n# took 100 s\n")
-    calls = []
-    jo, preps = _run_job_overhead(monkeypatch, tmp_path, [
-        "--steps", "6", "--threads", "3", "--precision", "amp_bf16", "--gpu-metrics", str(tmp_path / "g.json"),
-        "--gpu-log", str(tmp_path / "g.txt"), "--json-out", str(tmp_path / "r.json")], calls)
-    res = json.loads((tmp_path / "r.json").read_text())
-    assert res["prep_seconds"] == 3.0 and preps == [{}, {"max_length": 128, "pack": True}]
-    assert res["rows"]["stage 1"]["rest_seconds"] == 7.0 and res["rows"]["stage 2"]["rest_seconds"] == 5.0
-    assert res["rest_per_process_s"] == pytest.approx((7.0 + 5.0 + 2.75) / 3)
-    assert res["stage1_fixed_s"] == 14.0 and res["stage2_fixed_s"] == 7.5
-    assert res["state_save_s"] == 1.25 and res["tiny_setup_s"] == 1.0
-    assert res["cuda_setup_extra_s"] == 9.0  # median 10 - 1
-    assert res["gpu_rest_per_process_s"] == pytest.approx((100 - 47 - 3) / 3)
-    extra = 9.0 + (50 / 3 - (7.0 + 5.0 + 2.75) / 3)
-    assert res["gpu_stage1_job_s"] == pytest.approx(14.0 - 2.5 + extra)
-    assert res["gpu_stage2_job_s"] == pytest.approx(7.5 + extra)
-    s1, s2, tiny = (c for c in calls if isinstance(c, dict))
-    for c in (s1, s2, tiny):
-        assert (c["precision"], c["threads"], c["device"], c["timing_warmup_steps"]) == ("amp_bf16", 3, "cpu", 1)
-    assert s1["steps"] == s2["steps"] == 6 and s1["checkpoint_every_steps"] == 3 and s1["save_checkpoint"] is True
-    assert s1["objective"] == "mlm" and Path(s1["init"]).name == "init-model"
-    assert s2["objective"] == "classify" and s2["init"] == str(Path(s1["out"]) / "checkpoint")
-    assert s2["save_checkpoint"] is False and tiny["model"] == jo.MODEL and tiny["init"] == "scratch"
-    assert ("model_dir", jo.BASE_MODEL, 2) in calls and s1["model"] == {"attn_implementation": "sdpa"}
-    out = capsys.readouterr().out
-    assert "1.2 s per save (2 saves)" in out and "estimated fixed cost per job on that GPU" in out
-    assert _row(out, "stage", "1")[2:] == ["86M", "20.0", "7.0", "3.0", "5.0", "1.0", "4.0", "2.5", "14.0"]
-
-
-def test_job_overhead_gpu_extras_are_never_negative(monkeypatch, tmp_path):
-    """A GPU run whose setup was shorter than this machine's tiny setup, and whose log leaves less outside the
-    engine's clocks than the data preparation took: no CUDA or per-process extra (0, not a negative credit)."""
-    (tmp_path / "g.json").write_text(json.dumps({"device": "cuda", "setup_seconds": 0.5, "train_seconds": 4.0}))
-    (tmp_path / "g.txt").write_text("# took 6 s\n")
-    jo, _ = _run_job_overhead(monkeypatch, tmp_path, ["--gpu-metrics", str(tmp_path / "g.json"), "--gpu-log",
-                                                      str(tmp_path / "g.txt"), "--json-out", str(tmp_path / "r.json")], [])
-    res = json.loads((tmp_path / "r.json").read_text())
-    assert res["cuda_setup_extra_s"] == 0.0 and res["gpu_rest_per_process_s"] == 0.0
-    assert res["gpu_stage2_job_s"] == res["stage2_fixed_s"] == 7.5
-
-
-def test_job_overhead_tiny_model_without_gpu_files(monkeypatch, tmp_path, capsys):
-    calls = []
-    jo, _ = _run_job_overhead(monkeypatch, tmp_path, ["--model", "tiny", "--steps", "1"], calls)
-    s1 = next(c for c in calls if isinstance(c, dict))
-    assert s1["checkpoint_every_steps"] == 1 and ("model_dir", jo.MODEL, 2) in calls
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert "gpu_stage1_job_s" not in res and res["stage2_fixed_s"] == 7.5
 
 
 # ================================================================== bad options: refused before any work
@@ -525,8 +429,6 @@ BAD_OPTIONS = [  # (script, argv, what the one-line error says)
      "default, reduce-overhead"),
     ("engine_vs_trainer", ["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),  # was StatisticsError
     ("engine_vs_trainer", ["--precisions", "fp32,amp_fp16"], "--precisions: unknown name 'amp_fp16'"),
-    ("job_overhead", ["--gpu-metrics", "m.json"], "--gpu-metrics and --gpu-log go together"),  # was ignored
-    ("job_overhead", ["--gpu-metrics", "missing.json", "--gpu-log", "missing.txt"], "--gpu-metrics/--gpu-log: "),
 ]
 
 

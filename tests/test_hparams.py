@@ -364,41 +364,6 @@ def test_train_cli_dotted_set_names_the_first_key_that_is_not_a_mapping(capsys):
     assert rc == 2 and "--set 'tags.a.b.c=1': tags.a.b is not a mapping (it is 1)" in capsys.readouterr().err
 
 
-def test_a_command_module_missing_a_dependency_is_an_error_not_a_missing_command(monkeypatch):
-    """Only a command module that does not exist is left out of `precswitch --help`; one that exists but cannot
-    import a library it needs raises (the command silently vanishing would hide the broken install)."""
-    import importlib
-
-    from precswitch import cli
-
-    real = importlib.import_module
-
-    def fake(name, *a):
-        if name == "precswitch.warm":
-            raise ModuleNotFoundError("No module named 'nosuchlib'", name="nosuchlib")
-        if name == "precswitch.fetch":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return real(name, *a)
-
-    monkeypatch.setattr(importlib, "import_module", fake)
-    with pytest.raises(ModuleNotFoundError, match="nosuchlib"):
-        cli.build_parser()
-    monkeypatch.setattr(cli, "COMMAND_MODULES", tuple(m for m in cli.COMMAND_MODULES if m != "precswitch.warm"))
-    help_text = cli.build_parser().format_help()
-    assert "train" in help_text and "fetch" not in help_text
-
-
-def test_main_returns_the_warm_servers_exit_status(monkeypatch):
-    """With no argv (the console script), a command the warm-start server ran exits with its child's status."""
-    import sys
-
-    from precswitch import cli, warm
-
-    monkeypatch.setattr(warm, "delegate", lambda argv: 75 if argv == ["train", "x"] else None)
-    monkeypatch.setattr(sys, "argv", ["precswitch", "train", "x"])
-    assert cli.main() == 75
-
-
 # ---------------------------------------------------------- precswitch.study.hparams: what each training job gets
 def _jobs(cfg: dict) -> dict:
     """What precswitch.study makes of a config: the refusal, or the stage-1 runs, schedules, sweep tags, whether

@@ -73,10 +73,6 @@ def test_values_are_sane(tiny_study):
     assert (runs["train_seconds"] > 0).all() and (runs["eval_seconds"] > 0).all()
     assert (runs["peak_memory_bytes"] > 10_000_000).all()
     assert (runs["threads"] == 1).all() and set(runs["device"]) == {"cpu"}
-    # warm_start (default): every training job was forked from the one server, which then stopped
-    assert set(runs["process_start"]) == {"warm"}
-    log = (workdir / "results" / "logs" / "warm-server.log").read_text()
-    assert "serving on" in log and "stopped" in log
     mlm = runs[runs["stage"] == "pretrain"]
     assert mlm["eval_loss"].map(math.isfinite).all() and mlm["mlm_accuracy"].between(0, 1).all()
     assert schedules["accuracy"].between(0, 1).all() and schedules["f1"].between(0, 1).all()
@@ -158,7 +154,6 @@ def test_real_files_config_runs(tmp_path):
     import pandas as pd
 
     cfg = real_files_config()
-    cfg["warm_start"] = False  # and every job a fresh interpreter: the cold path through Snakemake
     proc = snakemake(tmp_path, "--cores", "2", "--configfile", write_config(tmp_path / "real.yaml", cfg),
                      timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -175,8 +170,6 @@ def test_real_files_config_runs(tmp_path):
     meta = json.loads((res / "data" / "finetune" / "prepared" / "meta.json").read_text())
     assert meta["n_eval"] == 408 and meta["objective"] == "classify"
     assert (res / "verdict.md").stat().st_size > 0
-    assert set(pd.read_csv(res / "runs.csv")["process_start"]) == {"cold"}
-    assert not (res / "logs" / "warm-server.log").exists()
 
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)

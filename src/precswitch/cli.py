@@ -8,6 +8,7 @@ happen inside those functions so that ``precswitch --help`` is fast.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -20,7 +21,6 @@ COMMAND_MODULES = (
     "precswitch.train.cli",
     "precswitch.analysis.cli",
     "precswitch.fetch",
-    "precswitch.warm",
 )
 
 
@@ -32,24 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"precswitch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a module not written yet must not break the others
-            if e.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        # hand the command to the warm-start server when Snakemake started one (precswitch.warm)
-        from . import warm
-
-        status = warm.delegate(sys.argv[1:])
-        if status is not None:
-            return status
+    """Run one command. With no argv (the ``precswitch`` program: the process exits next) the objects left are
+    frozen out of the garbage collector first: the interpreter's shutdown otherwise walks every object torch,
+    transformers and datasets created, seconds of a training job's exit (benchmarks/job_overhead.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -60,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrecswitchError as e:
         print(f"precswitch: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    finally:
+        if argv is None:
+            gc.freeze()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Iterable
@@ -197,14 +198,22 @@ def copy_pretrained(name_or_dir: str, out: str | Path, *, model_max_length: int 
 
 
 def load_tokenizer(path: str | Path):
-    """Load a tokenizer written by :func:`build_tokenizer` / :func:`copy_pretrained`."""
-    from transformers import AutoTokenizer
-
+    """Load a tokenizer written by :func:`build_tokenizer` / :func:`copy_pretrained`. A BERT tokenizer (what
+    build_tokenizer writes) loads through its own class, the one AutoTokenizer picks for it: AutoTokenizer imports
+    transformers' model configuration code, and with it torch, which data preparation does not need."""
     p = Path(path)
     if not p.is_dir():
         raise PrecswitchError(f"--tokenizer: directory not found: {p} (write it with `precswitch tokenizer`)")
     try:
-        return AutoTokenizer.from_pretrained(str(p))
+        config = json.loads((p / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"):
+        from transformers import BertTokenizerFast as cls
+    else:
+        from transformers import AutoTokenizer as cls
+    try:
+        return cls.from_pretrained(str(p))
     except Exception as e:  # noqa: BLE001
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PrecswitchError(f"--tokenizer: cannot load tokenizer from {p}: {msg}") from None

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import METRICS_SCHEMA_VERSION
-from .. import flops, gpu, measure, warm
+from .. import flops, gpu, measure
 from .. import precision as P
 from ..errors import EXIT_PREEMPTED, PrecisionUnsupported, PrecswitchError
 from ..telemetry import ActivationTelemetry
@@ -1048,7 +1048,6 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         "train_seconds": st["train_seconds"],
         "eval_seconds": eval_seconds,
         "setup_seconds": setup_seconds,
-        "process_start": warm.process_start(),
         "checkpoint_seconds": checkpoint_seconds,
         "state_saves": st["state_saves"],
         "state_save_seconds": st["state_seconds"],
