@@ -123,21 +123,6 @@ def test_cli_aggregate(tmp_path, capsys):
     assert "precswitch: error:" in capsys.readouterr().err
 
 
-def test_mixed_warm_and_cold_starts_warn_about_memory(tmp_path, capsys):
-    paths = write_fake_study(tmp_path / "study", seeds=[1, 2])
-    for p in paths:  # the fakes no longer write process_start (warm start is being deleted)
-        p.write_text(json.dumps({**json.loads(p.read_text()), "process_start": "warm"}))
-    aggregate(paths, tmp_path / "out1")
-    assert "mix process starts" not in capsys.readouterr().err  # all warm: comparable
-    m = json.loads(paths[0].read_text())
-    m["process_start"] = "cold"
-    paths[0].write_text(json.dumps(m))
-    runs, _ = aggregate(paths, tmp_path / "out2")
-    err = capsys.readouterr().err
-    assert "CPU runs mix process starts (cold: 1, warm: " in err and "peak memory" in err
-    assert set(runs["process_start"]) == {"warm", "cold"}
-
-
 def test_schedule_names_that_look_missing_survive_the_csv(tmp_path):
     """The schema allows a schedule named `None`, `NA` or `nan`: read back from runs.csv/schedules.csv they
     stay those names (pandas would read them as missing and pool or drop the schedules); only an empty text

@@ -128,14 +128,6 @@ def test_identity_columns_lead_runs_and_numbers_stay_numbers_in_parquet(tmp_path
     assert sorted(map(str, pq["device_name"])) == ["7", "Fake CPU"]
 
 
-def test_mixed_starts_of_gpu_runs_are_not_warned_about(tmp_path, capsys):
-    """A GPU run's memory is device memory, the same warm or cold: only CPU-RSS runs mixing starts warn."""
-    a = _edit(_fin(tmp_path, schedule="a"), memory_kind="cuda_max_allocated", process_start="cold")
-    b = _edit(_fin(tmp_path, schedule="b"), memory_kind="cuda_max_allocated", process_start="warm")
-    aggregate([a, b], tmp_path / "out")
-    assert "mix process starts" not in capsys.readouterr().err
-
-
 def test_cli_aggregate_reports_run_and_row_counts(tmp_path, capsys):
     from precswitch.cli import main
 

@@ -389,21 +389,6 @@ def read_table(path: str | os.PathLike):
     return df.astype({c: object for c in text}).replace({pd.NA: None})
 
 
-def warn_mixed_process_start(runs) -> bool:
-    """Warn (stderr) when CPU runs mix warm- and cold-started processes: their peak RSS differ by the
-    shared-library pages a forked child never touches (config/README.md, warm_start). True if mixed."""
-    if "process_start" not in runs or "memory_kind" not in runs:
-        return False
-    cpu = runs[runs["memory_kind"] == "cpu_peak_rss"]
-    kinds = sorted(str(k) for k in cpu["process_start"].dropna().unique())
-    if len(kinds) < 2:
-        return False
-    counts = ", ".join(f"{k}: {int((cpu['process_start'] == k).sum())}" for k in kinds)
-    print(f"precswitch aggregate: warning: CPU runs mix process starts ({counts}); peak memory (process RSS) "
-          "is comparable only between runs started the same way", file=sys.stderr)
-    return True
-
-
 def _metrics_of(run: dict) -> dict:
     """The metrics.json a runs row came from (one of aggregate's inputs), read again."""
     with open(str(run["metrics_path"]), encoding="utf-8") as f:
@@ -505,7 +490,6 @@ def aggregate(metrics_paths: Iterable[str | os.PathLike], out_dir: str | os.Path
     (runs, schedules)."""
     out_dir = Path(out_dir)
     runs = load_runs(metrics_paths)
-    warn_mixed_process_start(runs)
     schedules = build_schedules(runs)
     steps = build_steps(runs, steps_paths)
     activations = build_activations(runs)
