@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import platform
@@ -383,7 +382,6 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         built = build_step(name, cfg, device, mlm=args.mlm, step_kind=args.step, attn=args.attn, fused=fused,
                            lr=args.lr, eps=eps, variant=variant, compile_mode=args.compile_mode)
         step, bcfg, scaler, cls_only = built.step, built.bcfg, built.scaler, built.cls_only
-        cudagraphs = built.cudagraphs
 
         t_w = time.perf_counter()
         for i in range(args.warmup):
@@ -400,8 +398,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         min_s = args.min_seconds if e0 is not None else 0.0
         n = 0
         while n < args.steps or time.perf_counter() - t0 < min_s:
-            loss = step(batches[n % len(batches)]).detach()
-            losses.append(loss.clone() if cudagraphs else loss)  # a CUDA graph reuses its output memory
+            losses.append(step(batches[n % len(batches)]))  # detached (a copy under CUDA graphs: train_step)
             n += 1
         measure.sync(device)
         seconds = time.perf_counter() - t0

@@ -444,7 +444,7 @@ def build_optimizer(model, hp: dict, prec: P.Precision) -> torch.optim.Optimizer
 class StepResult(NamedTuple):
     """What one :func:`train_step` leaves on the device (read back by the caller when it chooses: no sync here)."""
 
-    loss: torch.Tensor  #: the batch's loss (detached)
+    loss: torch.Tensor  #: the batch's loss (detached; a copy under CUDA graphs, whose outputs the next replay overwrites)
     grad_norm: torch.Tensor  #: total gradient 2-norm before clipping
     loss_scale: torch.Tensor | None  #: the loss scale the step ran with (None: no loss scaling)
     skipped: torch.Tensor | None  #: True where the scaler skipped the optimizer step (inf/NaN gradients)
@@ -481,7 +481,8 @@ def train_step(model, batch: dict, optimizer, scaler, prec: P.Precision, *, obje
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss.detach(), grad_norm, scale, skipped)
+    loss = loss.detach()
+    return StepResult(loss.clone() if cudagraphs else loss, grad_norm, scale, skipped)  # the next replay reuses it
 
 
 # ====================================================================== evaluation
@@ -1128,6 +1129,12 @@ def _switch_precision(s: _Stage, step: int) -> None:
         s.scaler = None
 
 
+def _reads_every_step(device: torch.device) -> bool:
+    """Whether the loop reads each step's results back as the step ends: on a CPU (nothing to wait for), not on
+    a GPU (a read waits for the device: they are read every log_every steps)."""
+    return device.type == "cpu"
+
+
 def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
     """Train the steps left. Returns the loop's measurements: memory, energy, machine load.
 
@@ -1145,7 +1152,7 @@ def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
     bar = _progress_bar(s)
     s.cur = s.active(st["step"])  # a run resumed past its switch point starts in the switched precision
     s.flags = s.cur.apply_backend_flags()
-    prefetch, ran = _Prefetch(s), []
+    prefetch, ran, every_step = _Prefetch(s), [], _reads_every_step(device)
     step = st["step"]
     try:
         while step < s.total_steps and st["status"] == "ok":  # a diverged stage resumed: no more steps
@@ -1170,7 +1177,7 @@ def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
                 hp["checkpoint_every_minutes"] and time.perf_counter() - last_state_t >= 60 * hp["checkpoint_every_minutes"]
             )
             save = stop.requested or (due and step < s.total_steps)
-            if not (device.type == "cpu" or save or (step - 1) % hp["log_every"] == 0 or step == s.total_steps
+            if not (every_step or save or (step - 1) % hp["log_every"] == 0 or step == s.total_steps
                     or step == hp["timing_warmup_steps"]):
                 continue  # read back later, with the rest of the log_every window
             measure.sync(device)
