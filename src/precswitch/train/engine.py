@@ -1176,8 +1176,8 @@ def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
             due = (hp["checkpoint_every_steps"] and step % hp["checkpoint_every_steps"] == 0) or (
                 hp["checkpoint_every_minutes"] and time.perf_counter() - last_state_t >= 60 * hp["checkpoint_every_minutes"]
             )
-            save = stop.requested or (due and step < s.total_steps)
-            if not (every_step or save or (step - 1) % hp["log_every"] == 0 or step == s.total_steps
+            due = due and step < s.total_steps  # none at the last step: metrics.json follows
+            if not (every_step or stop.requested or due or (step - 1) % hp["log_every"] == 0 or step == s.total_steps
                     or step == hp["timing_warmup_steps"]):
                 continue  # read back later, with the rest of the log_every window
             measure.sync(device)
@@ -1192,7 +1192,7 @@ def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
                 bar.update(st["step"] - bar.n)
             if st["status"] != "ok":
                 break
-            if save:
+            if stop.requested or due:  # a signal may have come during the sync above
                 _save_loop_state(s)
                 last_state_t = t_prev = time.perf_counter()
                 if stop.requested:
