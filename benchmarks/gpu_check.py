@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import platform
@@ -55,11 +54,12 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E402
 from precswitch.train.engine import (  # noqa: E402
     HEAD_KEYS,
-    clip_grad_norm,
+    build_optimizer,
     cls_only_last_layer,
     drop_full_attention_mask,
     forward_loss,
     mlm_head_rows,
+    train_step,
 )
 
 # ------------------------------------------------------------------ peak FLOP/s, dense, TFLOP/s
@@ -278,11 +278,11 @@ class BuiltStep:
 def build_step(name: str, cfg: dict, device, *, mlm: bool, step_kind: str = "engine", attn: str | None = None,
                fused: bool = True, lr: float = 2e-5, eps: float = 1e-8, variant: str = "eager",
                compile_mode: str = "reduce-overhead", seed: int = 0) -> BuiltStep:
-    """The training step of precision `name` for a BertConfig(**cfg) on device: forward and loss under the
-    precision's autocast (the engine's step: masked-LM head on the masked rows only, [CLS]-only last layer
-    for classification; or stock model(**batch).loss), backward (scaled for fp16 AMP), the engine's gradient
-    clipping, AdamW (fused or foreach, wrapped for Kahan / stochastic rounding) and zeroing the gradients.
-    Used by measure_one (timed) and count_ops (counted)."""
+    """The training step of precision `name` for a BertConfig(**cfg) on device: the engine's own
+    (engine.build_optimizer, engine.train_step: forward and loss under the precision's autocast, backward
+    scaled for fp16, gradient clipping at 1.0, AdamW fused or foreach, wrapped for Kahan / stochastic rounding)
+    with the engine's loss (masked-LM head on the masked rows only, [CLS]-only last layer for classification)
+    or, step_kind "hf", the stock model(**batch).loss. Used by measure_one (timed) and count_ops (counted)."""
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
     prec = P.get(name)
@@ -297,41 +297,22 @@ def build_step(name: str, cfg: dict, device, *, mlm: bool, step_kind: str = "eng
     if cls_only:
         cls_only_last_layer(model)  # the engine's classification step (fp8 keeps full shapes, as there)
     model.train()
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt_kw = {"fused": True} if fused else {"foreach": True}
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, eps=eps, **opt_kw)
-    opt = prec.wrap_optimizer(opt, seed=0)  # Kahan / stochastic rounding for the compensated bf16 variants
+    hp = {"lr": lr, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": eps,
+          "optimizer_impl": "fused" if fused else "foreach", "seed": 0}
+    opt = build_optimizer(model, hp, prec)  # the engine's AdamW groups, Kahan / SR wrappers included
     scaler = prec.make_scaler(device.type)
     if step_kind == "engine":
-        def loss_of(b):
-            return forward_loss(model, b, objective)
+        loss_of = forward_loss
     else:
-        def loss_of(b):
+        def loss_of(model, b, objective):  # noqa: ARG001 - stock: every token scored by the model's own loss
             return model(**{k: v for k, v in b.items() if k not in HEAD_KEYS}).loss
     step_model = torch.compile(loss_of, mode=compile_mode) if variant == "compiled" else loss_of
 
     cudagraphs = variant == "compiled" and compile_mode in ("reduce-overhead", "max-autotune")
 
     def step(b):
-        if cudagraphs:  # a new iteration: CUDA-graph outputs of the last one may be overwritten
-            torch.compiler.cudagraph_mark_step_begin()
-        with prec.autocast(device.type):
-            loss = step_model(b)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-        else:
-            loss.backward()
-        clip_grad_norm(model.parameters(), 1.0)  # the engine's (16-bit gradients' norm in fp32)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(model, b, opt, scaler, prec, objective=objective, device_type=device.type,
+                          loss_fn=step_model, max_grad_norm=1.0, cudagraphs=cudagraphs).loss
 
     return BuiltStep(step=step, model=model, opt=opt, scaler=scaler, bcfg=bcfg, cls_only=cls_only,
                      cudagraphs=cudagraphs)
@@ -401,7 +382,6 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         built = build_step(name, cfg, device, mlm=args.mlm, step_kind=args.step, attn=args.attn, fused=fused,
                            lr=args.lr, eps=eps, variant=variant, compile_mode=args.compile_mode)
         step, bcfg, scaler, cls_only = built.step, built.bcfg, built.scaler, built.cls_only
-        cudagraphs = built.cudagraphs
 
         t_w = time.perf_counter()
         for i in range(args.warmup):
@@ -418,8 +398,7 @@ def measure_one(name: str, variant: str, args, cfg: dict, device, batches: list[
         min_s = args.min_seconds if e0 is not None else 0.0
         n = 0
         while n < args.steps or time.perf_counter() - t0 < min_s:
-            loss = step(batches[n % len(batches)]).detach()
-            losses.append(loss.clone() if cudagraphs else loss)  # a CUDA graph reuses its output memory
+            losses.append(step(batches[n % len(batches)]))  # detached (a copy under CUDA graphs: train_step)
             n += 1
         measure.sync(device)
         seconds = time.perf_counter() - t0

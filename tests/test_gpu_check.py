@@ -197,7 +197,8 @@ def test_timed_window_excludes_warmup_and_profiled_steps(gc, monkeypatch):
     assert clips == [1.0] * 5
     from precswitch.train import engine
 
-    assert gc.clip_grad_norm is engine.clip_grad_norm  # the engine's clipping (fp32 norm of 16-bit grads)
+    # the engine's optimizer and step (its clipping: fp32 norm of 16-bit grads), not a copy of them
+    assert gc.train_step is engine.train_step and gc.build_optimizer is engine.build_optimizer
     assert row["warmup_steps"] == 1 and row["warmup_seconds"] >= 100
     assert row["steps_measured"] == 3 and row["seconds"] < 100, row["seconds"]
     step_s = row["seconds"] / 3
@@ -612,9 +613,10 @@ def test_each_row_trains_in_its_own_precision(gc, monkeypatch, name, param, auto
     clip nearly every step), the update compensation of the compensated pure-bf16 variants; the row records the
     backend flags (TF32 off)."""
     import precswitch.optim
+    from precswitch.train import engine
 
     seen, norms, wrapped = [], [], []
-    real_forward, real_clip, real_wrap = gc.forward_loss, gc.clip_grad_norm, precswitch.optim.wrap_optimizer
+    real_forward, real_clip, real_wrap = gc.forward_loss, engine.clip_grad_norm, precswitch.optim.wrap_optimizer
 
     def forward(model, b, objective):
         on = torch.is_autocast_enabled("cpu")
@@ -632,7 +634,7 @@ def test_each_row_trains_in_its_own_precision(gc, monkeypatch, name, param, auto
         return real_wrap(kind, optimizer, seed=seed)
 
     monkeypatch.setattr(gc, "forward_loss", forward)
-    monkeypatch.setattr(gc, "clip_grad_norm", clip)
+    monkeypatch.setattr(engine, "clip_grad_norm", clip)  # train_step's
     monkeypatch.setattr(precswitch.optim, "wrap_optimizer", wrap)
     row, _ = _row(gc, name)
     assert set(seen) == {(param, autocast, True)}

@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "auto",  # auto | cpu | cuda | cuda:N
     "on_unsupported": "error",  # error | skip: precision the device can't run
     "log_every": 1,
-    "progress": None,  # tqdm: None = only on a terminal
+    "progress": None,  # tqdm bar on stderr (the stage log): shown unless false
     "save_checkpoint": True,
     "checkpoint_every_steps": 0,  # resumable state every N steps (0 = off)
     "checkpoint_every_minutes": 0.0,  # ... or every M minutes of training (0 = off)

@@ -21,8 +21,9 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -423,6 +424,67 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     return total
 
 
+# ====================================================================== the optimizer and one step
+def build_optimizer(model, hp: dict, prec: P.Precision) -> torch.optim.Optimizer:
+    """AdamW with weight decay on the matrices (``ndim >= 2``) only, fused or foreach (``hp["optimizer_impl"]``),
+    wrapped for the precision's update compensation (Kahan / stochastic rounding, seeded by ``hp["seed"]``).
+    ``hp`` needs lr, weight_decay, adam_beta1, adam_beta2, adam_eps, optimizer_impl and seed."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": hp["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=hp["lr"],
+        betas=(hp["adam_beta1"], hp["adam_beta2"]),
+        eps=hp["adam_eps"],
+        **({"fused": True} if hp["optimizer_impl"] == "fused" else {"foreach": True}),
+    )
+    return prec.wrap_optimizer(optimizer, seed=hp["seed"])  # Kahan / SR variants; else unchanged
+
+
+class StepResult(NamedTuple):
+    """What one :func:`train_step` leaves on the device (read back by the caller when it chooses: no sync here)."""
+
+    loss: torch.Tensor  #: the batch's loss (detached; a copy under CUDA graphs, whose outputs the next replay overwrites)
+    grad_norm: torch.Tensor  #: total gradient 2-norm before clipping
+    loss_scale: torch.Tensor | None  #: the loss scale the step ran with (None: no loss scaling)
+    skipped: torch.Tensor | None  #: True where the scaler skipped the optimizer step (inf/NaN gradients)
+
+
+def train_step(model, batch: dict, optimizer, scaler, prec: P.Precision, *, objective: str, device_type: str,
+               loss_fn=forward_loss, max_grad_norm: float = math.inf, watch=None, between=None,
+               cudagraphs: bool = False) -> StepResult:
+    """One training step: forward and loss under the precision's autocast, backward (scaled where the precision
+    scales the loss), gradient clipping (:func:`clip_grad_norm`), the optimizer step (through the scaler) and
+    zeroed gradients. Nothing is read back to the host (the fp16 scaler's own inf check aside).
+
+    ``loss_fn(model, batch, objective)``: the loss (``forward_loss`` or a compiled copy); ``watch``: a context
+    around the forward (activation telemetry); ``between()``: host work run after backward is queued (the next
+    step's batch), while the device still works; ``cudagraphs``: mark a new CUDA-graph iteration first."""
+    if cudagraphs:  # a new iteration: the last step's graph outputs may be overwritten
+        torch.compiler.cudagraph_mark_step_begin()
+    with watch or contextlib.nullcontext(), prec.autocast(device_type):
+        loss = loss_fn(model, batch, objective)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if between is not None:
+        between()
+    grad_norm = clip_grad_norm(model.parameters(), max_grad_norm)
+    scale = skipped = None
+    if scaler is not None:
+        scale = scaler._get_scale_async().clone()  # get_scale() would sync; update() changes it in place
+        scaler.step(optimizer)
+        scaler.update()
+        skipped = scaler._get_scale_async() < scale  # the scaler backs off exactly when it skips
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss.detach()
+    return StepResult(loss.clone() if cudagraphs else loss, grad_norm, scale, skipped)  # the next replay reuses it
+
+
 # ====================================================================== evaluation
 @torch.no_grad()
 def evaluate(model, batches: list[dict], objective: str, prec: P.Precision, device, meta: dict) -> dict:
@@ -610,13 +672,93 @@ def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
 
 
 def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
+    """The stage from top to bottom: set-up, resume, the loop, evaluation, checkpoint, records."""
+    s = _open(hparams, out_dir)
+    reason = _skip_reason(s)
+    if reason:
+        return _record_skipped(s, reason)
+    _phase(s, "data")
+    _setup_data(s)
+    _phase(s, "model")
+    _setup_model(s)
+    _setup_training(s)
+    _restore_state(s)
+    with _StopSignals() as stop:
+        s.setup_seconds = time.perf_counter() - s.t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
+        _phase(s, "training")
+        loop = _train_loop(s, stop)
+        _phase(s, "eval")
+        ev = _evaluate_stage(s)
+        if stop.requested:  # preempted while evaluating: keep the finished training, not the evaluation
+            _save_loop_state(s)
+            raise stop.preempted(f"after step {s.st['step']} (evaluation)", s.state_path)
+        # SIGTERM and SIGINT stay caught until the checkpoint is written: stopped during evaluation, the stage
+        # saves its finished training (a rerun evaluates it); during the checkpoint write, it finishes (seconds)
+        _phase(s, "checkpoint")
+        t_ckpt = time.perf_counter()
+        _save_checkpoint(s)
+    checkpoint_seconds = time.perf_counter() - t_ckpt + s.st["state_seconds"]
+    return _write_records(s, loop, ev, checkpoint_seconds)
+
+
+@dataclass
+class _Stage:
+    """What the stage's steps share: its settings and run-wide objects (set up in order), and ``st``, the loop
+    state saved in state.pt (a plain dict: resumable across versions)."""
+
+    hp: dict
+    out: Path
+    t_setup: float
+    prec: P.Precision
+    prec2: P.Precision | None  # the in-stage switch (e.g. 80% amp_fp16 then fp32): new autocast/scaler/TF32 flags
+    eval_prec: P.Precision
+    device: torch.device
+    flags: dict  # the backend flags in force (TF32, matmul precision, deterministic): recorded in metrics.json
+    chash: str
+    base: dict  # the first keys of every metrics.json, skipped stages' included
+    init: str
+    init_info: dict = field(default_factory=dict)  # what the init checkpoint's stage file says (stage 2)
+    # _setup_data
+    meta: dict = field(default_factory=dict)
+    tokenizer: Any = None
+    total_steps: int = 0
+    switch_step: int | None = None
+    batches: Batches | None = None
+    eval_batches: list = field(default_factory=list)
+    # _setup_model, _setup_training
+    model: Any = None
+    ckpt_dtype_read: str | None = None
+    model_pin: dict = field(default_factory=dict)
+    optimizer: Any = None
+    scheduler: Any = None
+    scaler: Any = None
+    tel: ActivationTelemetry | None = None
+    train_loss: Any = None
+    cudagraphs: bool = False
+    # resume and the loop
+    state_path: Path | None = None
+    st: dict = field(default_factory=dict)
+    resumed: bool = False
+    cur: P.Precision | None = None  # the precision in force (prec, or prec2 past the switch step)
+    setup_seconds: float = 0.0
+
+    def active(self, step: int) -> P.Precision:
+        return self.prec2 if self.prec2 is not None and step >= self.switch_step else self.prec
+
+
+def _phase(s: _Stage, name: str) -> None:
+    """One line in the stage's log when a phase starts: data, model, training, eval, checkpoint."""
+    print(f"precswitch train {s.hp['run_id']}: phase {name} (+{time.perf_counter() - s.t_setup:.1f} s)",
+          file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ set-up
+def _open(hparams: dict, out_dir) -> _Stage:
+    """Resolve the hyper-parameters, check the output dir, claim the device, set threads and backend flags."""
     t_setup = time.perf_counter()
     started_at = measure.now_iso()
     hp = C.resolve(hparams)
     prec = P.get(hp["precision"])
-    eval_prec = prec if hp["eval_precision"] == "same" else P.get(hp["eval_precision"])
-    # In-stage switch (e.g. 80% amp_fp16 then fp32): same weight storage, new autocast/scaler/TF32 flags.
-    prec2 = P.get(hp["switch_to"]) if hp["switch_to"] else None
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -625,7 +767,6 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         probe.unlink()
     except OSError as e:
         raise PrecswitchError(f"output dir {str(out)!r} is not writable: {e.strerror}") from None
-
     if hp["deterministic"]:  # cuBLAS refuses deterministic mode without a fixed workspace (read at first use)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(hp["threads"])
@@ -635,472 +776,515 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     flags = prec.apply_backend_flags()
     chash = C.config_hash(hp)
     base = {
-        "schema_version": METRICS_SCHEMA_VERSION,
-        "run_id": hp["run_id"],
-        "stage": hp["stage"],
-        "objective": hp["objective"],
-        "precision": prec.name,
-        "seed": hp["seed"],
-        "schedule": hp["tags"].get("schedule"),
-        "tags": hp["tags"],
-        "config_hash": chash,
-        "started_at": started_at,
+        "schema_version": METRICS_SCHEMA_VERSION, "run_id": hp["run_id"], "stage": hp["stage"],
+        "objective": hp["objective"], "precision": prec.name, "seed": hp["seed"],
+        "schedule": hp["tags"].get("schedule"), "tags": hp["tags"], "config_hash": chash, "started_at": started_at,
     }
+    return _Stage(hp=hp, out=out, t_setup=t_setup, prec=prec, prec2=P.get(hp["switch_to"]) if hp["switch_to"] else None,
+                  eval_prec=prec if hp["eval_precision"] == "same" else P.get(hp["eval_precision"]), device=device,
+                  flags=flags, chash=chash, base=base, init=str(hp["init"]))
 
-    def skipped(reason: str, init_info: dict | None = None) -> dict:
-        """Record the stage as skipped: metrics.json, a header-only steps.csv and, where the stage saves
-        one, a checkpoint/ holding only its stage file (status skipped), so that the next stage, which
-        starts from it, is recorded as skipped too instead of failing on a missing checkpoint."""
-        atomic_write_text(out / "steps.csv", ",".join(STEP_FIELDS) + "\n")
-        if hp["save_checkpoint"]:
-            with atomic_path(out / "checkpoint") as tmp:
-                tmp.mkdir()
-                atomic_write_json(tmp / STAGE_FILE, {"run_id": hp["run_id"], "precision": prec.name,
-                                                     "objective": hp["objective"], "dtype": None, "status": "skipped",
-                                                     "status_reason": reason, "config_hash": chash})
-        init_keys = ({"init": str(hp["init"]), "init_run_id": init_info.get("run_id"),
-                      "init_precision": init_info.get("precision"), "init_status": init_info.get("status")}
-                     if init_info else {})
-        metrics = {**base, "status": "skipped", "status_reason": reason, **init_keys, **measure.provenance(device),
-                   **flags, "hparams": hp, "finished_at": measure.now_iso()}
-        atomic_write_json(out / "metrics.json", metrics)
-        return metrics
 
+def _skip_reason(s: _Stage) -> str | None:
+    """Why the stage is recorded as skipped instead of run: a precision this device lacks (on_unsupported: skip),
+    or an init checkpoint whose own stage was skipped. None: it runs."""
     try:  # every precision the stage would run: its own, the in-stage switch_to, the eval precision
-        for p in {q.name: q for q in (prec, prec2, eval_prec) if q is not None}.values():
-            P.check_supported(p, device)
+        for p in {q.name: q for q in (s.prec, s.prec2, s.eval_prec) if q is not None}.values():
+            P.check_supported(p, s.device)
     except PrecisionUnsupported as e:
-        if hp["on_unsupported"] != "skip":
+        if s.hp["on_unsupported"] != "skip":
             raise
-        return skipped(str(e))
-    init_info = _init_info(str(hp["init"])) if str(hp["init"]) != "scratch" else {}
-    if init_info.get("status") == "skipped":  # nothing to start from: recorded, as its stage 1 was
-        return skipped(f"its init {str(hp['init'])!r} is stage {init_info.get('run_id')!r}, which was skipped: "
-                       f"{init_info.get('status_reason')}", init_info)
-    torch.use_deterministic_algorithms(hp["deterministic"])  # set every run, either way (as the TF32 switches)
-    flags = P.backend_flags()
+        return str(e)  # recorded without its init keys
+    s.init_info = _init_info(s.init) if s.init != "scratch" else {}
+    if s.init_info.get("status") == "skipped":  # nothing to start from: recorded, as its stage 1 was
+        return (f"its init {s.init!r} is stage {s.init_info.get('run_id')!r}, which was skipped: "
+                f"{s.init_info.get('status_reason')}")
+    return None
 
+
+def _record_skipped(s: _Stage, reason: str) -> dict:
+    """Record the stage as skipped: metrics.json, a header-only steps.csv and, where the stage saves
+    one, a checkpoint/ holding only its stage file (status skipped), so that the next stage, which
+    starts from it, is recorded as skipped too instead of failing on a missing checkpoint."""
+    hp = s.hp
+    atomic_write_text(s.out / "steps.csv", ",".join(STEP_FIELDS) + "\n")
+    if hp["save_checkpoint"]:
+        with atomic_path(s.out / "checkpoint") as tmp:
+            tmp.mkdir()
+            atomic_write_json(tmp / STAGE_FILE, {"run_id": hp["run_id"], "precision": s.prec.name,
+                                                 "objective": hp["objective"], "dtype": None, "status": "skipped",
+                                                 "status_reason": reason, "config_hash": s.chash})
+    info = s.init_info
+    init_keys = ({"init": s.init, "init_run_id": info.get("run_id"), "init_precision": info.get("precision"),
+                  "init_status": info.get("status")} if info else {})
+    metrics = {**s.base, "status": "skipped", "status_reason": reason, **init_keys, **measure.provenance(s.device),
+               **s.flags, "hparams": hp, "finished_at": measure.now_iso()}
+    atomic_write_json(s.out / "metrics.json", metrics)
+    return metrics
+
+
+def _setup_data(s: _Stage) -> None:
+    """Libraries quiet, the prepared data and tokenizer, the step count, the training batches (built per step)
+    and the evaluation batches (built once)."""
+    hp = s.hp
+    torch.use_deterministic_algorithms(hp["deterministic"])  # set every run, either way (as the TF32 switches)
+    s.flags = P.backend_flags()
     _quiet_transformers()
     if hp["objective"] == "classify":  # the task metrics; a masked-LM stage is spared sklearn and scipy (~3 s)
         import sklearn.metrics  # noqa: F401 - imported in set-up, so eval_seconds times evaluation, not imports
-    import transformers
-
     # GradScaler skips optimizer.step() on overflow by design; the scheduler still advances (as in PyTorch's AMP
     # recipe; HF Trainer instead holds it back on a skipped step), so step t has the same LR in every precision.
     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
-    train_ds, eval_ds, meta = _load_data(hp)
-    tokenizer = _load_tokenizer(hp, meta)
+    train_ds, eval_ds, s.meta = _load_data(hp)
+    s.tokenizer = _load_tokenizer(hp, s.meta)
     if hp["batch_size"] > len(train_ds):
         raise PrecswitchError(
             f"batch_size {hp['batch_size']} is larger than the training set ({len(train_ds)} rows in {hp['data']!r})"
         )
     per_epoch = len(train_ds) // hp["batch_size"]  # = Batches.per_epoch
-    total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * per_epoch)))
-    switch_step = C.switch_step(hp, total_steps)  # an epochs stage's switch point: refused before training
-    transformers.set_seed(hp["seed"])
-    init = str(hp["init"])
-    init_info = _init_info(init) if init != "scratch" else {}
-    model, ckpt_dtype_read = _build_model(hp, tokenizer, meta)
-    model_pin = _model_pin(hp, init, init_info)
-    max_pos = model.config.max_position_embeddings
-    if int(meta.get("max_length", 0)) > max_pos:
-        raise PrecswitchError(
-            f"data max_length {meta['max_length']} exceeds the model's position embeddings ({max_pos}); "
-            f"lower max_length or raise model.max_position_embeddings"
-        )
-    model = prec.prepare_model(model).to(device)
-    fp8_in_stage = prec.fp8_linear  # an in-stage switch keeps it (config.resolve: same weight storage)
-    if hp["objective"] == "classify" and not fp8_in_stage:
-        cls_only_last_layer(model)  # same loss and gradients, less work (fp8 keeps full shapes)
-    model.train()
+    s.total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * per_epoch)))
+    s.switch_step = C.switch_step(hp, s.total_steps)  # an epochs stage's switch point: refused before training
 
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": hp["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=hp["lr"],
-        betas=(hp["adam_beta1"], hp["adam_beta2"]),
-        eps=hp["adam_eps"],
-        **({"fused": True} if hp["optimizer_impl"] == "fused" else {"foreach": True}),
-    )
-    optimizer = prec.wrap_optimizer(optimizer, seed=hp["seed"])  # Kahan / SR variants; else unchanged
-    collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"], 16 if fp8_in_stage else None)
+    pad16 = 16 if s.prec.fp8_linear else None  # an in-stage switch keeps fp8 (config.resolve: same weight storage)
+    collate = _make_collator(hp["objective"], s.tokenizer, hp["mlm_probability"], pad16)
     train_collate = collate
     if hp["compile"] != "off" and hp["objective"] == "classify":
         # compiled: pad training batches to a multiple of 32 (a few shapes), not each to its longest pair
         # (a shape per batch: a recompile or, with CUDA graphs, a recorded graph for each); eval stays eager
-        train_collate = _make_collator(hp["objective"], tokenizer, hp["mlm_probability"], COMPILED_PAD_MULTIPLE)
-    train_rows = _model_columns(train_ds, hp["objective"])
+        train_collate = _make_collator(hp["objective"], s.tokenizer, hp["mlm_probability"], COMPILED_PAD_MULTIPLE)
+    s.batches = Batches(_model_columns(train_ds, hp["objective"]), hp["batch_size"], hp["seed"], train_collate)
     eval_rows = _model_columns(eval_ds, hp["objective"])
-    batches = Batches(train_rows, hp["batch_size"], hp["seed"], train_collate)
-    warmup = int(round(hp["warmup_ratio"] * total_steps))
-    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
-    active = lambda step: prec2 if prec2 is not None and step >= switch_step else prec  # noqa: E731
-    scaler = active(0).make_scaler(device.type)
-    tel = ActivationTelemetry(model, every=hp["telemetry_every"])
-    # torch.compile (hparam compile; off = eager): the training forward and loss only; evaluation stays
-    # eager. Compilation happens in the first steps, inside train_seconds (timing_warmup_steps excludes
-    # it from the steady-state rates). reduce-overhead replays CUDA graphs: each step is marked new.
-    train_loss = forward_loss if hp["compile"] == "off" else torch.compile(forward_loss, mode=hp["compile"])
-    cudagraphs = hp["compile"] == "reduce-overhead" and device.type == "cuda"
-    eval_batches = _eval_batches(eval_rows, collate, hp["eval_batch_size"], hp["eval_seed"])
-    if hp["objective"] == "mlm" and not any(bool((b["labels"] != -100).any()) for b in eval_batches):
+    s.eval_batches = _eval_batches(eval_rows, collate, hp["eval_batch_size"], hp["eval_seed"])
+    if hp["objective"] == "mlm" and not any(bool((b["labels"] != -100).any()) for b in s.eval_batches):
         raise PrecswitchError(f"{NO_EVAL_MASK} ({len(eval_rows)} eval rows in {hp['data']!r}, mlm_probability "
                               f"{hp['mlm_probability']}, eval_seed {hp['eval_seed']}); refused before training")
 
-    # ------------------------------------------------------------ resume
-    resume_dir = Path(hp["resume_dir"] or out / "resume")
-    state_path = resume_dir / "state.pt"
-    st: dict[str, Any] = {
+
+def _setup_model(s: _Stage) -> None:
+    """The seeded model (scratch or the init checkpoint) in the precision's storage dtype on the device."""
+    import transformers
+
+    hp = s.hp
+    transformers.set_seed(hp["seed"])
+    model, s.ckpt_dtype_read = _build_model(hp, s.tokenizer, s.meta)
+    s.model_pin = _model_pin(hp, s.init, s.init_info)
+    max_pos = model.config.max_position_embeddings
+    if int(s.meta.get("max_length", 0)) > max_pos:
+        raise PrecswitchError(
+            f"data max_length {s.meta['max_length']} exceeds the model's position embeddings ({max_pos}); "
+            f"lower max_length or raise model.max_position_embeddings"
+        )
+    model = s.prec.prepare_model(model).to(s.device)
+    if hp["objective"] == "classify" and not s.prec.fp8_linear:
+        cls_only_last_layer(model)  # same loss and gradients, less work (fp8 keeps full shapes)
+    model.train()
+    s.model = model
+
+
+def _setup_training(s: _Stage) -> None:
+    """Optimizer, LR schedule, loss scaler, activation telemetry and the (compiled or eager) training loss."""
+    import transformers
+
+    hp = s.hp
+    s.optimizer = build_optimizer(s.model, hp, s.prec)
+    warmup = int(round(hp["warmup_ratio"] * s.total_steps))
+    s.scheduler = transformers.get_linear_schedule_with_warmup(s.optimizer, warmup, s.total_steps)
+    s.scaler = s.active(0).make_scaler(s.device.type)
+    s.tel = ActivationTelemetry(s.model, every=hp["telemetry_every"])
+    # torch.compile (hparam compile; off = eager): the training forward and loss only; evaluation stays
+    # eager. Compilation happens in the first steps, inside train_seconds (timing_warmup_steps excludes
+    # it from the steady-state rates). reduce-overhead replays CUDA graphs: each step is marked new.
+    s.train_loss = forward_loss if hp["compile"] == "off" else torch.compile(forward_loss, mode=hp["compile"])
+    s.cudagraphs = hp["compile"] == "reduce-overhead" and s.device.type == "cuda"
+
+
+# ------------------------------------------------------------------ state save / restore
+def _new_loop_state() -> dict:
+    return {
         "step": 0, "rows": [], "step_times": [], "train_seconds": 0.0, "nonfinite": 0, "consecutive": 0,
         "first_nonfinite": None, "skipped": 0, "scales": [], "attempts": 0, "tokens": 0, "samples": 0,
         "state_saves": 0, "state_seconds": 0.0, "status": "ok", "status_reason": None, "mlm_empty": 0,
         "grad_norms": [],
     }
-    resumed = False
+
+
+def _restore_state(s: _Stage) -> None:
+    """Continue from resume/state.pt where a stopped run of the same hyper-parameters left one (a stale one,
+    of other hyper-parameters, is set aside); else start at step 0."""
+    resume_dir = Path(s.hp["resume_dir"] or s.out / "resume")
+    s.state_path = resume_dir / "state.pt"
+    s.st = _new_loop_state()
     saved = None
-    if state_path.is_file():
+    if s.state_path.is_file():
         try:
             # to the CPU: the RNG states must stay CPU byte tensors, and a GPU copy of the whole state
             # would sit in the peak memory; load_state_dict copies onto the model's/optimizer's device
-            saved = torch.load(state_path, weights_only=False, map_location="cpu")
+            saved = torch.load(s.state_path, weights_only=False, map_location="cpu")
         except Exception as e:  # noqa: BLE001
-            raise PrecswitchError(f"resume state {str(state_path)!r} is corrupt: {e}; delete it to start over") from None
-        if saved.get("config_hash") != chash:
-            _set_aside_stale_state(resume_dir, saved.get("config_hash"), chash)
+            raise PrecswitchError(f"resume state {str(s.state_path)!r} is corrupt: {e}; "
+                                  "delete it to start over") from None
+        if saved.get("config_hash") != s.chash:
+            _set_aside_stale_state(resume_dir, saved.get("config_hash"), s.chash)
             saved = None
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        st = saved["loop"]
+        s.model.load_state_dict(saved["model"])
+        s.optimizer.load_state_dict(saved["optimizer"])
+        s.scheduler.load_state_dict(saved["scheduler"])
+        st = s.st = saved["loop"]
         st.setdefault("mlm_empty", 0)  # state saved before the counter existed
         done = _read_state_seconds(resume_dir / STATE_SECONDS)
         if done.get("state_saves") == st["state_saves"]:  # the same save: state.pt holds all but its own seconds
             st["state_saves"], st["state_seconds"] = done["state_saves"], done["state_seconds"]
         # a state saved before every step's norm was kept: the steps before it have their logged rows' norms only
         st.setdefault("grad_norms", [r[3] for r in st["rows"] if r[1] is not None])
-        scaler = active(st["step"]).make_scaler(device.type)
-        if scaler is not None and saved["scaler"] is not None:
-            scaler.load_state_dict(saved["scaler"])
+        s.scaler = s.active(st["step"]).make_scaler(s.device.type)
+        if s.scaler is not None and saved["scaler"] is not None:
+            s.scaler.load_state_dict(saved["scaler"])
         if saved.get("telemetry"):
-            tel.load_state_dict(saved["telemetry"])
+            s.tel.load_state_dict(saved["telemetry"])
         _set_rng_state(saved["rng"])
-        del saved
-        resumed = True
-    st["attempts"] += 1
+        s.resumed = True
+    s.st["attempts"] += 1
 
-    def snapshot() -> dict:
-        return {
-            "config_hash": chash, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": _rng_state(), "loop": st, "telemetry": tel.state_dict() if tel.enabled else None,
-        }
 
-    stop = {"requested": False, "signal": None}
-    old_handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+def _save_loop_state(s: _Stage) -> None:
+    """Save everything a rerun needs to continue bit for bit (resume/state.pt), counted in the loop state."""
+    _save_state_counted(s.state_path, lambda: {
+        "config_hash": s.chash, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
+        "scheduler": s.scheduler.state_dict(), "scaler": s.scaler.state_dict() if s.scaler is not None else None,
+        "rng": _rng_state(), "loop": s.st, "telemetry": s.tel.state_dict() if s.tel.enabled else None,
+    }, s.st)
 
-    def on_stop(signum, frame):  # noqa: ARG001
-        stop["requested"] = True
-        stop["signal"] = stop["signal"] or signal.Signals(signum)
 
-    try:
-        for s in STOP_SIGNALS:
-            signal.signal(s, on_stop)
-    except ValueError:  # not the main thread
-        pass
+class _StopSignals:
+    """SIGTERM (a scheduler's preemption, Snakemake's cancellation) and SIGINT (Ctrl-C) caught while the stage
+    trains, evaluates and writes its checkpoint: the loop then saves its state and raises :class:`Preempted`.
+    The previous handlers are back when the block ends, however it ends."""
 
-    def restore_handlers() -> None:
+    def __init__(self):
+        self.requested, self.signal, self._old = False, None, {}
+
+    def __enter__(self) -> _StopSignals:
+        self._old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         try:
-            for s, h in old_handlers.items():
+            for s in STOP_SIGNALS:
+                signal.signal(s, self._on_stop)
+        except ValueError:  # not the main thread
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for s, h in self._old.items():
                 signal.signal(s, h)
         except ValueError:
             pass
 
-    def preempted(where: str) -> Preempted:
-        sig = stop["signal"] or signal.SIGTERM
+    def _on_stop(self, signum, frame) -> None:  # noqa: ARG002
+        self.requested = True
+        self.signal = self.signal or signal.Signals(signum)
+
+    def preempted(self, where: str, state_path: Path) -> Preempted:
+        sig = self.signal or signal.SIGTERM
         name = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else sig.name
         return Preempted(f"{name} {where}: state saved to {state_path}", STOP_SIGNALS.get(sig, EXIT_PREEMPTED))
 
-    setup_seconds = time.perf_counter() - t_setup - (gpu.claim_info()["gpu_slot_wait_seconds"] or 0.0)
-    measure.reset_peak_memory(device)
-    rss_before = measure.current_rss()
-    energy0 = measure.nvml_energy_mj(device)
-    energy_warm = None  # the counter at the end of the warm-up steps (compilation, first kernels): steady energy
-    load0 = measure.load_avg_1m()
-    # Time per step = wall from the end of the previous step to the end of this one (GPU-synchronized):
-    # batch collation, transfer, forward, backward, step and bookkeeping; resumable-state saves excluded.
-    t_prev = time.perf_counter()
-    last_state_t = time.perf_counter()
-    from tqdm.auto import tqdm
 
-    bar = tqdm(total=total_steps, initial=st["step"], desc=hp["run_id"], unit="step",
-               disable=(not sys.stderr.isatty()) if hp["progress"] is None else not hp["progress"])
-    # ------------------------------------------------------------ the loop
-    cur = active(st["step"])
-    flags = cur.apply_backend_flags()  # a run resumed past its switch point starts in the switched precision
+# ------------------------------------------------------------------ batches
+def _host_batch(s: _Stage, step: int) -> tuple[dict, int, bool]:
+    """The step's batch, built on the host, its token count (counted before a full mask is dropped), and
+    whether it is a masked-LM batch without a masked token (nothing to score: a zero loss, see mlm_forward)."""
+    b = s.batches.get(step)
+    empty = False
+    if s.hp["objective"] == "mlm":
+        b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
+        empty = b["head_rows"].numel() == 0
+    n_tokens = int(b["attention_mask"].sum())
+    # compiled: the batch keeps one set of keys (a dropped mask is another graph); the compiled forward
+    # has no mask check to sync on anyway
+    return (drop_full_attention_mask(b) if s.hp["compile"] == "off" else b), n_tokens, empty
 
-    def host_batch(step: int) -> tuple[dict, int, bool]:
-        """The step's batch, built on the host, its token count (counted before a full mask is dropped), and
-        whether it is a masked-LM batch without a masked token (nothing to score: a zero loss, see mlm_forward)."""
-        b = batches.get(step)
-        empty = False
-        if hp["objective"] == "mlm":
-            b.update(zip(HEAD_KEYS, mlm_head_rows(b["labels"])))
-            empty = b["head_rows"].numel() == 0
-        n_tokens = int(b["attention_mask"].sum())
-        # compiled: the batch keeps one set of keys (a dropped mask is another graph); the compiled forward
-        # has no mask check to sync on anyway
-        return (drop_full_attention_mask(b) if hp["compile"] == "off" else b), n_tokens, empty
 
-    pending = None  # the next step's batch, built while the device runs this step's forward and backward
-    try:
-        while st["step"] < total_steps and st["status"] == "ok":  # a diverged stage resumed: no more steps
-            step = st["step"]
-            if active(step) is not cur:  # the in-stage switch point
-                cur = active(step)
-                flags = cur.apply_backend_flags()
-                if cur.loss_scaling and scaler is None:
-                    scaler = cur.make_scaler(device.type)
-                elif not cur.loss_scaling:
-                    scaler = None
-            (batch, n_tokens, empty), pending = (pending if pending is not None else host_batch(step)), None
-            n_samples = int(batch["input_ids"].shape[0])
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            if hp["compile"] != "off" and not empty:
-                for k in HEAD_KEYS:  # the masked-row count varies by batch: one dynamic graph, not a recompile
-                    if k in batch:
-                        torch._dynamo.mark_dynamic(batch[k], 0)
-            if cudagraphs:  # a new iteration: the last step's graph outputs may be overwritten
-                torch.compiler.cudagraph_mark_step_begin()
-            with tel.step(step), cur.autocast(device.type):
-                # a batch with no masked token runs eager: the compiled graph never sees 0 head rows
-                loss = (forward_loss if empty else train_loss)(model, batch, hp["objective"])
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if step + 1 < total_steps:  # host work while the GPU runs the queued kernels (no sync above)
-                pending = host_batch(step + 1)
-            grad_norm = clip_grad_norm(model.parameters(), hp["max_grad_norm"] or math.inf)
-            if scaler is not None:
-                scale_before = scaler.get_scale()
-                scaler.step(optimizer)
-                scaler.update()
-                scale_after = scaler.get_scale()
-                skipped = scale_after < scale_before
-            else:
-                optimizer.step()
-                scale_before, skipped = None, False
-            optimizer.zero_grad(set_to_none=True)
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            loss_val = float(loss.detach().float())
-            measure.sync(device)
-            now = time.perf_counter()
-            dt, t_prev = now - t_prev, now
+def _to_device(s: _Stage, batch: dict, empty: bool) -> dict:
+    batch = {k: v.to(s.device, non_blocking=True) for k, v in batch.items()}
+    if s.hp["compile"] != "off" and not empty:
+        for k in HEAD_KEYS:  # the masked-row count varies by batch: one dynamic graph, not a recompile
+            if k in batch:
+                torch._dynamo.mark_dynamic(batch[k], 0)
+    return batch
 
-            st["train_seconds"] += dt
-            st["step_times"].append(dt)
-            st["samples"] += n_samples
-            st["tokens"] += n_tokens
-            st["skipped"] += int(skipped)
-            st["mlm_empty"] += int(empty)
-            if scale_before is not None:
-                st["scales"].append(scale_before)
-            gn = float(grad_norm)
-            if not empty:  # a batch without a masked token has a zero gradient by construction: not a measured norm
-                st["grad_norms"].append(gn)
-            # no masked token: no loss to log (an empty cell, not its zero: it would read as a perfect batch)
-            row = [step + 1, None if empty else loss_val, lr, gn, scale_before, round(dt, 6), int(skipped)]
-            # every skipped step gets its own row (as well as every log_every-th step), so steps.csv and
-            # the loss_scale plot show each skip at its step, not only those that fall on a logged one
-            if step % hp["log_every"] == 0 or step == total_steps - 1 or skipped:
+
+class _Prefetch:
+    """The next step's host batch, built while the device runs this step's forward and backward."""
+
+    def __init__(self, s: _Stage):
+        self.s, self.pending = s, None
+
+    def build(self, step: int) -> None:
+        self.pending = (step, _host_batch(self.s, step))
+
+    def take(self, step: int) -> tuple[dict, int, bool]:
+        got, self.pending = self.pending, None
+        return got[1] if got is not None and got[0] == step else _host_batch(self.s, step)
+
+
+# ------------------------------------------------------------------ records of the loop
+class _Ran(NamedTuple):
+    """A step that ran, before its device results are read back."""
+
+    step: int
+    result: StepResult
+    lr: float
+    samples: int
+    tokens: int
+    empty: bool
+
+
+def _read_back(ran: list[_Ran]) -> list[tuple[float, float, float | None, bool]]:
+    """(loss, grad_norm, loss_scale, skipped) of each step, in one device-to-host transfer."""
+    parts = []
+    for r in ran:
+        x = [r.result.loss.float(), r.result.grad_norm.float().to(r.result.loss.device)]
+        if r.result.loss_scale is not None:
+            x += [r.result.loss_scale.float(), r.result.skipped.float()]
+        parts.append(torch.stack(x))
+    flat = torch.cat(parts).tolist()
+    out, i = [], 0
+    for r in ran:
+        if r.result.loss_scale is not None:
+            out.append((flat[i], flat[i + 1], flat[i + 2], bool(flat[i + 3])))
+            i += 4
+        else:
+            out.append((flat[i], flat[i + 1], None, False))
+            i += 2
+    return out
+
+
+def _record_steps(s: _Stage, ran: list[_Ran], seconds: float) -> None:
+    """Add the steps that ran to the loop state: counters, steps.csv rows, the non-finite run (divergence). Each
+    step's time is its share of ``seconds`` (on a CPU, one step at a time: its own). A stage that diverges stops
+    recording at the step it diverged at."""
+    hp, st = s.hp, s.st
+    dt = seconds / len(ran)
+    for r, (loss, gn, scale, skipped) in zip(ran, _read_back(ran)):
+        step = r.step
+        st["train_seconds"] += dt
+        st["step_times"].append(dt)
+        st["samples"] += r.samples
+        st["tokens"] += r.tokens
+        st["skipped"] += int(skipped)
+        st["mlm_empty"] += int(r.empty)
+        if scale is not None:
+            st["scales"].append(scale)
+        if not r.empty:  # a batch without a masked token has a zero gradient by construction: not a measured norm
+            st["grad_norms"].append(gn)
+        # no masked token: no loss to log (an empty cell, not its zero: it would read as a perfect batch)
+        row = [step + 1, None if r.empty else loss, r.lr, gn, scale, round(dt, 6), int(skipped)]
+        # every skipped step gets its own row (as well as every log_every-th step), so steps.csv and
+        # the loss_scale plot show each skip at its step, not only those that fall on a logged one
+        if step % hp["log_every"] == 0 or step == s.total_steps - 1 or skipped:
+            st["rows"].append(row)
+        st["step"] = step + 1
+        if r.empty:
+            continue  # nothing was scored: neither a non-finite loss nor a finite one (the run of them goes on)
+        if math.isfinite(loss):
+            st["consecutive"] = 0
+            continue
+        st["nonfinite"] += 1
+        st["consecutive"] += 1
+        st["first_nonfinite"] = st["first_nonfinite"] or step + 1
+        if st["consecutive"] >= hp["max_nonfinite"]:
+            st["status"] = "diverged"
+            st["status_reason"] = (f"{st['consecutive']} consecutive non-finite losses "
+                                   f"(max_nonfinite={hp['max_nonfinite']}); first at step {st['first_nonfinite']}")
+            if not st["rows"] or st["rows"][-1] is not row:  # the step it stopped at: the last row
                 st["rows"].append(row)
-            st["step"] = step + 1
-            if st["step"] == hp["timing_warmup_steps"] and energy0 is not None:  # synced above: read once
-                energy_warm = measure.nvml_energy_mj(device)
-            bar.update(1)
-            if empty:
-                pass  # nothing was scored: neither a non-finite loss nor a finite one (the run of them goes on)
-            elif not math.isfinite(loss_val):
-                st["nonfinite"] += 1
-                st["consecutive"] += 1
-                st["first_nonfinite"] = st["first_nonfinite"] or step + 1
-                if st["consecutive"] >= hp["max_nonfinite"]:
-                    st["status"] = "diverged"
-                    st["status_reason"] = (
-                        f"{st['consecutive']} consecutive non-finite losses (max_nonfinite={hp['max_nonfinite']}); "
-                        f"first at step {st['first_nonfinite']}"
-                    )
-                    if not st["rows"] or st["rows"][-1] is not row:  # the step it stopped at: the last row
-                        st["rows"].append(row)
-                    break
-            else:
-                st["consecutive"] = 0
-            due = (hp["checkpoint_every_steps"] and st["step"] % hp["checkpoint_every_steps"] == 0) or (
+            return
+
+
+def _progress_bar(s: _Stage):
+    """tqdm on stderr (the stage's log in the workflow): step, loss, steps/s, ETA; updated at log_every steps,
+    printed at most every few seconds. hparams progress false: none."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    return tqdm(total=s.total_steps, initial=s.st["step"], desc=s.hp["run_id"], unit="step", file=sys.stderr,
+                mininterval=0.5 if tty else PROGRESS_SECONDS, ascii=None if tty else True,
+                disable=s.hp["progress"] is False)
+
+
+#: the progress bar's shortest interval between two lines in a log file (not a terminal), seconds
+PROGRESS_SECONDS = 5.0
+
+
+# ------------------------------------------------------------------ the loop
+def _switch_precision(s: _Stage, step: int) -> None:
+    """At the in-stage switch point (and for a run resumed past it): the new precision's flags and scaler."""
+    s.cur = s.active(step)
+    s.flags = s.cur.apply_backend_flags()
+    if s.cur.loss_scaling and s.scaler is None:
+        s.scaler = s.cur.make_scaler(s.device.type)
+    elif not s.cur.loss_scaling:
+        s.scaler = None
+
+
+def _reads_every_step(device: torch.device) -> bool:
+    """Whether the loop reads each step's results back as the step ends: on a CPU (nothing to wait for), not on
+    a GPU (a read waits for the device: they are read every log_every steps)."""
+    return device.type == "cpu"
+
+
+def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
+    """Train the steps left. Returns the loop's measurements: memory, energy, machine load.
+
+    Time per step = wall from the end of the previous step to the end of this one (device-synchronized):
+    batch collation, transfer, forward, backward, step and bookkeeping; resumable-state saves excluded.
+    On a CPU every step is read back at its end. On a GPU the loop does not wait for the device each step:
+    the steps' losses, norms and scales stay there and are read back together every log_every steps (and
+    before a state save, at the end of the timing warm-up, at the last step), each step timed as its share
+    of that window; a stage that reaches max_nonfinite is recorded up to that step, as on a CPU."""
+    hp, st, device = s.hp, s.st, s.device
+    measure.reset_peak_memory(device)
+    m = {"rss_before": measure.current_rss(), "energy0": measure.nvml_energy_mj(device), "energy_warm": None,
+         "load0": measure.load_avg_1m()}
+    t_prev = last_state_t = time.perf_counter()
+    bar = _progress_bar(s)
+    s.cur = s.active(st["step"])  # a run resumed past its switch point starts in the switched precision
+    s.flags = s.cur.apply_backend_flags()
+    prefetch, ran, every_step = _Prefetch(s), [], _reads_every_step(device)
+    step = st["step"]
+    try:
+        while step < s.total_steps and st["status"] == "ok":  # a diverged stage resumed: no more steps
+            if s.active(step) is not s.cur:  # the in-stage switch point
+                _switch_precision(s, step)
+            batch, n_tokens, empty = prefetch.take(step)
+            n_samples = int(batch["input_ids"].shape[0])
+            batch = _to_device(s, batch, empty)
+            nxt = step + 1
+            result = train_step(
+                s.model, batch, s.optimizer, s.scaler, s.cur, objective=hp["objective"], device_type=device.type,
+                # a batch with no masked token runs eager: the compiled graph never sees 0 head rows
+                loss_fn=forward_loss if empty else s.train_loss, max_grad_norm=hp["max_grad_norm"] or math.inf,
+                watch=s.tel.step(step), cudagraphs=s.cudagraphs,
+                # host work while the GPU runs the queued kernels (no sync above)
+                between=(lambda: prefetch.build(nxt)) if nxt < s.total_steps else None,
+            )
+            ran.append(_Ran(step, result, s.scheduler.get_last_lr()[0], n_samples, n_tokens, empty))
+            s.scheduler.step()
+            step = nxt
+            due = (hp["checkpoint_every_steps"] and step % hp["checkpoint_every_steps"] == 0) or (
                 hp["checkpoint_every_minutes"] and time.perf_counter() - last_state_t >= 60 * hp["checkpoint_every_minutes"]
             )
-            if stop["requested"] or (due and st["step"] < total_steps):
-                _save_state_counted(state_path, snapshot, st)
+            due = due and step < s.total_steps  # none at the last step: metrics.json follows
+            if not (every_step or stop.requested or due or (step - 1) % hp["log_every"] == 0 or step == s.total_steps
+                    or step == hp["timing_warmup_steps"]):
+                continue  # read back later, with the rest of the log_every window
+            measure.sync(device)
+            now = time.perf_counter()
+            _record_steps(s, ran, now - t_prev)
+            t_prev, ran = now, []
+            if step == hp["timing_warmup_steps"] and m["energy0"] is not None:  # synced above: read once
+                m["energy_warm"] = measure.nvml_energy_mj(device)
+            if (step - 1) % hp["log_every"] == 0 or st["status"] != "ok" or step == s.total_steps:
+                last = next((r[1] for r in reversed(st["rows"]) if r[1] is not None), None)
+                bar.set_postfix(loss=f"{last:.4g}" if last is not None else "-", refresh=False)
+                bar.update(st["step"] - bar.n)
+            if st["status"] != "ok":
+                break
+            if stop.requested or due:  # a signal may have come during the sync above
+                _save_loop_state(s)
                 last_state_t = t_prev = time.perf_counter()
-                if stop["requested"]:
-                    raise preempted(f"at step {st['step']}")
-    except BaseException:
-        restore_handlers()
-        raise
+                if stop.requested:
+                    raise stop.preempted(f"at step {st['step']}", s.state_path)
     finally:
         bar.close()
-    mem = measure.peak_memory(device)
-    energy1 = measure.nvml_energy_mj(device)
-    load1 = measure.load_avg_1m()
+    m.update(mem=measure.peak_memory(device), energy1=measure.nvml_energy_mj(device), load1=measure.load_avg_1m())
+    return m
 
-    # SIGTERM and SIGINT stay caught until the checkpoint is written: stopped during evaluation, the stage saves
-    # its finished training (a rerun evaluates it); during the checkpoint write, it finishes (seconds)
-    try:
-        # ------------------------------------------------------------ evaluation
-        t_eval = time.perf_counter()
-        measure.sync(device)
-        if hp["eval_precision"] == "same":
-            eval_prec = cur  # the precision the stage ended in
-        eval_prec.apply_backend_flags()
-        eval_model = model
-        if eval_prec.param_dtype != prec.param_dtype or eval_prec.fp8_linear != prec.fp8_linear:
-            eval_model = eval_prec.prepare_model(copy.deepcopy(model))
-        ev = evaluate(eval_model, eval_batches, hp["objective"], eval_prec, device, meta)
-        measure.sync(device)
-        eval_seconds = time.perf_counter() - t_eval
-        del eval_model
-        if st["status"] == "ok" and ev.get("eval_note"):
-            st["status"] = "diverged"
-            st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
-        if st["status"] == "ok":
-            reason = blown_up(st["nonfinite"], st["step"] - st["mlm_empty"], ev.get("eval_loss"), hp["objective"],
-                              int(model.config.vocab_size), hp["max_nonfinite_fraction"])
-            if reason:
-                st["status"], st["status_reason"] = "diverged", reason
 
-        if stop["requested"]:  # preempted while evaluating: keep the finished training, not the evaluation
-            _save_state_counted(state_path, snapshot, st)
-            raise preempted(f"after step {st['step']} (evaluation)")
-        # ------------------------------------------------------------ checkpoint
-        t_ckpt = time.perf_counter()
-        written = P.dtype_name(prec.param_dtype)
-        if hp["save_checkpoint"]:
-            with atomic_path(out / "checkpoint") as tmp:
-                model.save_pretrained(tmp)
-                tokenizer.save_pretrained(tmp)
-                atomic_write_json(
-                    tmp / STAGE_FILE,
-                    {"run_id": hp["run_id"], "precision": prec.name, "objective": hp["objective"], "dtype": written,
-                     "status": st["status"], "config_hash": chash, **model_pin},
-                )
-    finally:
-        restore_handlers()
-    checkpoint_seconds = time.perf_counter() - t_ckpt + st["state_seconds"]
+# ------------------------------------------------------------------ evaluation and checkpoint
+def _evaluate_stage(s: _Stage) -> dict:
+    """Evaluate the trained model (in eval_precision: the precision the stage ended in, or another, on a copy);
+    a non-finite or blown-up result marks the stage diverged. Returns the eval metrics with eval_seconds."""
+    hp, st = s.hp, s.st
+    t_eval = time.perf_counter()
+    measure.sync(s.device)
+    if hp["eval_precision"] == "same":
+        s.eval_prec = s.cur  # the precision the stage ended in
+    s.eval_prec.apply_backend_flags()
+    eval_model = s.model
+    if s.eval_prec.param_dtype != s.prec.param_dtype or s.eval_prec.fp8_linear != s.prec.fp8_linear:
+        eval_model = s.eval_prec.prepare_model(copy.deepcopy(s.model))
+    ev = evaluate(eval_model, s.eval_batches, hp["objective"], s.eval_prec, s.device, s.meta)
+    measure.sync(s.device)
+    eval_seconds = time.perf_counter() - t_eval
+    del eval_model
+    if st["status"] == "ok" and ev.get("eval_note"):
+        st["status"] = "diverged"
+        st["status_reason"] = f"final model is not finite: {ev['eval_note']}"
+    if st["status"] == "ok":
+        reason = blown_up(st["nonfinite"], st["step"] - st["mlm_empty"], ev.get("eval_loss"), hp["objective"],
+                          int(s.model.config.vocab_size), hp["max_nonfinite_fraction"])
+        if reason:
+            st["status"], st["status_reason"] = "diverged", reason
+    return {**ev, "eval_seconds": eval_seconds}
 
-    # ------------------------------------------------------------ metrics
-    times = st["step_times"]
-    w = hp["timing_warmup_steps"] if len(times) > hp["timing_warmup_steps"] else 0
-    energy_steady = None
-    if energy1 is not None and energy0 is not None:
-        if not w:
-            energy_steady = (energy1 - energy0) / 1000
-        elif energy_warm is not None:
-            energy_steady = (energy1 - energy_warm) / 1000
-    steady = times[w:]
-    steady_s = sum(steady)
-    steady_steps = len(steady)
-    tokens_per_step = st["tokens"] / max(len(times), 1)
-    scales = st["scales"]
-    # every step's norm (not only the steps.csv rows: with log_every 10, a tenth of them), empty batches left out
-    gns = [g for g in st["grad_norms"] if math.isfinite(g)]
+
+def _save_checkpoint(s: _Stage) -> None:
+    """checkpoint/: the weights in the stage's storage dtype, the tokenizer and the stage file (precswitch_stage.json)
+    the next stage reads; written atomically. Nothing where hparams save_checkpoint is false."""
+    hp = s.hp
+    if not hp["save_checkpoint"]:
+        return
+    with atomic_path(s.out / "checkpoint") as tmp:
+        s.model.save_pretrained(tmp)
+        s.tokenizer.save_pretrained(tmp)
+        atomic_write_json(
+            tmp / STAGE_FILE,
+            {"run_id": hp["run_id"], "precision": s.prec.name, "objective": hp["objective"],
+             "dtype": P.dtype_name(s.prec.param_dtype), "status": s.st["status"], "config_hash": s.chash,
+             **s.model_pin},
+        )
+
+
+# ------------------------------------------------------------------ records
+def _write_records(s: _Stage, loop: dict, ev: dict, checkpoint_seconds: float) -> dict:
+    """steps.csv, activations.csv (telemetry on), metrics.json; then the resumable state, no longer needed, goes."""
     buf = io.StringIO()
     wr = csv.writer(buf)
     wr.writerow(STEP_FIELDS)
-    wr.writerows(st["rows"])
-    atomic_write_text(out / "steps.csv", buf.getvalue())
-    if tel.enabled:
-        tel.write_csv(out / "activations.csv")
-    prov = {**measure.provenance(device), **gpu.claim_info()}
+    wr.writerows(s.st["rows"])
+    atomic_write_text(s.out / "steps.csv", buf.getvalue())
+    if s.tel.enabled:
+        s.tel.write_csv(s.out / "activations.csv")
+    prov = {**measure.provenance(s.device), **gpu.claim_info()}
+    eval_seconds = ev.pop("eval_seconds")
     metrics = {
-        **base,
-        "status": st["status"],
-        "status_reason": st["status_reason"],
-        "init": init,
-        "init_run_id": init_info.get("run_id"),
-        "init_precision": init_info.get("precision"),
-        "init_status": init_info.get("status"),
-        **model_pin,  # model_revision, model_commit: the pinned hub revision of the pretrained weights
-        "data_revision": (meta.get("source") or {}).get("revision"),
-        "data_commit": meta.get("source_commit"),
-        "switch_to": prec2.name if prec2 else None,
-        "switch_at": hp["switch_at"] if prec2 else None,
-        "switch_step": switch_step,
-        "precision_final": cur.name,
-        "update_compensation": prec.update_compensation,
-        "param_dtype": P.dtype_name(prec.param_dtype),
-        "autocast_dtype": P.dtype_name(prec.autocast_dtype) if prec.autocast_dtype else None,
-        "checkpoint_dtype_written": written if hp["save_checkpoint"] else None,
-        "checkpoint_dtype_read": ckpt_dtype_read,
-        "train_seconds": st["train_seconds"],
-        "eval_seconds": eval_seconds,
-        "setup_seconds": setup_seconds,
-        "checkpoint_seconds": checkpoint_seconds,
-        "state_saves": st["state_saves"],
-        "state_save_seconds": st["state_seconds"],
-        "steps_planned": total_steps,
-        "steps_completed": st["step"],
-        "batch_size": hp["batch_size"],
-        "model_parameters": sum(p.numel() for p in model.parameters()),
-        "samples_seen": st["samples"],
-        "tokens_seen": st["tokens"],
-        "timing_warmup_steps": w,
-        "steps_per_second": steady_steps / steady_s if steady_s > 0 else None,
-        "samples_per_second": steady_steps * hp["batch_size"] / steady_s if steady_s > 0 else None,
-        "tokens_per_second": steady_steps * tokens_per_step / steady_s if steady_s > 0 else None,
-        "step_seconds_median": statistics.median(steady) if steady else None,
-        "step_seconds_p90": float(np.percentile(steady, 90)) if steady else None,
-        **mem,
-        "memory_baseline_bytes": rss_before if device.type == "cpu" else None,
-        "energy_joules": (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None,
-        # the steps after timing_warmup_steps, the steady-state rates' steps (None if resumed past the warm-up)
-        "energy_joules_steady": energy_steady,
-        "loss_scale_start": scales[0] if scales else None,
-        "loss_scale_end": scales[-1] if scales else None,
-        "loss_scale_min": min(scales) if scales else None,
-        "skipped_steps": st["skipped"],
-        "nonfinite_losses": st["nonfinite"],
-        "first_nonfinite_step": st["first_nonfinite"],
-        # masked-LM training batches without a masked token: zero loss and gradient, an empty loss in steps.csv
-        "mlm_empty_batches": st["mlm_empty"] if hp["objective"] == "mlm" else None,
-        "final_train_loss": next((r[1] for r in reversed(st["rows"]) if r[1] is not None), None),
-        "grad_norm": {
-            "mean": statistics.fmean(gns) if gns else None,
-            "median": statistics.median(gns) if gns else None,
-            "p90": float(np.percentile(gns, 90)) if gns else None,
-            "max": max(gns) if gns else None,
-            "nonfinite": len(st["grad_norms"]) - len(gns),
-        },
-        "eval_precision": eval_prec.name,
-        "activation_telemetry": tel.summary() if tel.enabled else None,
+        **s.base,
+        **_origin_metrics(s),
+        **_precision_metrics(s),
+        **_timing_metrics(s, eval_seconds, checkpoint_seconds),
+        **_resource_metrics(s, loop),
+        **_numerics_metrics(s),
+        "eval_precision": s.eval_prec.name,
+        "activation_telemetry": s.tel.summary() if s.tel.enabled else None,
         **ev,
         **prov,
-        "threads": hp["threads"],
-        "compile": hp["compile"],
-        "load_avg_1m_start": load0,  # machine load around the timed loop: above cpu_count, clocks stretch
-        "load_avg_1m_end": load1,
-        **flags,
-        "resumed": resumed,
-        "attempts": st["attempts"],
-        "hparams": hp,
+        "threads": s.hp["threads"],
+        "compile": s.hp["compile"],
+        "load_avg_1m_start": loop["load0"],  # machine load around the timed loop: above cpu_count, clocks stretch
+        "load_avg_1m_end": loop["load1"],
+        **s.flags,
+        "resumed": s.resumed,
+        "attempts": s.st["attempts"],
+        "hparams": s.hp,
         "finished_at": measure.now_iso(),
     }
-    atomic_write_json(out / "metrics.json", metrics)
-    if state_path.is_file():
-        state_path.unlink()
+    atomic_write_json(s.out / "metrics.json", metrics)
+    if s.state_path.is_file():
+        s.state_path.unlink()
+        resume_dir = s.state_path.parent
         (resume_dir / STATE_SECONDS).unlink(missing_ok=True)
         try:
             resume_dir.rmdir()
@@ -1109,4 +1293,112 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
     return metrics
 
 
-__all__ = ["run_stage", "evaluate", "Preempted", "EXIT_PREEMPTED", "STAGE_FILE"]
+def _origin_metrics(s: _Stage) -> dict:
+    """The stage's status and where its weights and data come from."""
+    return {
+        "status": s.st["status"],
+        "status_reason": s.st["status_reason"],
+        "init": s.init,
+        "init_run_id": s.init_info.get("run_id"),
+        "init_precision": s.init_info.get("precision"),
+        "init_status": s.init_info.get("status"),
+        **s.model_pin,  # model_revision, model_commit: the pinned hub revision of the pretrained weights
+        "data_revision": (s.meta.get("source") or {}).get("revision"),
+        "data_commit": s.meta.get("source_commit"),
+    }
+
+
+def _precision_metrics(s: _Stage) -> dict:
+    prec, saved = s.prec, s.hp["save_checkpoint"]
+    return {
+        "switch_to": s.prec2.name if s.prec2 else None,
+        "switch_at": s.hp["switch_at"] if s.prec2 else None,
+        "switch_step": s.switch_step,
+        "precision_final": s.cur.name,
+        "update_compensation": prec.update_compensation,
+        "param_dtype": P.dtype_name(prec.param_dtype),
+        "autocast_dtype": P.dtype_name(prec.autocast_dtype) if prec.autocast_dtype else None,
+        "checkpoint_dtype_written": P.dtype_name(prec.param_dtype) if saved else None,
+        "checkpoint_dtype_read": s.ckpt_dtype_read,
+    }
+
+
+def _timing_metrics(s: _Stage, eval_seconds: float, checkpoint_seconds: float) -> dict:
+    """Seconds by phase, work done, and the steady-state rates: the steps after timing_warmup_steps (all of them
+    where the stage ran no more than that, e.g. resumed past the warm-up)."""
+    hp, st = s.hp, s.st
+    times = st["step_times"]
+    w = hp["timing_warmup_steps"] if len(times) > hp["timing_warmup_steps"] else 0
+    steady = times[w:]
+    steady_s = sum(steady)
+    steady_steps = len(steady)
+    tokens_per_step = st["tokens"] / max(len(times), 1)
+    return {
+        "train_seconds": st["train_seconds"],
+        "eval_seconds": eval_seconds,
+        "setup_seconds": s.setup_seconds,
+        "checkpoint_seconds": checkpoint_seconds,
+        "state_saves": st["state_saves"],
+        "state_save_seconds": st["state_seconds"],
+        "steps_planned": s.total_steps,
+        "steps_completed": st["step"],
+        "batch_size": hp["batch_size"],
+        "model_parameters": sum(p.numel() for p in s.model.parameters()),
+        "samples_seen": st["samples"],
+        "tokens_seen": st["tokens"],
+        "timing_warmup_steps": w,
+        "steps_per_second": steady_steps / steady_s if steady_s > 0 else None,
+        "samples_per_second": steady_steps * hp["batch_size"] / steady_s if steady_s > 0 else None,
+        "tokens_per_second": steady_steps * tokens_per_step / steady_s if steady_s > 0 else None,
+        "step_seconds_median": statistics.median(steady) if steady else None,
+        "step_seconds_p90": float(np.percentile(steady, 90)) if steady else None,
+    }
+
+
+def _resource_metrics(s: _Stage, loop: dict) -> dict:
+    """Peak memory and energy (NVML; None on a CPU): all steps, and the steady ones after timing_warmup_steps."""
+    e0, e_warm, e1 = loop["energy0"], loop["energy_warm"], loop["energy1"]
+    w = s.hp["timing_warmup_steps"] if len(s.st["step_times"]) > s.hp["timing_warmup_steps"] else 0
+    steady = None
+    if e1 is not None and e0 is not None:
+        if not w:
+            steady = (e1 - e0) / 1000
+        elif e_warm is not None:
+            steady = (e1 - e_warm) / 1000
+    return {
+        **loop["mem"],
+        "memory_baseline_bytes": loop["rss_before"] if s.device.type == "cpu" else None,
+        "energy_joules": (e1 - e0) / 1000 if e0 is not None and e1 is not None else None,
+        # the steps after timing_warmup_steps, the steady-state rates' steps (None if resumed past the warm-up)
+        "energy_joules_steady": steady,
+    }
+
+
+def _numerics_metrics(s: _Stage) -> dict:
+    """Loss scale, skipped and non-finite steps, the last logged loss, gradient-norm statistics."""
+    st = s.st
+    scales = st["scales"]
+    # every step's norm (not only the steps.csv rows: with log_every 10, a tenth of them), empty batches left out
+    gns = [g for g in st["grad_norms"] if math.isfinite(g)]
+    return {
+        "loss_scale_start": scales[0] if scales else None,
+        "loss_scale_end": scales[-1] if scales else None,
+        "loss_scale_min": min(scales) if scales else None,
+        "skipped_steps": st["skipped"],
+        "nonfinite_losses": st["nonfinite"],
+        "first_nonfinite_step": st["first_nonfinite"],
+        # masked-LM training batches without a masked token: zero loss and gradient, an empty loss in steps.csv
+        "mlm_empty_batches": st["mlm_empty"] if s.hp["objective"] == "mlm" else None,
+        "final_train_loss": next((r[1] for r in reversed(st["rows"]) if r[1] is not None), None),
+        "grad_norm": {
+            "mean": statistics.fmean(gns) if gns else None,
+            "median": statistics.median(gns) if gns else None,
+            "p90": float(np.percentile(gns, 90)) if gns else None,
+            "max": max(gns) if gns else None,
+            "nonfinite": len(st["grad_norms"]) - len(gns),
+        },
+    }
+
+
+__all__ = ["run_stage", "evaluate", "build_optimizer", "train_step", "StepResult", "Preempted", "EXIT_PREEMPTED",
+           "STAGE_FILE"]
