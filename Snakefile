@@ -59,4 +59,5 @@ rule all:
         f"{RESULTS}/schedules.csv",
         f"{RESULTS}/summary.csv",
         f"{RESULTS}/verdict.md",
+        f"{RESULTS}/report_front.rst",
         expand(f"{RESULTS}/plots/{{name}}.{{ext}}", name=PLOTS, ext=["png", "svg"]),

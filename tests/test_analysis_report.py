@@ -162,15 +162,15 @@ def test_bootstrap_drawn_from_min_pairs(study, tmp_path):
 
 
 
-def _render_rst(name: str, config: dict) -> str:
+def _render_rst(name: str, config: dict, files=()) -> str:
     import types
 
     import jinja2
 
-    # as snakemake.report renders captions and the front page
+    # as snakemake.report renders captions and the front page (files: the report's results, .target and .path)
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string((REPO / "workflow" / "report" / name).read_text()).render(
-        snakemake=types.SimpleNamespace(config=config))
+        snakemake=types.SimpleNamespace(config=config), files=list(files))
 
 
 def _config(**analysis):
@@ -208,6 +208,33 @@ def test_report_captions_render_and_match_the_rules():
     cfg["results_dir"] = "results/frontier"
     assert "``results/frontier/runs/pretrain/<precision>/seed<seed>``" in _render_rst("runs.rst", cfg)
 
+
+
+def test_report_front_page_shows_the_answer_and_the_forest_plot_first(study, tmp_path):
+    """With the verdict's report_front.rst beside verdict.md, workflow.rst opens with its title and headline table,
+    then the forest plot embedded (a data URI: the report is one file), then the design prose."""
+    import types
+
+    from docutils.core import publish_parts
+
+    from precswitch.analysis.verdict import title, write_verdict, _View
+
+    root, _, stats = study
+    r = root / "results"
+    write_verdict(r / "stats.json", tmp_path / "verdict.md", tmp_path / "report_front.rst")
+    make_plots(r / "runs.csv", r / "schedules.csv", r / "stats.json", outputs=[tmp_path / "forest.svg"])
+    files = [types.SimpleNamespace(target=p.name, path=p) for p in (tmp_path / "verdict.md", tmp_path / "forest.svg")]
+    links = "\n\n.. _Verdict: javascript:void(0)\n.. _forest.svg: javascript:void(0)\n"  # snakemake's rst_links
+    html = publish_parts(_render_rst("workflow.rst", _config(), files) + links, writer="html",
+                         settings_overrides={"halt_level": 2, "report_level": 2})["html_body"]
+    heading, table, img, design = (html.find(x) for x in (
+        title(_View(stats))[0], 'class="headline', '<div class="forest', "How this study was run"))
+    assert -1 < heading < table < img < design, (heading, table, img, design)
+    assert "fp16-fp16" in html[table:img] and "<svg" in html[img:design] and "No verdict yet" not in html
+    # without a verdict (a report built before the analysis) the page says so and keeps the design
+    bare = publish_parts(_render_rst("workflow.rst", _config()), writer="html",
+                         settings_overrides={"halt_level": 2, "report_level": 2})["html_body"]
+    assert "No verdict yet" in bare and "<table" not in bare and "How this study was run" in bare
 
 
 def test_report_front_page_names_switched_stages_and_sweeps():

@@ -98,6 +98,28 @@ def test_tensor_bytes_per_parameter_follow_the_catalog():
         16, 16, 8, 10]
 
 
+def test_the_report_front_has_the_verdicts_title_and_headline_table_in_rest(study):
+    """report_front.rst (the report's landing page) carries the same title and headline cells as verdict.md, and
+    docutils renders it without a warning."""
+    import csv
+
+    from docutils.core import publish_parts
+
+    from precswitch.analysis.verdict import render_front
+
+    stats, text = study
+    front = render_front(stats)
+    publish_parts(front, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})
+    lines = front.splitlines()
+    assert "# " + lines[2] == text.splitlines()[0] and set(lines[3]) == {"="}
+    cells = list(csv.reader(ln.strip() for ln in lines if ln.startswith('   "')))
+    header = text.split("## Answer")[1].splitlines()[2]
+    assert cells[0] == [c.strip() for c in header.strip("|").split("|")]
+    assert cells[1:] == _table(text, "Answer")
+    html = publish_parts(front, writer="html")["html_body"]
+    assert "<table" in html and 'class="headline' in html and "fp16-fp16" in html and "`" not in html
+
+
 # ---------------------------------------------------------------------------- title follows the design
 @pytest.mark.parametrize("schedules, starts", [
     ({"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}, "# Pre-training precision"),

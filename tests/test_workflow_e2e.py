@@ -195,6 +195,21 @@ def test_report_renders_in_a_real_browser(tiny_study, tmp_path):
     body = re.sub(r"<script.*?</script>", "", dom.stdout[dom.stdout.find("<body"):], flags=re.S)
     for word in ("Workflow", "Accuracy", "Cost", "Numerics", "Tables", "Verdict"):  # rendered navigation
         assert word in body, word
+    # the landing page answers first: the headline table (the configured contrasts first), then the forest plot
+    landing = body[body.find('class="prose'):body.find("How this study was run")]
+    table = re.search(r'<table[^>]*class="headline.*?</table>', landing, re.S)
+    assert table, landing[:3000]
+
+    def text(html):
+        return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+    header = [text(c) for c in re.findall(r"<th.*?</th>", table.group(0), re.S)]
+    assert header[:3] == ["comparison", "accuracy Δ (points) [95% CI]", "accuracy"] and "memory ratio" in header
+    rows = [[text(c) for c in re.findall(r"<td.*?</td>", r, re.S)] for r in re.findall(r"<tr>.*?</tr>",
+                                                                                     table.group(0), re.S)[1:]]
+    assert [r[0] for r in rows[:2]] == [f"{a} vs {b}" for a, b in TINY["analysis"]["contrasts"]]
+    assert len(rows) == len(TINY["schedules"])  # the two contrasts, then the other two schedules vs the baseline
+    assert re.search(r'class="forest[^"]*">.*?<svg', landing[table.end():], re.S), "no forest plot on the landing page"
     plots = sorted({p.stem for p in (workdir / "results" / "plots").glob("*.svg")})
     assert plots
     for name in plots:

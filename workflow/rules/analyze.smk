@@ -116,12 +116,14 @@ rule verdict:
     input:
         stats=f"{RESULTS}/stats.json",
     output:
-        report(
+        verdict=report(
             f"{RESULTS}/verdict.md",
             caption=caption("verdict"),
             category="Verdict",
             labels={"document": "verdict"},
         ),
+        # the same answer in reST for the report's landing page (workflow/report/workflow.rst includes it)
+        front=f"{RESULTS}/report_front.rst",
     log:
         f"{LOGS}/analysis/verdict.log",
     benchmark:
@@ -130,4 +132,4 @@ rule verdict:
     conda:
         "../../envs/precswitch.yaml"
     shell:
-        "precswitch verdict --stats {input.stats} --out {output} > {log} 2>&1"
+        "precswitch verdict --stats {input.stats} --out {output.verdict} --front {output.front} > {log} 2>&1"

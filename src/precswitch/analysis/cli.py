@@ -10,7 +10,7 @@
                      [--steps steps.csv] [--activations activations.csv] (--out-dir DIR | --out FILE.png|svg ...)
         → <plot>.png/.svg for plot in accuracy, forest, time_memory, loss_curves, loss_scale, stage1,
           switch_point, overflow
-    precswitch verdict --stats stats.json --out verdict.md
+    precswitch verdict --stats stats.json --out verdict.md [--front report_front.rst]
 """
 
 from __future__ import annotations
@@ -146,9 +146,9 @@ def _verdict(args: argparse.Namespace) -> int:
     from .verdict import write_verdict
 
     _check_stats(args.stats)
-    _check_outputs([("--out", args.out)])
-    write_verdict(args.stats, args.out)
-    print(f"precswitch verdict: wrote {args.out}", file=sys.stderr)
+    _check_outputs([("--out", args.out), ("--front", args.front)])
+    write_verdict(args.stats, args.out, args.front)
+    print(f"precswitch verdict: wrote {args.out}" + (f" and {args.front}" if args.front else ""), file=sys.stderr)
     return 0
 
 
@@ -202,4 +202,6 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("verdict", help="write verdict.md from stats.json")
     p.add_argument("--stats", required=True, metavar="JSON")
     p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--front", metavar="FILE", help="also write the answer (title, headline table, sentences) as "
+                                                   "reST for the report's landing page")
     p.set_defaults(func=_verdict)

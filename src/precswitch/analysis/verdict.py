@@ -8,6 +8,8 @@ the tensors, stage 1, failures, caveats, provenance.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -81,18 +83,23 @@ def design(v: _View) -> str:
         (len(s1) > 1, len(s2) > 1), "none")
 
 
-def _title(v: _View) -> str:
+def title(v: _View) -> tuple[str, str]:
+    """(the title by design, 'Tiny BERT (...) on a CPU, 2 seeds.'): shared by verdict.md and the report's front."""
     s1 = sorted({v.stage(s, 1) for s in v.info})
     s2 = sorted({v.stage(s, 2) for s in v.info})
-    d = design(v)
-    title = {
+    text = {
         "pretrain": f"Pre-training precision ({', '.join(s1)}), fine-tuned in {', '.join(s2)}: does accuracy change?",
         "finetune": f"Fine-tuning precision ({', '.join(s2)}) after {', '.join(s1)} pre-training: does accuracy change?",
         "both": "Pre-training and fine-tuning precision: what does each schedule change?",
         "none": f"One schedule, `{v.baseline}`: nothing to compare",
-    }[d]
+    }[design(v)]
     scale = _scale(v)
-    return f"# {title}\n\n{scale[:1].upper()}{scale[1:]}."
+    return text, f"{scale[:1].upper()}{scale[1:]}."
+
+
+def _title(v: _View) -> str:
+    text, scale = title(v)
+    return f"# {text}\n\n{scale}"
 
 
 def _scale(v: _View) -> str:
@@ -115,10 +122,9 @@ def _isnum(x: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ headline
-def _headline(v: _View) -> str:
+def headline(v: _View) -> tuple[list[str], list[list[str]], str]:
+    """The headline table (header, one row per comparison, the named contrasts first) and its note."""
     rows = [_headline_row(v, a, b, fam) for a, b, fam in v.comparisons()]
-    if not rows:
-        return ""
     header = ["comparison", f"accuracy Δ (points) [{v.conf}% CI]", "accuracy", "time ratio", "time",
               "memory ratio", "memory"]
     note = (f"A − B paired by seed. Accuracy: *better/worse* = Holm-adjusted p < {v.alpha:g}; *equivalent* = the "
@@ -126,8 +132,14 @@ def _headline(v: _View) -> str:
             "of paired ratios; over both stages, or stage 2 alone (marked) when the two share their stage-1 runs or "
             "one has none; *n.s.* = not significant after Holm.")
     missing = [f"`{a}` vs `{b}`" for a, b in v.stats.get("missing_contrasts", [])]
-    tail = f"\n\nNot run (schedule missing): {', '.join(missing)}." if missing else ""
-    return "## Answer\n\n" + md_table(header, rows) + "\n\n" + note + tail
+    if missing:
+        note += f" Not run (schedule missing): {', '.join(missing)}."
+    return header, rows, note
+
+
+def _headline(v: _View) -> str:
+    header, rows, note = headline(v)
+    return "## Answer\n\n" + md_table(header, rows) + "\n\n" + note if rows else ""
 
 
 def cost_rows(v: _View, a: str, b: str, family: str) -> tuple[dict | None, dict | None, bool]:
@@ -471,7 +483,26 @@ def _provenance(v: _View) -> str:
     return "## Holds for\n\n" + md_table(["", ""], [[k, x] for k, x in items])
 
 
-def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike) -> str:
+def render_front(stats: dict) -> str:
+    """The answer for the report's landing page in reStructuredText (workflow/report/workflow.rst includes it): the
+    title by design, the headline table, the answer sentences and the table's note, as at the top of verdict.md."""
+    v = _View(stats)
+    text, scale = title(v)
+    header, rows, note = headline(v)
+    # `name` is inline code in Markdown; the same with reST's default role set to literal (reset at the end)
+    out = [".. default-role:: literal", "", text, "=" * len(text), "", scale, ""]
+    if rows:
+        buf = io.StringIO()
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([header, *rows])
+        out += [".. csv-table::", "   :header-rows: 1", "   :widths: auto", "   :class: headline", ""]
+        out += ["   " + line for line in buf.getvalue().splitlines()] + [""]
+    out += [_answer(v), "", note if rows else "", "", ".. default-role::", ""]
+    return "\n".join(out)
+
+
+def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike,
+                  front_path: str | os.PathLike | None = None) -> str:
+    """verdict.md from stats.json; with ``front_path`` also the report's landing-page answer (render_front)."""
     from ..io import atomic_write_text
 
     p = Path(stats_path)
@@ -482,5 +513,7 @@ def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike) ->
     except json.JSONDecodeError as e:
         raise PrecswitchError(f"stats file {p} is not valid JSON: {e}") from None
     text = render(stats)
+    if front_path is not None:
+        atomic_write_text(front_path, render_front(stats))
     atomic_write_text(out_path, text)
     return text
