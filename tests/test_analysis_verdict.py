@@ -170,6 +170,9 @@ def test_an_exact_tie_prints_0_00():
 def test_ratios_keep_three_significant_digits():
     assert [fmt.ratio(x) for x in (0.87312, 1.0234, 12.345, 0.0456)] == ["0.873", "1.02", "12.3", "0.0456"]
     assert fmt.ratio_ci({"mean": 0.96923, "ci_low": 0.96686, "ci_high": 0.97162}) == "×0.969 [0.967, 0.972]"
+    # an interval from two noisy seeds: its ends print as bounds, not as 0.000000154 and 20509845
+    assert fmt.ratio_ci({"mean": 1.78, "ci_low": 1.54e-7, "ci_high": 2.05e7}) == "×1.78 [<0.001, >1000]"
+    assert fmt.ratio(0.001) == "0.00100" and fmt.ratio(1000.0) == "1000"
 
 
 def test_intervals_of_positive_quantities_never_go_below_zero():

@@ -42,12 +42,22 @@ def diff(v: Any, unit: str = "points") -> str:
     return num(v, DECIMALS.get(unit, 2), sign=True)
 
 
+#: a ratio outside these bounds prints as the bound (``<0.001``, ``>1000``): such a value (an interval's end
+#: from two noisy seeds) says only "uninformative", and its digits would read like a measurement
+RATIO_BOUNDS = (0.001, 1000.0)
+
+
 def ratio(v: Any) -> str:
-    """A ratio to 3 significant digits: ``0.873``, ``1.02``, ``12.3`` (no exponent below 1000)."""
+    """A ratio to 3 significant digits: ``0.873``, ``1.02``, ``12.3``; ``<0.001`` and ``>1000`` beyond
+    :data:`RATIO_BOUNDS` (no exponents)."""
     if not finite(v):
         return NA
     if v == 0:
         return "0"
+    if abs(v) < RATIO_BOUNDS[0]:
+        return f"<{RATIO_BOUNDS[0]:g}"
+    if abs(v) > RATIO_BOUNDS[1]:
+        return f">{RATIO_BOUNDS[1]:g}"
     dec = max(0, 2 - math.floor(math.log10(abs(v))))
     return f"{v:.{dec}f}".replace("-", "−")
 
