@@ -303,7 +303,7 @@ def check_gpu_here():
             None if limit is None else int(limit),
         )
     except study.ConfigError as e:
-        raise WorkflowError(str(e)) from None
+        refuse(e)  # the Snakefile's: one line
     if note:
         logger.warning(f"precswitch: {note}")
 
