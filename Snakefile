@@ -65,6 +65,10 @@ onstart:
     keep_previous_runs()
 
 
+onsuccess:
+    data_notes()
+
+
 rule all:
     default_target: True
     input:

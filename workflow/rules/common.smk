@@ -64,8 +64,9 @@ def _local_cores():
 
 
 _THREADS_NOTE = study.threads_note(config["threads"], _local_cores())
-if _THREADS_NOTE:
-    print(_THREADS_NOTE, file=sys.stderr)
+for _note in [_THREADS_NOTE, *study.warmup_notes(config)]:
+    if _note:
+        print(_note, file=sys.stderr)
 
 
 def training_gpus(wildcards):
@@ -320,3 +321,11 @@ def keep_previous_runs():
             f"precswitch: {len(kept)} finished run(s) will rerun; their previous results are kept "
             f"under {PREVIOUS}/ (e.g. {kept[0]}): delete it when no longer needed"
         )
+
+
+def data_notes():
+    """onsuccess: rows the prepare jobs dropped, on the console (their logs alone would hide them)."""
+    for note in study.prepared_notes(
+        [f"{PREPARED_DIR.format(stage=stage)}/meta.json" for stage in STAGES]
+    ):
+        print(note, file=sys.stderr)
