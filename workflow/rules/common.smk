@@ -313,12 +313,21 @@ def keep_previous_runs():
     """Keep each finished run a rerun will replace under <results_dir>/previous/ (precswitch.study)."""
     from snakemake.logging import logger
 
+    # a prepared dataset is a directory output too: Snakemake deletes it before its job reruns, so a rerun
+    # that fails would leave none
+    prepared = [
+        (f"{j.output[0]}/meta.json", list(j.log))
+        for j in workflow.dag.needrun_jobs()
+        if j.rule.name == "prepare"
+    ]
     kept = study.keep_previous_runs(
-        [(j.output.metrics, list(j.log)) for j in _training_jobs()], RESULTS, PREVIOUS
+        [(j.output.metrics, list(j.log)) for j in _training_jobs()] + prepared,
+        RESULTS,
+        PREVIOUS,
     )
     if kept:
         logger.info(
-            f"precswitch: {len(kept)} finished run(s) will rerun; their previous results are kept "
+            f"precswitch: {len(kept)} finished run(s) or prepared dataset(s) will rerun; their previous results are kept "
             f"under {PREVIOUS}/ (e.g. {kept[0]}): delete it when no longer needed"
         )
 
