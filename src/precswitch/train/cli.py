@@ -75,14 +75,13 @@ def _run(args) -> int:
         node[leaf] = value
     from .engine import Preempted, run_stage
 
-    console = []
+    console = []  # the console's stderr, once the output goes to --log
 
     def locked():
-        if args.log:
-            console.append(_to_log(args.log))
+        console.append(_to_log(args.log))
 
     try:
-        m = run_stage(hp, args.out, on_locked=locked)
+        m = run_stage(hp, args.out, on_locked=locked) if args.log else run_stage(hp, args.out)
     except Preempted as e:
         print(f"precswitch: preempted: {e}", file=sys.stderr)
         return e.exit_code
