@@ -168,6 +168,12 @@ def schema_error(error) -> ConfigError:
             allowed = f" (YAML reads it as text: write {float(error.instance):.1e})"
         except ValueError:
             pass
+    elif error.validator == "type" and "integer" in str(error.validator_value) and isinstance(error.instance, str):
+        try:  # 1e3 for a count: YAML reads it as text, and a count is written without an exponent
+            n = float(error.instance)
+            allowed = f" (YAML reads it as text: write {int(n)})" if n.is_integer() else ""
+        except (ValueError, OverflowError):
+            pass
     if (error.validator == "enum" and isinstance(error.instance, str)
             and set(error.validator_value) - {"same"} <= set(PRECISIONS)):  # eval_precision adds 'same'
         allowed = name_hint(error.instance)  # bf16: amp_bf16 or pure_bf16?
