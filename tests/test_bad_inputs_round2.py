@@ -302,6 +302,26 @@ def test_a_prepared_dataset_a_rerun_replaces_is_kept_as_runs_are(tmp_path):
     assert (results / "previous" / "data" / "finetune" / "prepared" / "data.arrow").read_text() == "rows"
 
 
+def test_a_prepare_rerun_keeps_the_previous_prepared_data_under_previous(tmp_path):
+    """Through the workflow (--touch runs onstart as a real run does, without training): a changed prepare param
+    reruns prepare, which Snakemake starts by deleting its output directory; the previous one is kept first."""
+    from test_workflow import _touch_study
+    from workflow_helpers import snakemake, write_config
+
+    cfg = {"schedules": {"y": {"finetune": "fp32"}}, "analysis": {"baseline": "y", "contrasts": []}, "seeds": [1],
+           "results_dir": "res"}
+    _touch_study(tmp_path, cfg)
+    prepared = tmp_path / "res" / "data" / "finetune" / "prepared"
+    (prepared / "meta.json").write_text('{"n_train": 3}')
+    (prepared / "data.arrow").write_text("rows")
+    for f in (tmp_path / "res").rglob("*"):
+        os.utime(f, (1.7e9, 1.7e9))
+    changed = write_config(tmp_path / "changed.yaml", {**cfg, "train": {"finetune": {"max_length": 48}}})
+    snakemake(tmp_path, "--touch", "-c1", "--configfile", changed, check=True)
+    kept = tmp_path / "res" / "previous" / "data" / "finetune" / "prepared"
+    assert (kept / "data.arrow").read_text() == "rows" and (kept / "meta.json").read_text() == '{"n_train": 3}'
+
+
 def test_the_readmes_kill_command_matches_one_studys_training_only():
     readme = (ROOT / "README.md").read_text()
     kills = [line for line in readme.splitlines() if "pkill -f" in line]

@@ -327,7 +327,7 @@ def keep_previous_runs():
     )
     if kept:
         logger.info(
-            f"precswitch: {len(kept)} finished run(s) or prepared dataset(s) will rerun; their previous results are kept "
+            f"precswitch: {len(kept)} finished run(s) will rerun; their previous results are kept "
             f"under {PREVIOUS}/ (e.g. {kept[0]}): delete it when no longer needed"
         )
 
