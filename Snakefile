@@ -24,7 +24,10 @@ def refuse(error):
 try:
     # a key written twice in a config file (YAML keeps the last without a word)
     study.check_config_files(
-        [*workflow.config_settings.configfiles, "config/config.yaml"]
+        [
+            *workflow.config_settings.configfiles,
+            os.path.join(workflow.basedir, "config", "config.yaml"),
+        ]
     )
     # a schedules map given on the command line replaces the default one (precswitch.study.given_schedules)
     _schedules = study.given_schedules(
