@@ -4,7 +4,6 @@
 import os
 import sys
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 # this checkout's package first, in case another copy is installed
@@ -15,12 +14,29 @@ from precswitch.io import type_cli_config
 
 min_version("9.0")
 
-# a schedules map given on the command line replaces the default one (precswitch.study.given_schedules)
-_schedules = study.given_schedules(
-    config,
-    workflow.config_settings.config,
-    workflow.config_settings.configfiles,
-)
+
+def refuse(error):
+    """A config mistake is one line (the key, the value, what is allowed): no Snakemake frames around it."""
+    print(f"Error: {error}", file=sys.stderr)
+    sys.exit(1)
+
+
+try:
+    # a key written twice in a config file (YAML keeps the last without a word)
+    study.check_config_files(
+        [
+            *workflow.config_settings.configfiles,
+            os.path.join(workflow.basedir, "config", "config.yaml"),
+        ]
+    )
+    # a schedules map given on the command line replaces the default one (precswitch.study.given_schedules)
+    _schedules = study.given_schedules(
+        config,
+        workflow.config_settings.config,
+        workflow.config_settings.configfiles,
+    )
+except study.ConfigError as e:
+    refuse(e)
 
 
 configfile: "config/config.yaml"
@@ -34,7 +50,7 @@ try:  # the schema (filling its defaults), then the checks it cannot express: on
     study.validate(config)
     STUDY = study.plan(config)
 except study.ConfigError as e:
-    raise WorkflowError(str(e)) from None
+    refuse(e)
 
 
 include: "workflow/rules/common.smk"
@@ -50,6 +66,10 @@ report: "workflow/report/workflow.rst"
 onstart:
     check_gpu_here()
     keep_previous_runs()
+
+
+onsuccess:
+    data_notes()
 
 
 rule all:

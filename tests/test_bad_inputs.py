@@ -79,5 +79,7 @@ def test_an_unusable_finetuning_table_stops_the_study_before_stage_1_trains(tmp_
     assert r.returncode != 0
     log = (tmp_path / "results" / "logs" / "data" / "prepare-finetune.log").read_text()
     assert "one" in log.lower() and "class" in log.lower(), log[-2000:]
+    # and on the console, not only in the log: the log's last line, the one-line error
+    assert "precswitch: error:" in r.stderr and "at least 2 classes" in r.stderr, r.stderr[-2000:]
     assert not list((tmp_path / "results").glob("runs/pretrain/*/seed1/metrics.json"))  # no stage 1 trained
     assert "rule pretrain" not in r.stdout + r.stderr  # nor started

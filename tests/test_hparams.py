@@ -95,9 +95,11 @@ def test_an_in_stage_switch_between_fp32_master_weight_precisions_is_accepted(fi
 
 def test_boundary_values_are_accepted_and_defaults_filled():
     hp = C.resolve({**BASE, "max_nonfinite_fraction": 1, "warmup_ratio": 0, "seed": 0, "switch_to": "fp32",
-                    "switch_at": 1, "precision": "amp_fp16", "steps": 4.0, "stage": "finetune"})
+                    "switch_at": 1, "precision": "amp_fp16", "steps": 4, "stage": "finetune"})
     assert hp["max_nonfinite_fraction"] == 1 and hp["warmup_ratio"] == 0 and hp["switch_at"] == 1
     assert hp["steps"] == 4 and isinstance(hp["steps"], int)
+    with pytest.raises(PrecswitchError, match=r"steps must be a whole number, got 4\.0"):  # as the study config
+        C.resolve({**BASE, "steps": 4.0})
     assert hp["run_id"] == "finetune-amp_fp16-seed0"  # stage, precision and seed: unique per job
     assert C.resolve({**BASE, "seed": 7})["run_id"] == "pretrain-fp32-seed7"
     assert C.resolve({**BASE, "run_id": "mine"})["run_id"] == "mine"

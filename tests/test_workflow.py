@@ -761,7 +761,9 @@ def test_each_jobs_command_writes_stdout_and_stderr_to_its_log(tmp_path):
             commands = [c for c in re.split(r" && | \|\| ", command) if "precswitch " in c]
             assert commands, (rule, command)
             for c in commands:
-                assert c.rstrip(")").endswith(f" > {log} 2>&1"), (rule, c)
+                # a training job's trainer opens its own log (--log), once it holds its run dir
+                ending = f" --log {log}" if rule in ("pretrain", "finetune") else f" > {log} 2>&1"
+                assert c.rstrip(")").endswith(ending), (rule, c)
 
 
 def test_training_jobs_claim_the_configs_resources_and_run_in_priority_order(tmp_path):

@@ -86,10 +86,13 @@ def _source_defaults() -> dict:
 
 def validate(config: dict) -> dict:
     """The JSON schema, through Snakemake's ``validate`` (which fills the schema's defaults into ``config`` in
-    place): what it refuses becomes one :func:`schema_error` line. Returns ``config``."""
+    place): what it refuses becomes one :func:`schema_error` line. Returns ``config``. Before it, every mapping
+    key must be text (:func:`_check_keys_are_text`); after it, an integer key must hold an integer, not a
+    whole-number float (:func:`_check_integers`)."""
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate as snakemake_validate
 
+    _check_keys_are_text(config, "")
     try:
         snakemake_validate(config, str(SCHEMA_PATH))
     except WorkflowError as e:
@@ -97,7 +100,61 @@ def validate(config: dict) -> dict:
         if not hasattr(error, "absolute_path"):  # not a schema violation: Snakemake's own message
             raise
         raise schema_error(error) from None
+    _check_integers(config)
     return config
+
+
+# YAML 1.1 (PyYAML, Snakemake's loader) reads these unquoted words as booleans or null
+_YAML_WORDS = {True: "on, yes, true, y", False: "off, no, false, n", None: "null, ~ or nothing"}
+
+
+def _check_keys_are_text(value, key):
+    """Every mapping key of the config is text. YAML reads an unquoted schedule name `on:` as the boolean true,
+    `null:` as None and `2024:` as a number; later code joins and compares names as text. One line naming it."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                where = f"{key}.{k}" if key else str(k)
+                what = (f"the {type(k).__name__} {k!r}" if k is not None else "null")
+                read = (f" (YAML reads an unquoted {_YAML_WORDS[k]} as {k!r})"
+                        if k is None or isinstance(k, bool) else " (YAML reads an unquoted number as a number)")
+                example = {True: "on", False: "off", None: "null"}.get(k, k) if not isinstance(k, (int, float)) or \
+                    isinstance(k, bool) else k
+                raise ConfigError(where, f"the name is {what}, not text{read}; quote the name, e.g. '{example}':")
+            _check_keys_are_text(v, f"{key}.{k}" if key else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_keys_are_text(v, f"{key}[{i}]")
+
+
+@functools.cache
+def _strict_validator():
+    """The schema's validator with JSON Schema's "integer" narrowed to Python ints: JSON Schema counts 16.0 as an
+    integer, and the engine (precswitch.train.config.resolve) refuses it, after stage 1 trained."""
+    from jsonschema import validators
+
+    base = validators.validator_for(schema())
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, x: isinstance(x, int) and not isinstance(x, bool))
+    return validators.extend(base, type_checker=checker)(schema())
+
+
+def _float_errors(errors):
+    """The type errors of a float where an integer is meant, also inside oneOf/anyOf alternatives."""
+    for e in errors:
+        if e.validator == "type" and isinstance(e.instance, float) and "integer" in _as_list(e.validator_value):
+            yield e
+        yield from _float_errors(e.context or [])
+
+
+def _check_integers(config: dict) -> None:
+    """One rule for every integer key: a float (16.0, 1e3) is refused now, naming the key, not after stage 1."""
+    error = next(_float_errors(_strict_validator().iter_errors(config)), None)
+    if error is not None:
+        key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+        v = error.instance
+        whole = f"write {int(v)}" if math.isfinite(v) and v == int(v) else "give a whole number"
+        raise ConfigError(key, f"{v!r} is not an integer (this key counts, without a decimal point: {whole})")
 
 
 def schema_error(error) -> ConfigError:
@@ -111,6 +168,12 @@ def schema_error(error) -> ConfigError:
             allowed = f" (YAML reads it as text: write {float(error.instance):.1e})"
         except ValueError:
             pass
+    elif error.validator == "type" and "integer" in str(error.validator_value) and isinstance(error.instance, str):
+        try:  # 1e3 for a count: YAML reads it as text, and a count is written without an exponent
+            n = float(error.instance)
+            allowed = f" (YAML reads it as text: write {int(n)})" if n.is_integer() else ""
+        except (ValueError, OverflowError):
+            pass
     if (error.validator == "enum" and isinstance(error.instance, str)
             and set(error.validator_value) - {"same"} <= set(PRECISIONS)):  # eval_precision adds 'same'
         allowed = name_hint(error.instance)  # bf16: amp_bf16 or pure_bf16?
@@ -122,6 +185,61 @@ def schema_error(error) -> ConfigError:
             "job's shell command names it), no leading - or ~, not the working directory (.) nor the root (/)"
         )
     return ConfigError(key, f"{message}{allowed}")
+
+
+def check_config_files(paths) -> None:
+    """A key written twice in one mapping of a config file: YAML (and Snakemake's loader) keeps the last without a
+    word. Refused naming the file, the key and both lines. ``paths``: the config files Snakemake reads."""
+    import yaml
+
+    def walk(node, key, path):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else None
+                if name is not None and name != "<<":
+                    where = f"{key}.{name}" if key else name
+                    if name in seen:
+                        raise ConfigError(where, f"written twice in {path} (lines {seen[name] + 1} and "
+                                                 f"{k.start_mark.line + 1}); YAML keeps the last one without a "
+                                                 "word: keep one")
+                    seen[name] = k.start_mark.line
+                    walk(v, where, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, f"{key}[{i}]", path)
+
+    for path in dict.fromkeys(str(p) for p in paths):
+        try:
+            with open(path, encoding="utf-8") as f:
+                node = yaml.compose(f, Loader=yaml.SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # Snakemake's own loader names an unreadable or malformed file
+        walk(node, "", path)
+
+
+def check_results_dir(results_dir: str) -> None:
+    """The study's outputs can be written under results_dir: it exists and is writable, or the nearest folder above
+    it that exists is one where it can be created. Asked of the file system (a temporary file or folder, removed at
+    once), so a read-only mount, /proc or a folder of another user is named now, not by the first job's OSError."""
+    import tempfile
+
+    path = os.path.abspath(results_dir)
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError("results_dir", f"{results_dir!r} cannot be created: {probe!r} is a file, not a folder")
+    try:
+        if probe == path:
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".precswitch-probe-"))
+    except OSError as e:
+        what = "written" if probe == path else f"created (in {probe!r})"
+        raise ConfigError("results_dir", f"{results_dir!r} cannot be {what}: {e.strerror}; choose a folder "
+                                         "you can write, e.g. results_dir: results") from None
 
 
 def given_schedules(merged: dict, command_line: dict | None, configfiles: list) -> dict | None:
@@ -348,6 +466,7 @@ def _check_config(cfg):
     if os.path.exists(cfg["results_dir"]) and not os.path.isdir(cfg["results_dir"]):
         raise ConfigError("results_dir", f"{cfg['results_dir']!r} exists and is not a directory; name a directory "
                                          "for the study's outputs")
+    check_results_dir(cfg["results_dir"])
     schedules = cfg["schedules"]
     if not schedules:
         raise ConfigError("schedules", "needs at least one schedule")
@@ -609,6 +728,48 @@ def analysis_settings(study: Plan) -> dict:
         analysis["contrasts"] = [pair for pair in analysis["contrasts"]
                                  if all(name in study.schedules for name in pair)]
     return analysis
+
+
+def warmup_notes(config: dict) -> list[str]:
+    """Warnings for an epochs stage whose step count is known now to be at most its timing_warmup_steps (its rates
+    would include the warm-up): the rows are known for a synthetic fine-tuning task (n_train) and bounded by
+    max_train_rows. A steps stage with too few steps is refused by the checks; the rest the engine says."""
+    notes = []
+    for stage in STAGES:
+        hp, source = config["train"][stage], config["data"][stage]
+        if hp["epochs"] is None:
+            continue
+        rows = [source.get("max_train_rows")]
+        if stage == "finetune" and source["kind"] == "synthetic":
+            rows.append((config["data"].get("synthetic") or {}).get("n_train"))
+        rows = [r for r in rows if r is not None]
+        if not rows:
+            continue
+        steps = max(1, int(round(hp["epochs"] * (min(rows) // hp["batch_size"]))))
+        if steps <= hp["timing_warmup_steps"]:
+            notes.append(f"precswitch: warning: train.{stage}: epochs {hp['epochs']:g} of at most {min(rows)} rows "
+                         f"at batch_size {hp['batch_size']} is at most {steps} step(s), not more than "
+                         f"timing_warmup_steps {hp['timing_warmup_steps']}: the stage's steps/s will include the "
+                         "warm-up; use more epochs or fewer timing_warmup_steps")
+    return notes
+
+
+def prepared_notes(meta_paths) -> list[str]:
+    """Warnings for the console from the prepared datasets' meta.json (precswitch prepare): source rows dropped for
+    an empty text or label cell, which the prepare log alone would hide."""
+    notes = []
+    for path in meta_paths:
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            continue
+        n, read = meta.get("train_rows_dropped"), meta.get("train_rows_read")
+        if n:
+            notes.append(f"precswitch: warning: {n}{f' of {read}' if read else ''} training rows of "
+                         f"{os.path.dirname(path)} were dropped for an empty text or label cell (the verdict's "
+                         "caveats say it too)")
+    return notes
 
 
 def threads_note(threads: int, cores: int | None) -> str | None:

@@ -64,8 +64,9 @@ def _local_cores():
 
 
 _THREADS_NOTE = study.threads_note(config["threads"], _local_cores())
-if _THREADS_NOTE:
-    print(_THREADS_NOTE, file=sys.stderr)
+for _note in [_THREADS_NOTE, *study.warmup_notes(config)]:
+    if _note:
+        print(_note, file=sys.stderr)
 
 
 def training_gpus(wildcards):
@@ -303,7 +304,7 @@ def check_gpu_here():
             None if limit is None else int(limit),
         )
     except study.ConfigError as e:
-        raise WorkflowError(str(e)) from None
+        refuse(e)  # the Snakefile's: one line
     if note:
         logger.warning(f"precswitch: {note}")
 
@@ -312,11 +313,28 @@ def keep_previous_runs():
     """Keep each finished run a rerun will replace under <results_dir>/previous/ (precswitch.study)."""
     from snakemake.logging import logger
 
+    # a prepared dataset is a directory output too: Snakemake deletes it before its job reruns, so a rerun
+    # that fails would leave none
+    prepared = [
+        (f"{j.output[0]}/meta.json", list(j.log))
+        for j in workflow.dag.needrun_jobs()
+        if j.rule.name == "prepare"
+    ]
     kept = study.keep_previous_runs(
-        [(j.output.metrics, list(j.log)) for j in _training_jobs()], RESULTS, PREVIOUS
+        [(j.output.metrics, list(j.log)) for j in _training_jobs()] + prepared,
+        RESULTS,
+        PREVIOUS,
     )
     if kept:
         logger.info(
             f"precswitch: {len(kept)} finished run(s) will rerun; their previous results are kept "
             f"under {PREVIOUS}/ (e.g. {kept[0]}): delete it when no longer needed"
         )
+
+
+def data_notes():
+    """onsuccess: rows the prepare jobs dropped, on the console (their logs alone would hide them)."""
+    for note in study.prepared_notes(
+        [f"{PREPARED_DIR.format(stage=stage)}/meta.json" for stage in STAGES]
+    ):
+        print(note, file=sys.stderr)

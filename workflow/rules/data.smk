@@ -1,5 +1,6 @@
 # Data: the synthetic language (once), the tokenizer (once, on the stage-1 source) and one prepared
-# dataset per stage.
+# dataset per stage. A refused data source is said on the console too (the log's last line: the
+# one-line error), not only in the job's log.
 
 
 rule synth:
@@ -42,7 +43,7 @@ rule tokenizer:
         options=tokenizer_options(),
     shell:
         "{params.offline}precswitch tokenizer --source {params.source:q} --out {output} {params.options}"
-        " > {log} 2>&1"
+        " > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
 
 
 rule prepare:
@@ -69,4 +70,4 @@ rule prepare:
     shell:
         "{params.offline}precswitch prepare --source {params.source:q} --tokenizer {input.tokenizer}"
         " --objective {params.objective} --max-length {params.max_length} --out {output}"
-        " > {log} 2>&1"
+        " > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -5,6 +5,8 @@
 # keeps two timed jobs off one GPU. A stage skipped on this device (on_unsupported: skip) writes
 # metrics.json, a header-only steps.csv and (stage 1) a checkpoint/ holding only its stage file:
 # the stage 2 started from it is then recorded as skipped too.
+# `--log {log}`, not `> {log}`: the trainer opens its log only once it holds the run dir, so a run refused
+# because another process trains there leaves that run's log as it was (and says why on the console).
 
 
 rule pretrain:
@@ -35,7 +37,7 @@ rule pretrain:
         hparams=pretrain_hparams,
         out=lambda w, output: os.path.dirname(output.metrics),
     shell:
-        "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
+        "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} --log {log}"
 
 
 rule finetune:
@@ -64,5 +66,5 @@ rule finetune:
         out=lambda w, output: os.path.dirname(output.metrics),
         steps_header=STEPS_HEADER,
     shell:
-        "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} > {log} 2>&1"
+        "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} --log {log}"
         " && (test -e {output.steps} || echo {params.steps_header} > {output.steps})"

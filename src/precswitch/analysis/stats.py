@@ -318,6 +318,25 @@ def _provenance(runs) -> dict:
     return out
 
 
+def input_notes(runs) -> dict:
+    """What changes what the numbers mean, from the runs' metrics: the runs too short to leave their timing warm-up
+    out of their rates (``short_warmup``: run ids), and per stage the source rows `precswitch prepare` dropped for
+    an empty text or label cell (``rows_dropped``: {stage: [dropped, read]})."""
+    import pandas as pd
+
+    notes: dict = {"short_warmup": [], "rows_dropped": {}}
+    if "timing_warmup_short" in runs and "run_id" in runs:
+        short = runs["timing_warmup_short"].astype(str).str.lower().isin(["true", "1", "1.0"])
+        notes["short_warmup"] = sorted(str(r) for r in runs.loc[short, "run_id"])
+    if "train_rows_dropped" in runs and "stage" in runs:
+        for stage, sub in runs.groupby("stage"):
+            n = pd.to_numeric(sub["train_rows_dropped"], errors="coerce").max()
+            if n == n and n > 0:
+                read = pd.to_numeric(sub.get("train_rows_read", pd.Series(dtype=float)), errors="coerce").max()
+                notes["rows_dropped"][str(stage)] = [int(n), int(read) if read == read else None]
+    return notes
+
+
 def _has_stage1(sub) -> bool:
     if "stage1_run_id" in sub:
         v = sub["stage1_run_id"]
@@ -448,6 +467,7 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         "stage1_baseline_precision": stage1_baseline,
         "failure_rule": FAILURE_RULE,
         "provenance": _provenance(runs),
+        "input_notes": input_notes(runs),
         "schedules": {s: _schedule_info(sched, runs, s, counts[s], alpha) for s in available},
         "stage1_precisions": stage1_counts,
         "stage2_precisions": stage2_counts,

@@ -408,10 +408,27 @@ def _failures(v: _View) -> str:
 def _caveats(v: _View) -> str:
     cav = [c for c in (_cpu_caveat(v), _gpu_caveat(v), _scale_caveat(v), _load_caveat(v), _bootstrap_caveat(v),
                        _wilcoxon_caveat(v)) if c]
+    cav += _input_caveats(v)
     cav += [f"The runs do not share one {k} ({', '.join(v.prov[k])}): timings and results may not be comparable."
             for k in ("device", "device_name", "torch_version", "transformers_version", "git_commit", "threads",
                       "compile") if len(v.prov.get(k, [])) > 1]
     return "## Caveats\n\n" + "\n".join(f"- {c}" for c in cav) if cav else ""
+
+
+def _input_caveats(v: _View) -> list[str]:
+    """Inputs that change what the numbers mean (stats.json's input_notes): stages too short for their timing
+    warm-up, source rows dropped for an empty cell."""
+    notes = v.stats.get("input_notes") or {}
+    out = []
+    short = notes.get("short_warmup") or []
+    if short:
+        out.append(f"{len(short)} run(s) had no more steps than `timing_warmup_steps` (e.g. `{short[0]}`): their "
+                   "steps/s include the warm-up (first steps, compilation); give the stage more steps or epochs.")
+    for stage, (n, read) in sorted((notes.get("rows_dropped") or {}).items()):
+        of = f" of {read}" if read else ""
+        out.append(f"{n}{of} {stage} training rows were dropped for an empty text or label cell "
+                   f"(`precswitch prepare`): the {stage} stage trained on the rest.")
+    return out
 
 
 def _cpu_caveat(v: _View) -> str:

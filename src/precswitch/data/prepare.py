@@ -138,6 +138,7 @@ def _split_meta(src) -> dict:
         "eval_capped": h.get("capped"),
         "train_rows_dropped": src.dropped.get("train", (None,))[0],
         "eval_rows_dropped": src.dropped.get("eval", (None,))[0],
+        "train_rows_read": src.dropped.get("train", (None, None))[1],
     }
 
 

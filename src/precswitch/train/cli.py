@@ -26,7 +26,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=("override one hyper-parameter (VALUE parsed as JSON, else string); a dotted KEY sets one key of a "
               "mapping and keeps the others (model.hidden_size=256), a plain one replaces the whole value; repeatable"),
     )
+    p.add_argument("--log", metavar="FILE",
+                   help=("write the stage's output (progress, phases, warnings) to FILE, opened only once the stage "
+                         "holds its output dir: a run refused because another process trains there leaves that "
+                         "run's log as it was; an error is also said on the console"))
     p.set_defaults(func=_run)
+
+
+def _to_log(path: str) -> int:
+    """Send this process's stdout and stderr to ``path`` (truncated); returns a copy of the console's stderr."""
+    import os
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    console = os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return console
 
 
 def _run(args) -> int:
@@ -56,11 +75,22 @@ def _run(args) -> int:
         node[leaf] = value
     from .engine import Preempted, run_stage
 
+    console = []  # the console's stderr, once the output goes to --log
+
+    def locked():
+        console.append(_to_log(args.log))
+
     try:
-        m = run_stage(hp, args.out)
+        m = run_stage(hp, args.out, on_locked=locked) if args.log else run_stage(hp, args.out)
     except Preempted as e:
         print(f"precswitch: preempted: {e}", file=sys.stderr)
         return e.exit_code
+    except PrecswitchError as e:  # in the log (the caller prints it) and on the console
+        for fd in console:
+            import os
+
+            os.write(fd, f"precswitch: error: {e} (log: {args.log})\n".encode())
+        raise
     summary = {k: m.get(k) for k in ("run_id", "status", "train_seconds", "steps_per_second", "eval_loss", "accuracy",
                                       "mlm_accuracy", "peak_memory_bytes")}
     print(json.dumps(summary))

@@ -165,10 +165,10 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
             raise PrecswitchError(f"{key} must be a positive number, got {hp[key]!r}")
         if hp[key] is not None and not math.isfinite(hp[key]):  # not a bare int(nan)/int(inf) error, here or in the engine
             raise PrecswitchError(f"{key} must be a finite positive number, got {hp[key]!r}")
-    if hp["steps"] is not None:
-        if int(hp["steps"]) != hp["steps"]:
-            raise PrecswitchError(f"steps must be a whole number, got {hp['steps']!r}")
-        hp["steps"] = int(hp["steps"])
+    if hp["steps"] is not None and not isinstance(hp["steps"], int):
+        # one rule for every integer key, as the study config's: 4.0 is refused, not read as 4
+        raise PrecswitchError(f"steps must be a whole number, got {hp['steps']!r}"
+                              + (" (an integer: no decimal point)" if hp["steps"] == int(hp["steps"]) else ""))
     for key in ("seed", "batch_size", "eval_batch_size", "threads", "max_nonfinite", "log_every"):
         v = hp[key]
         if not isinstance(v, int) or isinstance(v, bool) or (v < 0 if key == "seed" else v <= 0) \

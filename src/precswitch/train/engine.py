@@ -657,17 +657,20 @@ def _run_dir_lock(out: Path):
         os.close(fd)  # releases the lock
 
 
-def run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
+def run_stage(hparams: dict, out_dir: str | os.PathLike, on_locked=None) -> dict:
     """Run one stage. Returns the metrics dict (also written to ``out_dir/metrics.json``).
 
     Raises PrecswitchError for bad input (before training, and when another process trains into
     ``out_dir``), Preempted after SIGTERM or SIGINT (state saved). The process-wide numeric switches the stage
     sets (TF32, float32 matmul precision, deterministic algorithms, threads) are the caller's again when it returns
-    or raises (:func:`precswitch.precision.restoring_global_numerics`).
+    or raises (:func:`precswitch.precision.restoring_global_numerics`). ``on_locked``: called once the stage holds
+    ``out_dir`` (the CLI's --log opens the log file then, so a refused run does not truncate the holder's).
     """
     C.resolve(hparams)  # bad hparams are named before anything is created
     # the stage sets TF32, matmul precision, deterministic algorithms and threads for itself: the caller gets its own back
     with _run_dir_lock(Path(out_dir)), P.restoring_global_numerics():
+        if on_locked is not None:
+            on_locked()
         return _run_stage(hparams, out_dir)
 
 
@@ -696,9 +699,29 @@ def _run_stage(hparams: dict, out_dir: str | os.PathLike) -> dict:
         # saves its finished training (a rerun evaluates it); during the checkpoint write, it finishes (seconds)
         _phase(s, "checkpoint")
         t_ckpt = time.perf_counter()
-        _save_checkpoint(s)
+        try:
+            _save_checkpoint(s)
+        except OSError as e:
+            raise _write_failed(s, e, s.out / "checkpoint") from None
     checkpoint_seconds = time.perf_counter() - t_ckpt + s.st["state_seconds"]
-    return _write_records(s, loop, ev, checkpoint_seconds)
+    try:
+        return _write_records(s, loop, ev, checkpoint_seconds)
+    except OSError as e:
+        raise _write_failed(s, e, e.filename or s.out / "metrics.json") from None
+
+
+def _write_failed(s: _Stage, error: OSError, what) -> PrecswitchError:
+    """A write at the end of the stage failed (a full disk, a quota, a read-only mount): one line naming the file,
+    and the training kept resumable: its state saved now (the rerun evaluates and writes it), or, where that
+    cannot be written either, the last state saved during the loop kept as it was (written atomically)."""
+    try:
+        _save_loop_state(s)
+        kept = f"the finished training is saved in {str(s.state_path)!r}"
+    except OSError:
+        kept = (f"the last resumable state {str(s.state_path)!r} is kept" if s.state_path.is_file()
+                else "no resumable state could be saved either: the stage starts over")
+    return PrecswitchError(f"cannot write {str(what)!r}: {error.strerror or error}; {kept}; free space (or make it "
+                           "writable) and run the same command again")
 
 
 @dataclass
@@ -845,6 +868,10 @@ def _setup_data(s: _Stage) -> None:
     per_epoch = len(train_ds) // hp["batch_size"]  # = Batches.per_epoch
     s.total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * per_epoch)))
     s.switch_step = C.switch_step(hp, s.total_steps)  # an epochs stage's switch point: refused before training
+    if s.total_steps <= hp["timing_warmup_steps"]:  # metrics.json's timing_warmup_short; the verdict says it
+        print(f"precswitch train {hp['run_id']}: warning: the stage has {s.total_steps} step(s), not more than "
+              f"timing_warmup_steps {hp['timing_warmup_steps']}: its steady-state rates include the warm-up "
+              "(use more steps or epochs, or fewer timing_warmup_steps)", file=sys.stderr, flush=True)
 
     pad16 = 16 if s.prec.fp8_linear else None  # an in-stage switch keeps fp8 (config.resolve: same weight storage)
     collate = _make_collator(hp["objective"], s.tokenizer, hp["mlm_probability"], pad16)
@@ -1193,7 +1220,12 @@ def _train_loop(s: _Stage, stop: _StopSignals) -> dict:
             if st["status"] != "ok":
                 break
             if stop.requested or due:  # a signal may have come during the sync above
-                _save_loop_state(s)
+                try:
+                    _save_loop_state(s)
+                except OSError as e:  # atomic: the state saved before, if any, is still there
+                    raise PrecswitchError(f"cannot write the resumable state {str(s.state_path)!r}: "
+                                          f"{e.strerror or e}; the state saved before it, if any, is kept; free "
+                                          "space and run the same command again") from None
                 last_state_t = t_prev = time.perf_counter()
                 if stop.requested:
                     raise stop.preempted(f"at step {st['step']}", s.state_path)
@@ -1305,6 +1337,9 @@ def _origin_metrics(s: _Stage) -> dict:
         **s.model_pin,  # model_revision, model_commit: the pinned hub revision of the pretrained weights
         "data_revision": (s.meta.get("source") or {}).get("revision"),
         "data_commit": s.meta.get("source_commit"),
+        # rows of the source dropped for an empty text or label cell by `precswitch prepare` (the verdict says it)
+        "train_rows_dropped": s.meta.get("train_rows_dropped"),
+        "train_rows_read": s.meta.get("train_rows_read"),
     }
 
 
@@ -1347,6 +1382,8 @@ def _timing_metrics(s: _Stage, eval_seconds: float, checkpoint_seconds: float) -
         "samples_seen": st["samples"],
         "tokens_seen": st["tokens"],
         "timing_warmup_steps": w,
+        # the stage was too short to leave the warm-up out of its rates (the verdict's caveats say so)
+        "timing_warmup_short": s.total_steps <= hp["timing_warmup_steps"],
         "steps_per_second": steady_steps / steady_s if steady_s > 0 else None,
         "samples_per_second": steady_steps * hp["batch_size"] / steady_s if steady_s > 0 else None,
         "tokens_per_second": steady_steps * tokens_per_step / steady_s if steady_s > 0 else None,
