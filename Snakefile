@@ -42,6 +42,7 @@ include: "workflow/rules/download.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analyze.smk"
+include: "workflow/rules/sequential.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -60,3 +61,4 @@ rule all:
         f"{RESULTS}/summary.csv",
         f"{RESULTS}/verdict.md",
         expand(f"{RESULTS}/plots/{{name}}.{{ext}}", name=PLOTS, ext=["png", "svg"]),
+        [f"{RESULTS}/sequential.csv"] if SEQUENTIAL else [],
