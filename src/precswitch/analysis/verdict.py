@@ -495,9 +495,7 @@ def _sequential(seq: dict | None) -> str:
              + (f"({fixed} seeds for every schedule) would take {_hours(seq['fixed_train_seconds'])}"
                 if fixed else "could not be sized (no seed SD)")
              + f", and {seq['max_seeds']} seeds for every schedule {_hours(seq['max_train_seconds'])}.")
-    return ("## Sequential seeds
-
-"
+    return ("## Sequential seeds\n\n"
             f"Each comparison stopped at its first settled look (anytime-valid {1 - seq['alpha']:.0%} confidence "
             f"sequence of the paired accuracy difference, in points; docs/sequential.md). Fixed = the paired seeds a "
             f"fixed design needs to detect a {_pm(seq['margin'])} difference with power {seq['power']:g} at the "
