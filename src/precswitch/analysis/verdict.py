@@ -473,7 +473,9 @@ def _provenance(v: _View) -> str:
 
 
 def _hours(seconds: Any) -> str:
-    return "n/a" if not _isnum(seconds) else f"{seconds / 3600:.2f} h ({seconds:,.0f} s)"
+    if not _isnum(seconds) or not math.isfinite(seconds):
+        return "n/a"
+    return f"{seconds / 3600:.2f} h" if abs(seconds) >= 3600 else f"{seconds:,.0f} s"
 
 
 def _sequential(seq: dict | None) -> str:
@@ -483,12 +485,16 @@ def _sequential(seq: dict | None) -> str:
         return ""
     why = {"different": "interval excludes 0", "equivalent": f"interval inside {_pm(seq['margin'])}",
            "inconclusive": f"max seeds ({seq['max_seeds']}) reached, not settled", "continue": "still open"}
+    def pts(x, none):  # sequential.json has null for NaN and for an unbounded end
+        return f"{x:+.2f}" if _isnum(x) and math.isfinite(x) else none
+
     rows = []
     for r in seq["comparisons"]:
-        lo, hi = (f"{x:+.2f}" if _isnum(x) and math.isfinite(x) else "∞" for x in (r["lo"], r["hi"]))
+        estimate = (f"{pts(r['mean'], 'no pairs')} [{pts(r['lo'], '−∞')}, {pts(r['hi'], '+∞')}]"
+                    if _isnum(r["mean"]) else "no pairs")
         rows.append([f"`{r['a']}` vs `{r['b']}`", f"**{r['decision']}** ({why.get(r['decision'], '')})",
-                     r["seeds"], f"{r['mean']:+.2f} [{lo}, {hi}]", r["fixed_seeds"] if r["fixed_seeds"] else "n/a",
-                     r["seeds_saved"] if r["seeds_saved"] is not None else "n/a", _hours(r["seconds_saved"])])
+                     r["seeds"], estimate, r["fixed_seeds"] or "n/a",
+                     "n/a" if r["seeds_saved"] is None else r["seeds_saved"], _hours(r["seconds_saved"])])
     per = ", ".join(f"`{k}` {n}" for k, n in seq["seeds_per_schedule"].items())
     fixed = seq["fixed_seeds"]
     total = (f"Training time spent: {_hours(seq['train_seconds'])}; the fixed design of the same power "
