@@ -142,3 +142,48 @@ def test_sequential_table_and_savings():
     # one seed of x vs base: stage 2 of x and base, their shared stage 1 once
     assert xb["seconds_saved"] == pytest.approx(xb["seeds_saved"] * (2 + 3 + 10))
     assert s["max_train_seconds"] == pytest.approx(6 * (2 + 3 + 4 + 10))
+
+
+# ------------------------------------------------------------------------------------------- end to end
+def _jobs(log: str, rule: str) -> int:
+    import re
+
+    return len(re.findall(rf"^(?:local)?(?:rule|checkpoint) {rule}:$", log, re.M))
+
+
+@pytest.mark.slow
+def test_a_sequential_study_grows_its_runs_look_by_look_and_resumes_without_retraining(tmp_path):
+    """tests/configs/sequential.yaml over tiny.yaml: scratch-fp32 vs fp32-fp32 settles at look 0, fp32-tf32
+    (skipped on a CPU: no pairs) runs to max_seeds. The study is stopped after look 0 (as if killed) and run
+    again: it resumes from the look file, the third seed goes to fp32-fp32 and fp32-tf32 only, no run trains
+    twice, and a rerun after completion has nothing to do."""
+    from workflow_helpers import CONFIGS, snakemake
+
+    configs = ["--configfile", CONFIGS / "tiny.yaml", CONFIGS / "sequential.yaml"]
+    results = tmp_path / "results"
+    first = snakemake(tmp_path, "results/sequential/look0.json", "--cores", "2", *configs, timeout=900, check=True)
+    runs = sorted(results.glob("runs/*/*/seed*/metrics.json"))
+    before = {p: p.stat().st_mtime_ns for p in [*runs, results / "sequential" / "look0.json"]}
+    look0 = json.loads((results / "sequential" / "look0.json").read_text())
+    assert {(r["a"], r["decision"]) for r in look0["comparisons"]} == {
+        ("scratch-fp32", "equivalent"), ("fp32-tf32", "continue")}
+    assert look0["next"] == {"fp32-fp32": [3], "fp32-tf32": [3]}
+
+    second = snakemake(tmp_path, "--cores", "2", *configs, timeout=900, check=True)
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # nothing finished was redone
+    schedules = pd.read_csv(results / "schedules.csv")
+    assert sorted(zip(schedules["schedule"], schedules["seed"])) == sorted(
+        [(s, seed) for s in ("fp32-fp32", "fp32-tf32") for seed in (1, 2, 3)] + [("scratch-fp32", 1), ("scratch-fp32", 2)])
+    # every run trained once over the two invocations: 8 stage-2 runs, 3 shared stage-1 runs
+    log = first.stderr + second.stderr
+    assert (_jobs(log, "finetune"), _jobs(log, "pretrain"), _jobs(log, "look")) == (8, 3, 2)
+    table = pd.read_csv(results / "sequential.csv")
+    assert list(table.columns) == sq.TABLE_COLUMNS
+    assert table[["comparison", "look", "seeds", "decision"]].values.tolist() == [
+        ["scratch-fp32 vs fp32-fp32", 0, 2, "equivalent"],
+        ["fp32-tf32 vs fp32-fp32", 0, 2, "continue"],
+        ["fp32-tf32 vs fp32-fp32", 1, 3, "inconclusive"]]
+    assert json.loads((results / "sequential" / "look1.json").read_text())["done"]
+    assert "## Sequential seeds" in (results / "verdict.md").read_text()
+    again = snakemake(tmp_path, "-n", "--cores", "2", *configs, timeout=300, check=True)
+    assert "Nothing to be done" in again.stdout + again.stderr
