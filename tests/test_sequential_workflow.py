@@ -187,3 +187,24 @@ def test_a_sequential_study_grows_its_runs_look_by_look_and_resumes_without_retr
     assert "## Sequential seeds" in (results / "verdict.md").read_text()
     again = snakemake(tmp_path, "-n", "--cores", "2", *configs, timeout=300, check=True)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_verdict_section_gives_each_comparison_its_seeds_stop_and_savings():
+    from precswitch.analysis.verdict import _sequential
+
+    assert _sequential(None) == ""
+    seq = {"alpha": 0.05, "margin": 1.0, "power": 0.8, "max_seeds": 8, "train_seconds": 7200.0,
+           "fixed_seeds": 10, "fixed_train_seconds": 18000.0, "max_train_seconds": 14400.0,
+           "seeds_per_schedule": {"base": 8, "x": 5, "y": 8},
+           "comparisons": [
+               {"a": "x", "b": "base", "decision": "different", "seeds": 5, "mean": 2.5, "lo": 0.4, "hi": 4.6,
+                "fixed_seeds": 10, "seeds_saved": 5, "seconds_saved": 5400.0},
+               {"a": "y", "b": "base", "decision": "inconclusive", "seeds": 8, "mean": None, "lo": None,
+                "hi": None, "fixed_seeds": None, "seeds_saved": None, "seconds_saved": None}]}
+    text = _sequential(seq)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| `")]
+    assert [r[1].split("**")[1] for r in rows] == ["different", "inconclusive"]
+    assert [r[2] for r in rows] == ["5", "8"]
+    assert "+2.50 [+0.40, +4.60]" in rows[0][3] and rows[1][3] == "no pairs"
+    assert (rows[0][5], rows[0][6].rstrip(" |")) == ("5", "1.50 h")
+    assert "`x` 5" in text and "5.00 h" in text  # fixed design of the same power: 18000 s
