@@ -58,6 +58,7 @@ include: "workflow/rules/download.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analyze.smk"
+include: "workflow/rules/sequential.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -81,3 +82,4 @@ rule all:
         f"{RESULTS}/verdict.md",
         f"{RESULTS}/report_front.rst",
         expand(f"{RESULTS}/plots/{{name}}.{{ext}}", name=PLOTS, ext=["png", "svg"]),
+        [f"{RESULTS}/sequential.csv"] if SEQUENTIAL else [],

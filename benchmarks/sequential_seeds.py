@@ -24,9 +24,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from _bench import positive_float, positive_int  # noqa: E402
+from _bench import positive_int  # noqa: E402
 
 from precswitch.analysis import sequential as sq  # noqa: E402
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a number above 0 (alpha, margin); _bench's was removed with the one-off benchmarks."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
 
 #: (effect, sd) of each row, in points of accuracy
 CASES = [(0.0, 1.0), (0.0, 0.5), (2.0, 1.0), (1.0, 1.0), (0.5, 1.0)]

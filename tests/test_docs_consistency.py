@@ -237,7 +237,7 @@ def _schema_keys() -> set[str]:
         for k, v in (node.get("properties") or {}).items():
             yield k
             yield from walk(v)
-        for key in ("items", "additionalProperties"):
+        for key in ("items", "additionalProperties", "then"):
             if isinstance(node.get(key), dict):
                 yield from walk(node[key])
         for key in ("allOf", "anyOf", "oneOf"):

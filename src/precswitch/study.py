@@ -503,6 +503,13 @@ def _check_config(cfg):
     duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
     if duplicates:
         raise ConfigError("seeds", f"duplicate seeds {duplicates}; each seed may appear once")
+    seq = cfg["sequential"]
+    if seq is not None and seq["max_seeds"] < seq["start"]:
+        raise ConfigError("sequential.max_seeds", f"{seq['max_seeds']} is less than sequential.start "
+                                                  f"({seq['start']}): the first look needs start seeds")
+    if seq is not None and len(schedules) < 2:
+        raise ConfigError("sequential", "needs at least two schedules (a sequential design settles comparisons "
+                                        "between schedules); set sequential: null to run the seeds list")
     analysis = cfg["analysis"]
     if analysis["baseline"] not in schedules:
         raise ConfigError("analysis.baseline",
@@ -571,13 +578,16 @@ class Plan:
     and YAML's ``compile: false`` read as off; ``schedules``: name -> {stage: run spec} (precswitch.specs);
     ``sweeps``: a sweep point's stage-2 tags by schedule name; ``stage1``: the stage-1 runs by run name (the
     precision wildcard), shared by the schedules whose stage 1 is the same (precision, switch, overrides);
-    ``seeds``: the seeds, every run made once per seed."""
+    ``seeds``: the seeds, every run made once per seed; with a sequential design (``sequential``, made by
+    :func:`sequential_design`), the seeds a schedule may run, in the order it runs them, of which the looks
+    choose how many."""
 
     config: dict
     schedules: dict
     sweeps: dict
     stage1: dict
     seeds: list
+    sequential: dict | None = None
 
     def stage1_of(self, schedule: str) -> str | None:
         """The stage-1 run name of a schedule (its directory under runs/pretrain), or None (model.init)."""
@@ -617,7 +627,36 @@ def plan(config: dict) -> Plan:
             check_table_headers(source_spec(cfg, stage, synth_dir=""))
         except PrecswitchError as e:
             raise ConfigError(f"data.{stage}.columns", str(e).removeprefix("source: ")) from None
-    return Plan(config=cfg, schedules=schedules, sweeps=sweeps, stage1=stage1, seeds=[int(s) for s in cfg["seeds"]])
+    seeds = [int(s) for s in cfg["seeds"]]
+    study = Plan(config=cfg, schedules=schedules, sweeps=sweeps, stage1=stage1, seeds=seeds)
+    if cfg["sequential"] is not None:
+        study.seeds = seed_sequence(seeds, cfg["sequential"]["max_seeds"])
+        study.sequential = sequential_design(study)
+    return study
+
+
+def seed_sequence(seeds: list, n: int) -> list[int]:
+    """The first ``n`` seeds of a sequential design: the seeds list's first values, then the integers after its
+    largest (the same every rerun)."""
+    seeds = [int(s) for s in seeds]
+    return (seeds + list(range(max(seeds) + 1, max(seeds) + 1 + n)))[:n]
+
+
+def sequential_design(study: Plan) -> dict:
+    """What `precswitch look` needs of a sequential study (JSON): the sequential settings, analysis.margin and
+    analysis.power, the seed sequence, the comparisons ([a, b]: each schedule vs analysis.baseline, then the
+    analysis.contrasts not already among them) and each schedule's stage-1 run (None: model.init)."""
+    analysis = analysis_settings(study)
+    base = analysis["baseline"]
+    pairs = [[s, base] for s in study.schedules if s != base]
+    seen = {frozenset(p) for p in pairs}
+    for a, b in analysis["contrasts"]:
+        if frozenset((a, b)) not in seen:
+            pairs.append([a, b])
+            seen.add(frozenset((a, b)))
+    return {**study.config["sequential"], "margin": analysis["margin"], "power": analysis["power"],
+            "seeds": list(study.seeds), "comparisons": pairs, "schedules": list(study.schedules),
+            "stage1": {s: study.stage1_of(s) for s in study.schedules}}
 
 
 def check(config: dict) -> None:

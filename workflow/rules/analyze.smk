@@ -10,8 +10,9 @@ def steps_logs(metrics):
 
 rule aggregate:
     input:
-        metrics=pretrain_metrics() + finetune_metrics(),
-        steps=steps_logs(pretrain_metrics() + finetune_metrics()),
+        # functions: a sequential study knows its runs only as its looks are made (sequential.smk)
+        metrics=lambda w: pretrain_metrics() + finetune_metrics(),
+        steps=lambda w: steps_logs(pretrain_metrics() + finetune_metrics()),
     output:
         runs=report(
             f"{RESULTS}/runs.csv",
@@ -115,6 +116,7 @@ rule plots:
 rule verdict:
     input:
         stats=f"{RESULTS}/stats.json",
+        sequential=[f"{RESULTS}/sequential.json"] if SEQUENTIAL else [],
     output:
         verdict=report(
             f"{RESULTS}/verdict.md",
@@ -131,5 +133,9 @@ rule verdict:
     localrule: True
     conda:
         "../../envs/precswitch.yaml"
+    params:
+        sequential=lambda w, input: (
+            f"--sequential {input.sequential}" if input.sequential else ""
+        ),
     shell:
-        "precswitch verdict --stats {input.stats} --out {output.verdict} --front {output.front} > {log} 2>&1"
+        "precswitch verdict --stats {input.stats} {params.sequential} --out {output.verdict} --front {output.front} > {log} 2>&1"

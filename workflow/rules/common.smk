@@ -40,7 +40,11 @@ BENCHMARKS = f"{RESULTS}/benchmarks"
 FETCH_MANIFEST = f"{RESULTS}/data/fetch-manifest.json"
 
 SCHEDULES = STUDY.schedules
+# the seeds; in a sequential study, the seeds a schedule may run, in order (the looks choose how many)
 SEEDS = STUDY.seeds
+# a sequential study's design (precswitch.study.sequential_design), or None: every schedule runs every seed
+SEQUENTIAL = STUDY.sequential
+SEQUENTIAL_DIR = f"{RESULTS}/sequential"
 # stage-1 runs in use, by name (the precision wildcard): schedules whose stage 1 is the same (same
 # precision, same in-stage switch, same overrides) share their stage-1 runs
 STAGE1 = STUDY.stage1
@@ -128,14 +132,34 @@ def tokenizer_options():
 
 
 # --- training -------------------------------------------------------------------------------------
-def pretrain_metrics():
-    return expand(
-        f"{PRETRAIN_DIR}/metrics.json", precision=STAGE1_PRECISIONS, seed=SEEDS
-    )
+def study_runs():
+    """(schedule, seed) of every stage-2 run of the study: every schedule with every seed, or in a
+    sequential study the runs its looks asked for (sequential_runs, workflow/rules/sequential.smk)."""
+    if SEQUENTIAL is not None:
+        return sequential_runs()
+    return [(s, seed) for s in SCHEDULES for seed in SEEDS]
 
 
-def finetune_metrics():
-    return expand(f"{FINETUNE_DIR}/metrics.json", schedule=list(SCHEDULES), seed=SEEDS)
+def pretrain_metrics(runs=None):
+    """The stage-1 runs the stage-2 runs `runs` (default: the study's) start from, each once."""
+    runs = set(study_runs() if runs is None else runs)
+    used = {(STUDY.stage1_of(s), seed) for s, seed in runs}
+    return [
+        f"{PRETRAIN_DIR}/metrics.json".format(precision=p, seed=seed)
+        for p in STAGE1_PRECISIONS
+        for seed in SEEDS
+        if (p, seed) in used
+    ]
+
+
+def finetune_metrics(runs=None):
+    runs = set(study_runs() if runs is None else runs)
+    return [
+        f"{FINETUNE_DIR}/metrics.json".format(schedule=s, seed=seed)
+        for s in SCHEDULES
+        for seed in SEEDS
+        if (s, seed) in runs
+    ]
 
 
 def finetune_init(wildcards):

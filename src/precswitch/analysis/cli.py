@@ -10,7 +10,11 @@
                      [--steps steps.csv] [--activations activations.csv] (--out-dir DIR | --out FILE.png|svg ...)
         → <plot>.png/.svg for plot in accuracy, forest, time_memory, loss_curves, loss_scale, stage1,
           switch_point, overflow
-    precswitch verdict --stats stats.json --out verdict.md [--front report_front.rst]
+    precswitch verdict --stats stats.json [--sequential sequential.json] --out verdict.md [--front report_front.rst]
+    precswitch look --design JSON --look K --metrics FILE... --out lookK.json
+        → one look of a sequential study: decisions so far, the seeds each schedule runs next
+    precswitch sequential --design JSON --schedules schedules.csv --csv sequential.csv --json sequential.json
+        → every comparison's path (sequential.csv) and the seeds and seconds saved (sequential.json)
 """
 
 from __future__ import annotations
@@ -147,8 +151,61 @@ def _verdict(args: argparse.Namespace) -> int:
 
     _check_stats(args.stats)
     _check_outputs([("--out", args.out), ("--front", args.front)])
-    write_verdict(args.stats, args.out, args.front)
+    write_verdict(args.stats, args.out, args.front, sequential_path=args.sequential)
     print(f"precswitch verdict: wrote {args.out}" + (f" and {args.front}" if args.front else ""), file=sys.stderr)
+    return 0
+
+
+def _design(text: str) -> dict:
+    import json
+
+    try:
+        design = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _error(f"--design: not JSON: {e}") from None
+    missing = [k for k in ("start", "step", "max_seeds", "alpha", "margin", "seeds", "comparisons") if k not in design]
+    if missing:
+        raise _error(f"--design: no key(s) {', '.join(missing)} (precswitch.study.sequential_design writes it)")
+    return design
+
+
+def _look(args: argparse.Namespace) -> int:
+    from ..io import atomic_write_json
+    from .aggregate import load_runs
+    from .sequential import look
+
+    design = _design(args.design)
+    _check_outputs([("--out", args.out)])
+    runs = load_runs(args.metrics)
+    finetune = runs[runs["stage"] == "finetune"]
+    if finetune.empty:
+        raise _error("look: no stage-2 (finetune) metrics among --metrics")
+    try:
+        result = look(finetune, design, args.look)
+    except ValueError as e:
+        raise _error(str(e)) from None
+    atomic_write_json(args.out, result)
+    print(f"precswitch look {args.look}: {result['seeds']} seeds; "
+          + ", ".join(f"{r['a']} vs {r['b']} {r['decision']}" for r in result["comparisons"])
+          + ("; done" if result["done"] else f"; next: {', '.join(result['next'])}"), file=sys.stderr)
+    return 0
+
+
+def _sequential(args: argparse.Namespace) -> int:
+    from ..io import atomic_write_json
+    from .aggregate import read_table, write_table
+    from .sequential import savings, sequential_table
+
+    design = _design(args.design)
+    _check_table(args.schedules, "--schedules")
+    _check_outputs([("--csv", args.csv), ("--json", args.json)])
+    schedules = read_table(args.schedules)
+    table = sequential_table(schedules, design)
+    summary = savings(schedules, table, design)
+    write_table(table, args.csv)
+    atomic_write_json(args.json, summary)
+    print(f"precswitch sequential: {len(table)} looks of {len(design['comparisons'])} comparisons → {args.csv}",
+          file=sys.stderr)
     return 0
 
 
@@ -201,7 +258,31 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("verdict", help="write verdict.md from stats.json")
     p.add_argument("--stats", required=True, metavar="JSON")
+    p.add_argument("--sequential", metavar="JSON", help="sequential.json of precswitch sequential (a sequential "
+                                                         "study): adds its section")
     p.add_argument("--out", required=True, metavar="FILE")
     p.add_argument("--front", metavar="FILE", help="also write the answer (title, headline table, sentences) as "
                                                    "reST for the report's landing page")
     p.set_defaults(func=_verdict)
+
+    p = subparsers.add_parser("look", help="one look of a sequential study (docs/sequential.md)",
+                              description="Decides every comparison of a sequential study from the stage-2 "
+                                          "metrics so far and writes the look's JSON: each comparison's "
+                                          "estimate, interval and decision, and the seeds each schedule runs "
+                                          "next (none: done).")
+    p.add_argument("--design", required=True, metavar="JSON", help="precswitch.study.sequential_design as JSON")
+    p.add_argument("--look", required=True, type=int, metavar="K", help="look index (0: after the start seeds)")
+    p.add_argument("--metrics", nargs="+", required=True, metavar="FILE", help="the runs' metrics.json files")
+    p.add_argument("--out", required=True, metavar="FILE")
+    p.set_defaults(func=_look)
+
+    p = subparsers.add_parser("sequential", help="a sequential study's paths and savings",
+                              description="Writes the tidy path of every comparison (comparison, look, seeds, n, "
+                                          "mean, lo, hi, decision) and a JSON summary: seeds used, why each "
+                                          "comparison stopped, seeds and training seconds saved against the "
+                                          "fixed design of the same power.")
+    p.add_argument("--design", required=True, metavar="JSON", help="precswitch.study.sequential_design as JSON")
+    p.add_argument("--schedules", required=True, metavar="CSV|PARQUET")
+    p.add_argument("--csv", required=True, metavar="FILE")
+    p.add_argument("--json", required=True, metavar="FILE")
+    p.set_defaults(func=_sequential)

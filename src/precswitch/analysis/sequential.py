@@ -254,3 +254,96 @@ def fixed_equivalence_seeds(effect: float, sd: float, margin: float, power: floa
     if abs(effect) >= margin or not alpha < power < 1:
         return None
     return next((n for n in range(2, most + 1) if tost_power(n, effect, sd, margin, alpha) >= power), None)
+
+
+# --- the workflow's looks (a sequential study: config key `sequential`, workflow/rules/sequential.smk) ------
+#: sequential.csv columns: one row per comparison and look, up to the look that settled it
+TABLE_COLUMNS = ["comparison", "a", "b", "look", "seeds", "n", "mean", "lo", "hi", "decision"]
+
+
+def comparison_path(schedules: pd.DataFrame, a: str, b: str, design: Mapping) -> pd.DataFrame:
+    """:func:`path` of comparison ``a`` vs ``b`` of a sequential study (``design``: precswitch.study's
+    ``sequential_design``): the pairs in the order of the design's seeds, looks at its start, step, max_seeds."""
+    d = paired_differences(schedules, a, b)
+    order = [s for s in design["seeds"] if s in d.index]
+    d = d.reindex(order).reset_index(drop=True)
+    p = path(d, design["margin"], design["alpha"], design["start"], design["step"], design["max_seeds"])
+    p.insert(0, "look", range(len(p)))
+    return p
+
+
+def look(schedules: pd.DataFrame, design: Mapping, k: int) -> dict:
+    """Look ``k`` (0: after the first ``start`` seeds) of a sequential study, from its stage-2 rows so far
+    (``schedule``, ``seed``, ``status``, ``accuracy``): each comparison's latest row of its path (a settled one
+    keeps the look that settled it) and the seeds each schedule runs next (``next``; empty: ``done``)."""
+    points = looks(design["start"], design["step"], design["max_seeds"])
+    if not 0 <= k < len(points):
+        raise ValueError(f"look {k}: this design has looks 0 to {len(points) - 1}")
+    n_k = points[k]
+    rows = []
+    for a, b in design["comparisons"]:
+        p = comparison_path(schedules, a, b, design)
+        last = p.iloc[-1].to_dict() if len(p) else {"seeds": 0}
+        if last["seeds"] < n_k and last.get("decision") not in SETTLED:
+            raise ValueError(f"look {k}: comparison {a} vs {b} has {last['seeds']} paired seeds, the look "
+                             f"needs {n_k} (a run missing from the look's inputs)")
+        rows.append({"a": a, "b": b, **last})
+    new = next_seeds([(r["a"], r["b"], r["decision"]) for r in rows], list(range(n_k)), design["step"],
+                     design["max_seeds"])
+    nxt = {name: [design["seeds"][i] for i in idx] for name, idx in new.items()}
+    return {"look": k, "seeds": n_k, "comparisons": rows, "next": nxt, "done": not nxt}
+
+
+def sequential_table(schedules: pd.DataFrame, design: Mapping) -> pd.DataFrame:
+    """sequential.csv: every comparison's path (one row per look up to the one that settled it)."""
+    parts = []
+    for a, b in design["comparisons"]:
+        p = comparison_path(schedules, a, b, design)
+        p.insert(0, "comparison", f"{a} vs {b}")
+        p.insert(1, "a", a)
+        p.insert(2, "b", b)
+        parts.append(p)
+    return pd.concat(parts, ignore_index=True)[TABLE_COLUMNS]
+
+
+def _mean_seconds(schedules: pd.DataFrame, name: str, column: str) -> float:
+    v = schedules.loc[schedules["schedule"] == name, column].astype(float)
+    return float(v.mean()) if v.notna().any() else 0.0
+
+
+def savings(schedules: pd.DataFrame, table: pd.DataFrame, design: Mapping) -> dict:
+    """Seeds and training seconds of the sequential study against the fixed design of the same power: the
+    paired seeds (:func:`fixed_seeds`) a fixed design needs to detect a margin-sized difference with
+    analysis.power at the comparison's seed SD. Per comparison: seeds used, that fixed number, and the seconds
+    of one seed of its two schedules (stage 2 of each, plus their stage-1 runs, each once) times the seeds
+    saved. For the study: the training seconds spent (every stage-1 run once) against every schedule run with
+    the largest fixed number of any comparison (one seed list for the study), and with max_seeds."""
+    stage1 = design["stage1"]
+
+    def seed_seconds(names):
+        s2 = sum(_mean_seconds(schedules, n, "stage2_train_seconds") for n in names)
+        firsts = {stage1[n]: n for n in names if stage1.get(n) is not None}
+        return s2 + sum(_mean_seconds(schedules, n, "stage1_train_seconds") for n in firsts.values())
+
+    rows = []
+    for a, b in design["comparisons"]:
+        last = table[(table["a"] == a) & (table["b"] == b)].iloc[-1]
+        d = paired_differences(schedules, a, b).dropna()
+        sd = float(d.std(ddof=1)) if d.size >= 2 else math.nan
+        fixed = (fixed_seeds(design["margin"], sd, design["power"], design["alpha"])
+                 if math.isfinite(sd) and sd > 0 else None)
+        per_seed = seed_seconds([a, b])
+        saved = None if fixed is None else fixed - int(last["seeds"])
+        rows.append({"comparison": f"{a} vs {b}", "a": a, "b": b, "decision": last["decision"],
+                     "seeds": int(last["seeds"]), "mean": float(last["mean"]), "lo": float(last["lo"]),
+                     "hi": float(last["hi"]), "sd": sd, "fixed_seeds": fixed, "seeds_saved": saved,
+                     "seconds_saved": None if saved is None else saved * per_seed})
+    spent = float(schedules.drop_duplicates("stage1_run_id")["stage1_train_seconds"].fillna(0).sum()
+                  if "stage1_run_id" in schedules else 0.0) + float(schedules["stage2_train_seconds"].fillna(0).sum())
+    all_seed = seed_seconds(list(design["schedules"]))
+    fixed_n = max((r["fixed_seeds"] for r in rows if r["fixed_seeds"] is not None), default=None)
+    runs = schedules.groupby("schedule")["seed"].nunique().reindex(design["schedules"]).fillna(0).astype(int)
+    return {"comparisons": rows, "seeds_per_schedule": runs.to_dict(), "train_seconds": spent,
+            "fixed_seeds": fixed_n, "fixed_train_seconds": None if fixed_n is None else fixed_n * all_seed,
+            "max_seeds": design["max_seeds"], "max_train_seconds": design["max_seeds"] * all_seed,
+            "alpha": design["alpha"], "margin": design["margin"], "power": design["power"]}

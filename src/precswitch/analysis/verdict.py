@@ -29,10 +29,11 @@ NEGLIGIBLE_LOSS_FRACTION = 0.001
 SIGNIFICANT = ("better", "worse", "higher", "lower")
 
 
-def render(stats: dict) -> str:
+def render(stats: dict, sequential: dict | None = None) -> str:
     v = _View(stats)
-    sections = [_title(v), _headline(v), _answer(v), _accuracy_details(v), _schedules_table(v), _cost_details(v),
-                _memory_table(v), _stage1(v), _failures(v), _caveats(v), _provenance(v)]
+    sections = [_title(v), _headline(v), _answer(v), _sequential(sequential), _accuracy_details(v),
+                _schedules_table(v), _cost_details(v), _memory_table(v), _stage1(v), _failures(v), _caveats(v),
+                _provenance(v)]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -517,9 +518,50 @@ def render_front(stats: dict) -> str:
     return "\n".join(out)
 
 
+def _hours(seconds: Any) -> str:
+    if not _isnum(seconds) or not math.isfinite(seconds):
+        return "n/a"
+    return f"{seconds / 3600:.2f} h" if abs(seconds) >= 3600 else f"{seconds:,.0f} s"
+
+
+def _sequential(seq: dict | None) -> str:
+    """A sequential study (precswitch sequential's sequential.json): per comparison the seeds it used, why it
+    stopped, and the seeds and training time saved against the fixed design of the same power."""
+    if not seq:
+        return ""
+    why = {"different": "interval excludes 0", "equivalent": f"interval inside {_pm(seq['margin'])}",
+           "inconclusive": f"max seeds ({seq['max_seeds']}) reached, not settled", "continue": "still open"}
+    def pts(x, none):  # sequential.json has null for NaN and for an unbounded end
+        return f"{x:+.2f}" if _isnum(x) and math.isfinite(x) else none
+
+    rows = []
+    for r in seq["comparisons"]:
+        estimate = (f"{pts(r['mean'], 'no pairs')} [{pts(r['lo'], '−∞')}, {pts(r['hi'], '+∞')}]"
+                    if _isnum(r["mean"]) else "no pairs")
+        rows.append([f"`{r['a']}` vs `{r['b']}`", f"**{r['decision']}** ({why.get(r['decision'], '')})",
+                     r["seeds"], estimate, r["fixed_seeds"] or "n/a",
+                     "n/a" if r["seeds_saved"] is None else r["seeds_saved"], _hours(r["seconds_saved"])])
+    per = ", ".join(f"`{k}` {n}" for k, n in seq["seeds_per_schedule"].items())
+    fixed = seq["fixed_seeds"]
+    total = (f"Training time spent: {_hours(seq['train_seconds'])}; the fixed design of the same power "
+             + (f"({fixed} seeds for every schedule) would take {_hours(seq['fixed_train_seconds'])}"
+                if fixed else "could not be sized (no seed SD)")
+             + f", and {seq['max_seeds']} seeds for every schedule {_hours(seq['max_train_seconds'])}.")
+    return ("## Sequential seeds\n\n"
+            f"Each comparison stopped at its first settled look (anytime-valid {1 - seq['alpha']:.0%} confidence "
+            f"sequence of the paired accuracy difference, in points; docs/sequential.md). Fixed = the paired seeds a "
+            f"fixed design needs to detect a {_pm(seq['margin'])} difference with power {seq['power']:g} at the "
+            "comparison's seed SD; saved = fixed − used, times the seconds of one seed of its schedules.\n\n"
+            + md_table(["comparison", "stopped", "seeds", "difference [interval]", "fixed", "seeds saved",
+                        "training time saved"], rows)
+            + f"\n\nSeeds run per schedule: {per}. {total}")
+
+
 def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike,
-                  front_path: str | os.PathLike | None = None) -> str:
-    """verdict.md from stats.json; with ``front_path`` also the report's landing-page answer (render_front)."""
+                  front_path: str | os.PathLike | None = None,
+                  sequential_path: str | os.PathLike | None = None) -> str:
+    """verdict.md from stats.json (and a sequential study's sequential.json); with ``front_path`` also the report's
+    landing-page answer (render_front)."""
     from ..io import atomic_write_text
 
     p = Path(stats_path)
@@ -529,7 +571,8 @@ def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike,
         stats = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise PrecswitchError(f"stats file {p} is not valid JSON: {e}") from None
-    text = render(stats)
+    sequential = json.loads(Path(sequential_path).read_text(encoding="utf-8")) if sequential_path else None
+    text = render(stats, sequential)
     if front_path is not None:
         atomic_write_text(front_path, render_front(stats))
     atomic_write_text(out_path, text)
