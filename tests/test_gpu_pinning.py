@@ -97,3 +97,15 @@ def test_after_pinning_the_engine_claims_cuda_0_the_pinned_gpu(tmp_path, monkeyp
         assert (info["gpu_slot_index"], info["gpu_slot_physical_id"]) == (0, "7")
     finally:
         gpu.release_claim()
+
+
+def test_attention_kernel_auto_is_sdpa_on_cuda_and_eager_on_a_cpu():
+    import torch
+
+    from precswitch.train import engine
+
+    assert engine._attn_kernel("auto", torch.device("cuda", 0)) == "sdpa"
+    assert engine._attn_kernel("auto", torch.device("cpu")) == "eager"
+    assert engine._attn_kernel("auto", None) == "eager"
+    assert engine._attn_kernel("eager", torch.device("cuda")) == "eager"  # an explicit kernel is kept
+    assert engine._attn_kernel("sdpa", torch.device("cpu")) == "sdpa"
