@@ -82,3 +82,18 @@ def test_the_lease_script_runs_the_pipeline_on_a_cpu(tmp_path):
         assert f"{base}/{f}" in names, f
     assert not [n for n in names if "/checkpoint" in n]
     assert "lease done in" in (out / "lease.log").read_text()
+
+
+def test_disk_of_a_gpu_config_counts_each_stage_1_checkpoint_in_its_dtype():
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("gpu_hours", ROOT / "benchmarks" / "gpu_hours.py")
+    gh = iu.module_from_spec(spec)
+    spec.loader.exec_module(gh)
+    cfg = gh.study_config(ROOT / "config" / "bert-small-scratch.yaml")
+    d = gh.disk_bytes(cfg)
+    # fp32, amp_fp16, amp_bf16, tf32 checkpoints in fp32 (4 bytes), pure_fp16 and pure_bf16 in 16 bits; 10 seeds
+    assert d["checkpoints"] == d["parameters"] * (4 * 4 + 2 * 2) * 10
+    assert 28e6 < d["parameters"] < 30e6  # BERT-small with BERT's 30522-token vocabulary
+    lease = gh.disk_bytes(gh.study_config(ROOT / "config" / "gpu-lease.yaml"))
+    assert lease["checkpoints"] == lease["parameters"] * 4 * 3 * 2  # 3 stage-1 precisions x 2 seeds
