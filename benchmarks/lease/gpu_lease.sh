@@ -8,7 +8,7 @@
 #      cost by piece), while time is left;
 #   4. tars what it made into $OUT (the device tool brings back at most 8 files, 16 MiB each, 2 folders deep):
 #      lease.log (all it printed), results.tar.gz (verdict, report HTML, tables, plots, metrics, logs; no
-#      checkpoints), gpu_check.json, job_overhead.json.
+#      checkpoints), gpu_check_mlm.json, gpu_check.json, job_overhead.json.
 # Each step runs under `timeout`, inside LEASE_BUDGET_S (default 530 s) in all.
 #   bash benchmarks/lease/gpu_lease.sh               # on the GPU machine, OUT set by the device tool
 #   bash benchmarks/lease/gpu_lease.sh --cpu-smoke   # the same steps on a CPU, model and steps scaled down (CI)
@@ -49,8 +49,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 echo "# wheels and versions at $((SECONDS - t0)) s"
 
 # 2. the pipeline, then its report; what is left after it goes to the checks (at least 90 s kept for them)
-SMK=("$PY" -m snakemake --cores all --rerun-incomplete)
-for c in "${CONFIGS[@]}"; do SMK+=(--configfile "$c"); done
+# ONE --configfile with every file: a second --configfile would replace the first, not merge over it
+SMK=("$PY" -m snakemake --cores all --rerun-incomplete --configfile "${CONFIGS[@]}")
 timeout -k 10 $(( $(left) - 90 )) "${SMK[@]}"
 rc=$?
 echo "# pipeline exit $rc at $((SECONDS - t0)) s"
@@ -58,9 +58,15 @@ timeout -k 5 60 "${SMK[@]}" --report "$RESULTS/report.html" || echo "# report fa
 echo "# report at $((SECONDS - t0)) s"
 
 # 3. the GPU check (BERT-small steps, eager) and a job's fixed cost by piece, while time is left
+# (BERT-small at config/bert-small-scratch.yaml's shapes: its stage-1 masked LM at batch 128, its stage-2
+# classification at batch 32; eager, for benchmarks/gpu_hours.py without --extrapolate)
+if (( ! SMOKE && $(left) > 100 )); then
+  timeout -k 5 50 "$PY" benchmarks/gpu_check.py --small --mlm --batch 128 --compile off --steps 20 \
+    --precisions fp32,tf32,amp_fp16,amp_bf16,pure_fp16,pure_bf16 --out "$OUT/gpu_check_mlm.json" || echo "# gpu_check --mlm: exit $?"
+fi
 if (( ! SMOKE && $(left) > 70 )); then
-  timeout -k 5 60 "$PY" benchmarks/gpu_check.py --small --compile off --steps 20 --precisions fp32,amp_fp16,amp_bf16 \
-    --out "$OUT/gpu_check.json" || echo "# gpu_check cut off"
+  timeout -k 5 35 "$PY" benchmarks/gpu_check.py --small --compile off --steps 20 --precisions fp32,tf32,amp_fp16,amp_bf16 \
+    --out "$OUT/gpu_check.json" || echo "# gpu_check: exit $?"
 fi
 if (( $(left) > 40 )); then
   args=(--repeats 1 --steps 10 --json-out "$OUT/job_overhead.json")
