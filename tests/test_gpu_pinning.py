@@ -2,6 +2,7 @@
 the GPU count the workflow uses as its `gpu` limit (physical_gpus): fake GPUs, no GPU or torch CUDA needed."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,3 +110,17 @@ def test_attention_kernel_auto_is_sdpa_on_cuda_and_eager_on_a_cpu():
     assert engine._attn_kernel("auto", None) == "eager"
     assert engine._attn_kernel("eager", torch.device("cuda")) == "eager"  # an explicit kernel is kept
     assert engine._attn_kernel("sdpa", torch.device("cpu")) == "sdpa"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra, limit", [((), "3"), (("--resources", "gpu=1"), None)])
+def test_a_local_run_limits_gpu_jobs_to_the_gpus_it_finds_unless_told(tmp_path, monkeypatch, extra, limit):
+    """Three fake GPUs (CUDA_VISIBLE_DEVICES=5,6,7): a run sets its gpu limit to 3 as it starts; --resources gpu=1
+    overrides it (no count then). Runs only the synthetic data job (onstart runs in a real run, not a dry run)."""
+    from workflow_helpers import CONFIGS, snakemake
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7")
+    r = snakemake(tmp_path, "synth", "--cores", "1", *extra, "--configfile", CONFIGS / "tiny.yaml", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.search(r"precswitch: gpu limit (\d+)", r.stdout + r.stderr)
+    assert (found.group(1) if found else None) == limit
