@@ -69,9 +69,20 @@ if (( ! SMOKE && $(left) > 70 )); then
     --out "$OUT/gpu_check.json" || echo "# gpu_check: exit $?"
 fi
 if (( $(left) > 40 )); then
-  args=(--repeats 1 --steps 10 --json-out "$OUT/job_overhead.json")
-  (( SMOKE )) && args=(--repeats 1 --steps 2 --json-out "$OUT/job_overhead.json")
-  timeout -k 5 $(( $(left) - 15 )) "$PY" benchmarks/job_overhead.py "${args[@]}" || echo "# job_overhead cut off"
+  # at the lease study's own settings (its model, device and compile): its configs merged as the workflow merges them
+  MERGED=$(mktemp --suffix .yaml)
+  "$PY" - "${CONFIGS[@]}" > "$MERGED" <<'PYEOF'
+import sys, yaml
+from snakemake.utils import update_config
+cfg = yaml.safe_load(open("config/config.yaml"))
+for path in sys.argv[1:]:
+    c = yaml.safe_load(open(path))
+    update_config(cfg, c)
+    cfg["schedules"] = c.get("schedules", cfg["schedules"])
+print(yaml.safe_dump(cfg))
+PYEOF
+  timeout -k 5 $(( $(left) - 15 )) "$PY" benchmarks/job_overhead.py --config "$MERGED" --repeats 1 \
+    --steps $(( SMOKE ? 2 : 30 )) --json-out "$OUT/job_overhead.json" || echo "# job_overhead: exit $?"
 fi
 
 # 4. everything the study made but its checkpoints, in one file
