@@ -298,6 +298,29 @@ def span(lo: float, hi: float, f: str) -> str:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def parameter_count(cfg: dict) -> int:
+    """Parameters of the study's masked-LM model (its sizes as model_config reads them), counted on the meta
+    device: nothing allocated."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    with torch.device("meta"):
+        model = BertForMaskedLM(BertConfig(**model_config(cfg)))
+    return sum(p.numel() for p in model.parameters())
+
+
+def disk_bytes(cfg: dict, gpus: int = 1) -> dict[str, int]:
+    """What the study's checkpoints need on disk: ``checkpoints`` (kept: one per stage-1 run, the weights in the
+    stage's dtype, 2 bytes a parameter for pure 16-bit precisions and 4 otherwise) and ``resumable`` (while a job
+    runs: its resumable state, fp32 weights and AdamW's two moments, 12 bytes a parameter, one per GPU at a
+    time). Data and the hub cache come on top (docs/gpu.md, "Disk")."""
+    params = parameter_count(cfg)
+    runs = {run_key(sched["pretrain"]): stage_parts(sched["pretrain"])[-1][0]
+            for sched in cfg["schedules"].values() if sched.get("pretrain")}
+    per_seed = sum(params * (2 if prec.startswith("pure_") else 4) for prec in runs.values())
+    return {"parameters": params, "checkpoints": per_seed * len(cfg["seeds"]), "resumable": params * 12 * gpus}
+
+
 def study_config(path: Path) -> dict:
     """The study config as the workflow reads ``--configfile path``: config/config.yaml under it (nested maps
     merged, a schedules map replacing the default one), then the schema's defaults; a partial config (only the
@@ -330,7 +353,7 @@ def study_config(path: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", type=Path)
-    p.add_argument("measured", type=Path, nargs="+", help="gpu_check JSON results")
+    p.add_argument("measured", type=Path, nargs="*", help="gpu_check JSON results (all but --disk need one)")
     p.add_argument("--step-overhead-ms", type=float, default=2.0,
                    help="engine's extra per step over gpu_check's step (next batch's collation; default 2)")
     p.add_argument("--stage1-job-s", type=float, default=25.0,
@@ -344,7 +367,15 @@ def main(argv=None) -> int:
     p.add_argument("--extrapolate", action="store_true",
                    help="scale a job's step time from a measured step at another shape when its own shape was not "
                         "measured (an upper estimate: see the module's docstring), marked '*'")
+    p.add_argument("--disk", action="store_true", help="only print the disk the study's checkpoints need")
     args = p.parse_args(argv)
+    if args.disk:
+        d = disk_bytes(study_config(args.config))
+        print(f"{args.config}: {d['parameters'] / 1e6:.1f}M parameters; checkpoints {d['checkpoints'] / 2**30:.2f} GiB "
+              f"kept, + {d['resumable'] / 2**30:.2f} GiB resumable state per GPU while a job runs")
+        return 0
+    if not args.measured:
+        p.error("give the gpu_check JSON results (benchmarks/lease/h200/*.json)")
     if args.extrapolate and args.shape:
         p.error("--extrapolate needs the model's own sizes (from the config), not --shape")
     cfg = study_config(args.config)

@@ -53,7 +53,7 @@ def test_a_skipped_stage_records_its_hparams_and_writes_no_checkpoint_when_told_
 
 # ====================================================================== checkpoint init
 def test_a_checkpoint_init_gets_the_hparams_attention_kernel_and_an_fp32_head(data, tmp_path, monkeypatch):
-    """Stage 1 pure_bf16 (sdpa attention, bf16 safetensors), stage 2 fp32 with the default eager: the model is built
+    """Stage 1 pure_bf16 (sdpa attention, bf16 safetensors), stage 2 fp32 with the default auto (eager on a CPU): the model is built
     with eager attention (not the library's default, sdpa), and its new classifier head is drawn in fp32 (from_pretrained would otherwise follow the checkpoint's
     bf16 and round the head's initial weights to bf16 before the fp32 cast)."""
     run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "adam_eps": 1e-4, "steps": 1,
@@ -70,7 +70,7 @@ def test_a_checkpoint_init_gets_the_hparams_attention_kernel_and_an_fp32_head(da
     m = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 1,
                    "init": str(tmp_path / "pre" / "checkpoint"), "save_checkpoint": False}, tmp_path / "ft")
     assert m["status"] == "ok" and m["checkpoint_dtype_read"] == "bfloat16" and m["init_status"] == "ok"
-    assert built["attn"] == "eager" and m["hparams"]["model"] == {"attn_implementation": "eager"}
+    assert built["attn"] == "eager" and m["hparams"]["model"] == {"attn_implementation": "auto"}
     head = built["head"]
     assert head.dtype == torch.float32 and not torch.equal(head, head.to(torch.bfloat16).float())
 

@@ -277,11 +277,69 @@ def gpu_limit_note(limit: int | None, n_devices: int, n_jobs: int, device: str =
         said = "no gpu resource limit is set" if limit is None else f"the gpu resource limit is {limit}"
         return (f"{said} and {where}: up to {concurrent} training jobs start at once and "
                 f"{concurrent - slots} of them wait for a GPU lock, holding their cores; "
-                f"run with --resources gpu={slots} (profiles/default sets gpu: 1)")
+                f"run with --resources gpu={slots}")
     if limit is not None and limit < slots and limit < n_jobs:
         return (f"the gpu resource limit is {limit} and {where}: {slots - limit} GPU(s) stay idle; "
                 f"--resources gpu={min(slots, n_jobs)} runs one training job per GPU")
     return None
+
+
+# ------------------------------------------------------------------ GPUs found without CUDA
+def _nvidia_smi_list() -> str:
+    """``nvidia-smi -L``'s output ('' without nvidia-smi or a driver)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ""
+    try:
+        return subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def physical_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries, found WITHOUT initialising CUDA (no torch):
+    the entries of CUDA_VISIBLE_DEVICES when it is set (up to the first invalid one, as CUDA reads it), else one
+    ordinal per ``GPU N:`` line of ``nvidia-smi -L``; [] when neither names a GPU. The Snakefile counts them for
+    the ``gpu`` limit (one training job per GPU) and :func:`pin_gpu` picks one of them."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        out = []
+        for e in (x.strip() for x in env.split(",")):
+            if not e or e.startswith("-"):  # CUDA stops at an invalid entry: "-1" hides every GPU
+                break
+            out.append(e)
+        return out
+    return [line.split(":", 1)[0].split()[1] for line in _nvidia_smi_list().splitlines()
+            if line.startswith("GPU ") and ":" in line]
+
+
+def pin_gpu(device: str, lock_dir: str | os.PathLike | None = None, timeout: float | None = None) -> str | None:
+    """Give this process one GPU of its own BEFORE torch initialises CUDA: take a free GPU's slot lock and set
+    ``CUDA_VISIBLE_DEVICES`` to that GPU alone, so the job sees it as ``cuda:0`` and can touch no other (a lock
+    alone leaves a stray allocation, a library or a child process free to use GPU 0). ``device``: config
+    ``device`` (``auto``/``cuda``: the first free GPU; ``cuda:N``: wait for GPU N; ``cpu``: nothing). Returns
+    the CUDA_VISIBLE_DEVICES entry pinned, or None (a CPU job, or no GPU found without CUDA: then
+    :func:`claim_device` locks through torch as before). The slot is held until the process exits;
+    :func:`claim_device` then returns ``cuda:0``."""
+    device = str(device)
+    if device == "cpu" or "fd" in _HELD:
+        return _HELD.get("pinned")
+    gpus = physical_gpus()
+    if not gpus or not (device in ("auto", "cuda") or device.startswith("cuda:")):
+        return None
+    indices = [int(device.split(":", 1)[1])] if device.startswith("cuda:") else None
+    index, fd, waited = _acquire(lock_dir, len(gpus), timeout, 1.0, indices)
+    pinned = gpus[index]
+    os.environ["CUDA_VISIBLE_DEVICES"] = pinned
+    _HELD.update(fd=fd, index=0, physical_id=visible_device_ids(1)[0], wait_seconds=waited, pinned=pinned,
+                 lock_dir=str(Path(lock_dir) if lock_dir is not None else default_lock_dir()),
+                 job_dir=_job_lock_dir(lock_dir))
+    atexit.unregister(release_claim)
+    atexit.register(release_claim)
+    return pinned
 
 
 # ------------------------------------------------------------------ one slot per process (engines)
@@ -309,6 +367,10 @@ def claim_device(
     if dev.type != "cuda":
         return dev
     if "fd" in _HELD:
+        if "device" not in _HELD:  # pinned by pin_gpu: its GPU is the only one visible
+            _HELD["device"] = torch.device("cuda", 0)
+            if torch.cuda.is_available():
+                torch.cuda.set_device(_HELD["device"])
         return _HELD["device"]
     index, fd, waited = _acquire(lock_dir, n_devices, timeout, poll, None if dev.index is None else [dev.index])
     out = torch.device("cuda", index)

@@ -8,6 +8,7 @@ import re
 import sys
 
 from snakemake.exceptions import WorkflowError
+from precswitch.gpu import physical_gpus
 
 # this checkout's workflow/ directory (also when the Snakefile is included from elsewhere)
 WORKFLOW_DIR = os.path.dirname(
@@ -322,6 +323,13 @@ def check_gpu_here():
         limit = getattr(
             limit, "value", limit
         )  # Snakemake 9: an object, value None when not set
+        if limit is None:  # no --resources gpu=K: one training job per GPU found (precswitch.gpu)
+            limit = max(1, len(physical_gpus()))
+            workflow.register_resource("gpu", limit)
+            logger.info(
+                f"precswitch: gpu limit {limit} (GPUs found by CUDA_VISIBLE_DEVICES / nvidia-smi -L; "
+                "--resources gpu=K overrides)"
+            )
         note = study.check_gpu(
             STUDY,
             [(j.rule.name, _run_name(j)) for j in jobs],

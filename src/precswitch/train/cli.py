@@ -73,6 +73,10 @@ def _run(args) -> int:
             node[part] = child = dict(child)
             node = child
         node[leaf] = value
+    from ..gpu import pin_gpu
+
+    # one GPU per job, pinned through CUDA_VISIBLE_DEVICES before the engine's torch initialises CUDA
+    pin_gpu(hp.get("device", C.DEFAULTS["device"]))
     from .engine import Preempted, run_stage
 
     console = []  # the console's stderr, once the output goes to --log

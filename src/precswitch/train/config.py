@@ -31,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
         "max_position_embeddings": 128,
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.1,
-        "attn_implementation": "eager",
+        "attn_implementation": "auto",  # sdpa on CUDA, eager on a CPU (engine._attn_kernel)
     },
     "steps": None,
     "epochs": None,
@@ -73,7 +73,7 @@ OBJECTIVES = ("mlm", "classify")
 #: out of the host's kernel launches, docs/gpu.md)
 COMPILE_MODES = ("off", "default", "reduce-overhead")
 #: attention kernels (model.attn_implementation), as in the workflow schema
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "auto")
 MODEL_KEYS = set(DEFAULTS["model"]) | {"vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range"}
 
 
