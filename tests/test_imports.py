@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from bench_helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _code_size():
-    spec = importlib.util.spec_from_file_location("code_size", ROOT / "benchmarks" / "code_size.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("code_size")
 
 
 def test_src_has_no_import_circles():

@@ -3,13 +3,13 @@ needs, not what another command does (checked in a fresh process's sys.modules).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -20,6 +20,7 @@ import gc, json, sys
 heavy = json.loads(sys.argv[2])
 sys.argv = ["precswitch", *json.loads(sys.argv[1])]
 from precswitch import cli
+from bench_helpers import load_benchmark
 rc = cli.main()
 print(json.dumps({"rc": rc, "frozen": gc.get_freeze_count(),
                   "modules": sorted(m for m in sys.modules if m.split(".")[0] in heavy)}))
@@ -117,10 +118,7 @@ def test_main_called_with_argv_freezes_nothing(capsys):
 
 
 def _job_overhead():
-    spec = importlib.util.spec_from_file_location("job_overhead", ROOT / "benchmarks" / "job_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("job_overhead")
 
 
 def test_job_overhead_phases_add_up():
