@@ -580,6 +580,7 @@ def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
     from the seed asked for;
     aggregate reads every stage-1 and stage-2 run (runs.csv has a row for each)."""
     cfg = {"seeds": [1, 2], "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 48}},
+           "model": {"max_position_embeddings": 64},
            "data": {"synthetic": {"n_train": 2000, "n_dev": 500, "seed": 7, "n_corpus": 9000}}}
     proc = dry_run(tmp_path, cfg, "-p")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -748,8 +749,8 @@ def test_schema_stage_defaults():
     cfg = {}
     validate(cfg, str(SCHEMA))
     pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
-    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 1.0e-3, 0.06, True)
-    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (300, 3.0e-4, 0.1, False)
+    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 3.0e-3, 0.06, True)
+    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (400, 1.0e-3, 0.1, False)
     assert pre["batch_size"] == fin["batch_size"] == 32 and pre["compile"] == fin["compile"] == "off"
 
 
@@ -938,7 +939,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
     assert results[-1]["sweeps"] == {"pre-at25": {"sweep": "pre", "sweep_at": 0.25, "sweep_stage": "pretrain"}}
     assert results[-3]["compile"] == "off"
     assert results[-3]["tokenizer"] == "--vocab-size 5000 --model-max-length 96 --cased"
-    assert results[-4]["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
+    assert results[-4]["tokenizer"] == "--vocab-size 400 --model-max-length 64"
     assert results[-2]["fetch"] is False and results[-2]["tokenizer"] == f"--pretrained {init}"
     # warm start forks jobs from one process: not where they use a GPU (a fork cannot use CUDA)
     import torch
