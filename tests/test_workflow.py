@@ -750,7 +750,7 @@ def test_schema_stage_defaults():
     validate(cfg, str(SCHEMA))
     pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
     assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 3.0e-3, 0.06, True)
-    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (400, 1.0e-3, 0.1, False)
+    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (600, 1.0e-3, 0.1, False)
     assert pre["batch_size"] == fin["batch_size"] == 32 and pre["compile"] == fin["compile"] == "off"
 
 
