@@ -170,7 +170,7 @@ def test_data_commands_print_one_json_line_of_what_they_wrote(tmp_path, capsys):
     syn = tmp_path / "synth"
     assert main(["synth", "--out", str(syn), "--seed", "4", "--n-corpus", "30", "--n-train", "12"]) == 0
     assert json.loads(capsys.readouterr().out) == {"out": str(syn), "seed": 4, "n_corpus": 30, "n_train": 12,
-                                                   "n_dev": 800}
+                                                   "n_dev": 2000}
     spec = json.dumps({"kind": "synthetic", "dir": str(syn)})
     assert main(["tokenizer", "--source", spec, "--out", str(tmp_path / "tok"), "--vocab-size", "400"]) == 0
     from precswitch.data.loading import parse_source, source_texts
@@ -179,5 +179,5 @@ def test_data_commands_print_one_json_line_of_what_they_wrote(tmp_path, capsys):
     assert texts > 24 and json.loads(capsys.readouterr().out) == {"out": str(tmp_path / "tok"), "texts": texts}
     assert main(["prepare", "--source", spec, "--tokenizer", str(tmp_path / "tok"), "--objective", "classify",
                  "--max-length", "32", "--out", str(tmp_path / "p")]) == 0
-    assert json.loads(capsys.readouterr().out) == {"objective": "classify", "n_train": 12, "n_eval": 800,
+    assert json.loads(capsys.readouterr().out) == {"objective": "classify", "n_train": 12, "n_eval": 2000,
                                                    "max_length": 32, "majority_accuracy": 0.5}

@@ -48,7 +48,7 @@ def test_files_have_glue_mrpc_layout(tmp_path):
 
 
 def test_negatives_reuse_the_words_or_change_a_concept():
-    cfg = S.LanguageConfig(p_synonym=0.0, neg_swap_adjectives=0.2)  # no synonym rewrites: compare words
+    cfg = S.LanguageConfig(p_synonym=0.0, neg_swap_adjectives=0.2, neg_replace=0.3)  # no synonym rewrites: compare words
     rows = S.make_pairs(400, seed=2, cfg=cfg)
     kinds = Counter(r["kind"] for r in rows)
     assert {"paraphrase", "swap_roles", "swap_adjectives"} <= set(kinds)
@@ -299,13 +299,16 @@ def test_p_synonym_1_replaces_every_content_word_and_a_single_synonym_stays():
 
 
 def test_negative_kinds_follow_the_documented_shares():
-    """docs/data.md: swap_roles 70% of negatives, replace_noun/verb/adj 30%, swap_adjectives 0%."""
+    """docs/data.md: the default's negatives are all swap_roles; with the knob neg_replace the shares follow the
+    weights (0.7 : 0.3 gives replace_noun/verb/adj 30%)."""
     rows = S.make_pairs(3000, seed=0)
+    assert Counter(r["kind"] for r in rows if r["Quality"] == 0) == {"swap_roles": 1500}
+    assert {r["kind"] for r in rows if r["Quality"] == 1} == {"paraphrase"}
+    rows = S.make_pairs(3000, seed=0, cfg=S.LanguageConfig(neg_swap_roles=0.7, neg_replace=0.3))
     neg = Counter(r["kind"] for r in rows if r["Quality"] == 0)
     assert neg.get("swap_adjectives", 0) == 0 and "paraphrase" not in neg
     assert 0.66 < neg["swap_roles"] / sum(neg.values()) < 0.74
     assert {k for k in neg if k.startswith("replace_")} == {"replace_noun", "replace_verb", "replace_adj"}
-    assert {r["kind"] for r in rows if r["Quality"] == 1} == {"paraphrase"}
 
 
 def test_events_have_two_different_adjectives_and_a_replacement_keeps_the_restriction():

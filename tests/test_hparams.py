@@ -113,7 +113,7 @@ def test_config_hash_follows_every_key_that_changes_the_numbers():
     fixed = {**BASE, "run_id": "r"}
     h = C.config_hash(C.resolve(fixed))
     for change in ({"weight_decay": 0.1}, {"warmup_ratio": 0.2}, {"adam_eps": 1e-6}, {"adam_beta1": 0.8},
-                   {"adam_beta2": 0.98}, {"model": {"hidden_size": 64}}, {"model": {"attn_implementation": "sdpa"}},
+                   {"adam_beta2": 0.98}, {"model": {"hidden_size": 96}}, {"model": {"attn_implementation": "sdpa"}},
                    {"data": "other"}, {"init": "some/checkpoint"}, {"objective": "classify"},
                    {"steps": None, "epochs": 10}, {"compile": "default"}, {"optimizer_impl": "foreach"},
                    {"tokenizer": "tok2"}, {"max_nonfinite": 3}):
@@ -281,7 +281,7 @@ def test_a_checkpoint_init_records_only_the_attention_kernel_of_the_model_keys()
                     "model": {"hidden_size": 64, "attn_implementation": "sdpa"}})
     assert hp["model"] == {"attn_implementation": "sdpa"}
     assert C.resolve({**BASE, "init": "some/ckpt"})["model"] == {"attn_implementation": "auto"}
-    assert C.resolve(BASE)["model"]["hidden_size"] == 128  # from scratch: the sizes are kept
+    assert C.resolve(BASE)["model"]["hidden_size"] == 64  # from scratch: the sizes are kept
 
 
 @pytest.mark.parametrize("patch", [{"steps": float("nan")}, {"steps": float("inf")},

@@ -576,6 +576,7 @@ def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
     from the seed asked for;
     aggregate reads every stage-1 and stage-2 run (runs.csv has a row for each) and its steps log."""
     cfg = {"seeds": [1, 2], "train": {"pretrain": {"max_length": 64}, "finetune": {"max_length": 48}},
+           "model": {"max_position_embeddings": 64},
            "data": {"synthetic": {"n_train": 2000, "n_dev": 500, "seed": 7, "n_corpus": 9000}}}
     proc = dry_run(tmp_path, cfg, "-p")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -739,8 +740,8 @@ def test_schema_stage_defaults():
     """Left out, a stage's keys take the stage's defaults: stage 1 its own steps, lr, warm-up and checkpoint."""
     cfg = study.validate({})
     pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
-    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 1.0e-3, 0.06, True)
-    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (300, 3.0e-4, 0.1, False)
+    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 3.0e-3, 0.06, True)
+    assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (600, 1.0e-3, 0.1, False)
     assert pre["batch_size"] == fin["batch_size"] == 32 and pre["compile"] == fin["compile"] == "off"
 
 

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", required=True, type=int)
     p.add_argument("--n-corpus", type=int, default=None, help="corpus sentences (default 40000)")
     p.add_argument("--n-train", type=int, default=None, help="train pairs (default 3000)")
-    p.add_argument("--n-dev", type=int, default=None, help="dev pairs (default 800)")
+    p.add_argument("--n-dev", type=int, default=None, help="dev pairs (default 2000)")
     p.add_argument("--language", default=None,
                    help="JSON object overriding LanguageConfig fields (lexicon sizes, rewrite probabilities)")
     p.set_defaults(func=_synth)

@@ -24,10 +24,10 @@ DEFAULTS: dict[str, Any] = {
     "init": "scratch",  # scratch | checkpoint dir | pretrained model dir or hub name
     "init_revision": None,  # hub branch/tag/commit of a hub-name init (None: the default branch)
     "model": {
-        "hidden_size": 128,
+        "hidden_size": 64,  # the embedded default study's model (config/config.yaml)
         "num_hidden_layers": 2,
         "num_attention_heads": 2,
-        "intermediate_size": 512,
+        "intermediate_size": 128,
         "max_position_embeddings": 128,
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.1,

@@ -1,0 +1,26 @@
+"""benchmarks/study_time.py: the per-rule split of a study's wall time from Snakemake's benchmark files."""
+
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("study_time", Path(__file__).parent.parent / "benchmarks" / "study_time.py")
+study_time = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(study_time)
+
+HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def _tsv(path: Path, seconds: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + f"{seconds}\t0:00:01\t1\t1\t1\t1\t0\t0\t0\t0\n")
+
+
+def test_per_rule_sums_jobs_by_rule(tmp_path):
+    _tsv(tmp_path / "data" / "synth.tsv", 2.0)
+    _tsv(tmp_path / "data" / "prepare-pretrain.tsv", 3.0)
+    _tsv(tmp_path / "pretrain" / "fp32" / "seed1.tsv", 10.0)
+    _tsv(tmp_path / "pretrain" / "amp_bf16" / "seed1.tsv", 40.5)
+    _tsv(tmp_path / "finetune" / "fp32-fp32" / "seed1.tsv", 5.0)
+    (tmp_path / "empty.tsv").write_text(HEADER)  # a job that wrote no row is not counted
+    assert study_time.per_rule(tmp_path) == {"data/synth": (1, 2.0), "data/prepare-pretrain": (1, 3.0),
+                                             "pretrain": (2, 50.5), "finetune": (1, 5.0)}
