@@ -67,6 +67,7 @@ report: "workflow/report/workflow.rst"
 onstart:
     check_gpu_here()
     keep_previous_runs()
+    cpu_time_note()
 
 
 onsuccess:

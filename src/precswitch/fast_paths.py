@@ -81,5 +81,4 @@ def study_time_note(config: Mapping, flags: Iterable[str] | None = None) -> str 
         return None
     missing = "/".join(dtype for dtype, has in paths.items() if not has)
     return (f"precswitch: this CPU has no {missing} fast path (no AMX or AVX-512 {missing.upper()}): "
-            f"torch emulates it, so {', '.join(sorted(slow))} runs take ~4-5x fp32's time "
-            f"(the embedded default study: ~10 min on 2 cores, ~5 min with a bf16 fast path)")
+            f"torch emulates it, so {', '.join(sorted(slow))} runs take ~4-5x fp32's time")

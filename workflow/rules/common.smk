@@ -370,3 +370,12 @@ def data_notes():
         [f"{PREPARED_DIR.format(stage=stage)}/meta.json" for stage in STAGES]
     ):
         print(note, file=sys.stderr)
+
+
+def cpu_time_note():
+    """One line at the start of a run whose 16-bit precisions this CPU emulates (precswitch.fast_paths)."""
+    from precswitch.fast_paths import study_time_note
+
+    note = study_time_note(config)
+    if note:
+        print(note, file=sys.stderr)
