@@ -135,7 +135,8 @@ def tokenizer_options():
 # --- training -------------------------------------------------------------------------------------
 def study_runs():
     """(schedule, seed) of every stage-2 run of the study: every schedule with every seed, or in a
-    sequential study the runs its looks asked for (sequential_runs, workflow/rules/sequential.smk)."""
+    sequential study the runs its looks asked for (sequential_runs, workflow/rules/sequential.smk).
+    """
     if SEQUENTIAL is not None:
         return sequential_runs()
     return [(s, seed) for s in SCHEDULES for seed in SEEDS]
@@ -323,7 +324,9 @@ def check_gpu_here():
         limit = getattr(
             limit, "value", limit
         )  # Snakemake 9: an object, value None when not set
-        if limit is None:  # no --resources gpu=K: one training job per GPU found (precswitch.gpu)
+        if (
+            limit is None
+        ):  # no --resources gpu=K: one training job per GPU found (precswitch.gpu)
             limit = max(1, len(physical_gpus()))
             workflow.register_resource("gpu", limit)
             logger.info(
