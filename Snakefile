@@ -15,12 +15,6 @@ from precswitch.io import type_cli_config
 min_version("9.0")
 
 
-def refuse(error):
-    """A config mistake is one line (the key, the value, what is allowed): no Snakemake frames around it."""
-    print(f"Error: {error}", file=sys.stderr)
-    sys.exit(1)
-
-
 try:
     # a key written twice in a config file (YAML keeps the last without a word)
     study.check_config_files(
@@ -36,7 +30,7 @@ try:
         workflow.config_settings.configfiles,
     )
 except study.ConfigError as e:
-    refuse(e)
+    study.refuse(e)
 
 
 configfile: "config/config.yaml"
@@ -50,7 +44,7 @@ try:  # the schema (filling its defaults), then the checks it cannot express: on
     study.validate(config)
     STUDY = study.plan(config)
 except study.ConfigError as e:
-    refuse(e)
+    study.refuse(e)
 
 
 include: "workflow/rules/common.smk"

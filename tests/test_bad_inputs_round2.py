@@ -316,7 +316,7 @@ def test_a_prepare_rerun_keeps_the_previous_prepared_data_under_previous(tmp_pat
     (prepared / "data.arrow").write_text("rows")
     for f in (tmp_path / "res").rglob("*"):
         os.utime(f, (1.7e9, 1.7e9))
-    changed = write_config(tmp_path / "changed.yaml", {**cfg, "train": {"finetune": {"max_length": 48}}})
+    changed = write_config(tmp_path / "changed.yaml", {**cfg, "train": {"finetune": {"max_length": 24}}})
     snakemake(tmp_path, "--touch", "-c1", "--configfile", changed, check=True)
     kept = tmp_path / "res" / "previous" / "data" / "finetune" / "prepared"
     assert (kept / "data.arrow").read_text() == "rows" and (kept / "meta.json").read_text() == '{"n_train": 3}'

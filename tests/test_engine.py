@@ -668,7 +668,7 @@ def test_a_checkpoint_init_records_only_the_attention_kernel(data, tmp_path):
     metrics.json) keep only attn_implementation for it, and the fine-tuned model has the checkpoint's sizes."""
     assert set(C.resolve({"data": "d", "steps": 1})["model"]) == set(C.DEFAULTS["model"])
     assert C.resolve({"data": "d", "steps": 1, "init": "some/dir", "model": {"hidden_size": 999}})["model"] == {
-        "attn_implementation": "eager"}
+        "attn_implementation": "auto"}
     run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 1, "model": TINY}, tmp_path / "p")
     m = run_stage({"data": str(data["classify"]), "objective": "classify", "precision": "fp32", "steps": 1,
                    "init": str(tmp_path / "p" / "checkpoint"), "save_checkpoint": True,

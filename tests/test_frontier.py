@@ -78,7 +78,7 @@ def test_frontier_hparams(tmp_path):
     assert "telemetry_every" not in fin  # 0 = off: left to the engine's default
     # a stage-2 override: that schedule's lr only, from the shared pure_bf16 stage 1
     lr2x, plain = by_id["finetune-pbf16-lr2x-seed1"], by_id["finetune-pbf16-pbf16-seed1"]
-    assert (lr2x["lr"], lr2x["tags"]["overrides"]) == (6e-4, {"lr": 6e-4}) and plain["lr"] == 3e-4
+    assert (lr2x["lr"], lr2x["tags"]["overrides"]) == (2e-3, {"lr": 2e-3}) and plain["lr"] == 1e-3
     assert lr2x["init"] == plain["init"] == f"{RES}/runs/pretrain/pure_bf16/seed1/checkpoint"
     # sweep points: 1.0 = no switch, 0.0 = all in switch_to, else a switch
     at50, at100, at0 = (by_id[f"finetune-fp16-ft-at{p}-seed2"] for p in (50, 100, 0))
@@ -320,9 +320,9 @@ def test_frontier_end_to_end(tmp_path):
     assert set(sched.loc[sched["schedule"] == "fp16-ft-at50", "stage2_switch_to"]) == {"fp32"}
     # a stage-2 override, through the engine: the run trained with it and the tables name it
     lr2x = sched[sched["schedule"] == "pbf16-lr2x"]
-    assert set(lr2x["stage2_spec"]) == {"pure_bf16-with-lr0.0006"} and set(lr2x["stage1_spec"]) == {"pure_bf16"}
+    assert set(lr2x["stage2_spec"]) == {"pure_bf16-with-lr0.002"} and set(lr2x["stage1_spec"]) == {"pure_bf16"}
     lr2x_run = json.loads((res / "runs" / "finetune" / "pbf16-lr2x" / "seed1" / "metrics.json").read_text())
-    assert lr2x_run["hparams"]["lr"] == 6e-4 and lr2x_run["tags"]["overrides"] == {"lr": 6e-4}
+    assert lr2x_run["hparams"]["lr"] == 2e-3 and lr2x_run["tags"]["overrides"] == {"lr": 2e-3}
     for name in PLOT_NAMES:
         assert (res / "plots" / f"{name}.png").is_file()
     verdict = (res / "verdict.md").read_text()

@@ -550,7 +550,7 @@ def test_stage_overrides_make_a_run_of_their_own_with_those_values(audit4):
         assert hps[f"finetune-{name}-seed1"]["init"] == "results/runs/pretrain/pure_fp16-with-adam_eps0.0001/seed1/checkpoint"
     assert hps["finetune-x-seed1"]["init"] == "results/runs/pretrain/pure_fp16/seed1/checkpoint"
     e1, e2 = hps["finetune-e1-seed1"], hps["finetune-e2-seed1"]
-    assert (e1["lr"], e1["max_grad_norm"], e1["tags"]) == (3e-4, 1.0, {"schedule": "e1"})
+    assert (e1["lr"], e1["max_grad_norm"], e1["tags"]) == (1e-3, 1.0, {"schedule": "e1"})
     assert (e2["lr"], e2["max_grad_norm"], e2["adam_eps"]) == (1e-4, 0, e1["adam_eps"])
     assert e2["tags"] == {"schedule": "e2", "overrides": {"lr": 1e-4, "max_grad_norm": 0}}
     s1 = hps["pretrain-amp_fp16-with-lr0.002-seed1"]

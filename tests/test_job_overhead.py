@@ -20,7 +20,6 @@ import gc, json, sys
 heavy = json.loads(sys.argv[2])
 sys.argv = ["precswitch", *json.loads(sys.argv[1])]
 from precswitch import cli
-from bench_helpers import load_benchmark
 rc = cli.main()
 print(json.dumps({"rc": rc, "frozen": gc.get_freeze_count(),
                   "modules": sorted(m for m in sys.modules if m.split(".")[0] in heavy)}))

@@ -194,7 +194,7 @@ def test_config_checks_the_schema_cannot_express(tmp_path):
         assert e.value.key == key and problem in str(e.value), (cfg, str(e.value))
     assert _read({"device": "cuda:1"})["ok"]
     fits = _read({"model": {"max_position_embeddings": 64}, "train": {"pretrain": {"max_length": 64}}})
-    assert fits["tokenizer"] == "--vocab-size 4000 --model-max-length 64"
+    assert fits["tokenizer"] == "--vocab-size 400 --model-max-length 64"
     compiled = _read({"train": {"pretrain": {"compile": False, "telemetry_every": 5}},
                       "tokenizer": {"vocab_size": 5000, "cased": True}, "model": {"max_position_embeddings": 96}})
     assert compiled["compile"] == "off"

@@ -908,3 +908,12 @@ def keep_previous_runs(runs: list, results_dir: str, previous_dir: str) -> list[
         os.replace(tmp, dst)
         kept.append(rel)
     return kept
+
+
+def refuse(error) -> None:
+    """End the workflow on a config mistake with one line (the key, the value, what is allowed): no Snakemake
+    frames around it (the Snakefile calls this for every ConfigError)."""
+    import sys
+
+    print(f"Error: {error}", file=sys.stderr)
+    sys.exit(1)

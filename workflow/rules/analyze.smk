@@ -3,11 +3,6 @@
 # training rules), the later rules read only the tables.
 
 
-def steps_logs(metrics):
-    """Each run's steps.csv, beside its metrics.json (both outputs of the training rules)."""
-    return [os.path.join(os.path.dirname(m), "steps.csv") for m in metrics]
-
-
 rule aggregate:
     input:
         # functions: a sequential study knows its runs only as its looks are made (sequential.smk)

@@ -339,7 +339,7 @@ def check_gpu_here():
             None if limit is None else int(limit),
         )
     except study.ConfigError as e:
-        refuse(e)  # the Snakefile's: one line
+        study.refuse(e)  # one line
     if note:
         logger.warning(f"precswitch: {note}")
 
@@ -382,3 +382,24 @@ def cpu_time_note():
     note = study_time_note(config)
     if note:
         print(note, file=sys.stderr)
+
+
+def steps_logs(metrics):
+    """Each run's steps.csv, beside its metrics.json (both outputs of the training rules)."""
+    return [os.path.join(os.path.dirname(m), "steps.csv") for m in metrics]
+
+
+def sequential_runs(upto=None):
+    """(schedule, seed) of the stage-2 runs asked for by the looks before look `upto` (None: all of
+    them, up to the look that said done). Raises Snakemake's IncompleteCheckpointException while a look
+    it needs has not run: Snakemake then runs it and asks again."""
+    runs = [(s, seed) for s in SCHEDULES for seed in SEEDS[: SEQUENTIAL["start"]]]
+    k = 0
+    while upto is None or k < upto:
+        with open(checkpoints.look.get(k=k).output[0]) as f:
+            look = json.load(f)
+        if look["done"]:
+            break
+        runs += [(s, seed) for s, seeds in look["next"].items() for seed in seeds]
+        k += 1
+    return runs

@@ -6,22 +6,6 @@
 # last look file; a finished run is never redone (its metrics.json is an output like any other).
 
 
-def sequential_runs(upto=None):
-    """(schedule, seed) of the stage-2 runs asked for by the looks before look `upto` (None: all of
-    them, up to the look that said done). Raises Snakemake's IncompleteCheckpointException while a look
-    it needs has not run: Snakemake then runs it and asks again."""
-    runs = [(s, seed) for s in SCHEDULES for seed in SEEDS[: SEQUENTIAL["start"]]]
-    k = 0
-    while upto is None or k < upto:
-        with open(checkpoints.look.get(k=k).output[0]) as f:
-            look = json.load(f)
-        if look["done"]:
-            break
-        runs += [(s, seed) for s, seeds in look["next"].items() for seed in seeds]
-        k += 1
-    return runs
-
-
 checkpoint look:
     input:
         metrics=lambda w: finetune_metrics(sequential_runs(int(w.k))),
@@ -29,6 +13,8 @@ checkpoint look:
         f"{SEQUENTIAL_DIR}/look{{k}}.json",
     log:
         f"{LOGS}/sequential/look{{k}}.log",
+    benchmark:
+        f"{BENCHMARKS}/sequential/look{{k}}.tsv"
     wildcard_constraints:
         k=r"\d+",
     localrule: True
@@ -54,6 +40,8 @@ rule sequential:
         json=f"{RESULTS}/sequential.json",
     log:
         f"{LOGS}/analysis/sequential.log",
+    benchmark:
+        f"{BENCHMARKS}/analysis/sequential.tsv"
     localrule: True
     conda:
         "../../envs/precswitch.yaml"
