@@ -209,6 +209,13 @@ def _sequential(args: argparse.Namespace) -> int:
     return 0
 
 
+def _design_parser(subparsers, name: str, help: str, description: str):
+    """A sequential-study command: it reads the study's design (precswitch.study.sequential_design) as JSON."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    p.add_argument("--design", required=True, metavar="JSON", help="precswitch.study.sequential_design as JSON")
+    return p
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("aggregate", help="collect per-stage metrics.json and steps.csv into tables",
                               description="Writes DIR/runs.csv|parquet (one row per stage run), "
@@ -265,23 +272,19 @@ def register(subparsers) -> None:
                                                    "reST for the report's landing page")
     p.set_defaults(func=_verdict)
 
-    p = subparsers.add_parser("look", help="one look of a sequential study (docs/sequential.md)",
-                              description="Decides every comparison of a sequential study from the stage-2 "
-                                          "metrics so far and writes the look's JSON: each comparison's "
-                                          "estimate, interval and decision, and the seeds each schedule runs "
-                                          "next (none: done).")
-    p.add_argument("--design", required=True, metavar="JSON", help="precswitch.study.sequential_design as JSON")
+    p = _design_parser(subparsers, "look", "one look of a sequential study (docs/sequential.md)",
+                       "Decides every comparison of a sequential study from the stage-2 metrics so far and writes "
+                       "the look's JSON: each comparison's estimate, interval and decision, and the seeds each "
+                       "schedule runs next (none: done).")
     p.add_argument("--look", required=True, type=int, metavar="K", help="look index (0: after the start seeds)")
     p.add_argument("--metrics", nargs="+", required=True, metavar="FILE", help="the runs' metrics.json files")
     p.add_argument("--out", required=True, metavar="FILE")
     p.set_defaults(func=_look)
 
-    p = subparsers.add_parser("sequential", help="a sequential study's paths and savings",
-                              description="Writes the tidy path of every comparison (comparison, look, seeds, n, "
-                                          "mean, lo, hi, decision) and a JSON summary: seeds used, why each "
-                                          "comparison stopped, seeds and training seconds saved against the "
-                                          "fixed design of the same power.")
-    p.add_argument("--design", required=True, metavar="JSON", help="precswitch.study.sequential_design as JSON")
+    p = _design_parser(subparsers, "sequential", "a sequential study's paths and savings",
+                       "Writes the tidy path of every comparison (comparison, look, seeds, n, mean, lo, hi, "
+                       "decision) and a JSON summary: seeds used, why each comparison stopped, seeds and training "
+                       "seconds saved against the fixed design of the same power.")
     p.add_argument("--schedules", required=True, metavar="CSV|PARQUET")
     p.add_argument("--csv", required=True, metavar="FILE")
     p.add_argument("--json", required=True, metavar="FILE")
