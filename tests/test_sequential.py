@@ -170,3 +170,9 @@ def test_benchmark_prints_the_table(capsys):
     assert [(float(r[2]), float(r[3])) for r in rows] == mod.CASES
     two_points = next(r for r in rows if float(r[2]) == 2.0)
     assert two_points[8].strip() == "5"  # fixed@80%
+
+
+def test_a_huge_effect_needs_the_smallest_fixed_design_not_none():
+    """statsmodels' solver fails to converge below 2 pairs (a 40-point effect at SD 6): that is 2 seeds."""
+    assert sq.fixed_seeds(21.0, 1.41, 0.8, 0.6) == 2 and sq.fixed_seeds(40.0, 6.0) == 3
+    assert sq.fixed_seeds(1.0, 1.0) == 10  # a margin-sized effect at SD 1 (the docs' table)

@@ -227,9 +227,15 @@ def fixed_seeds(effect: float, sd: float, power: float = 0.8, alpha: float = 0.0
     (statsmodels' TTestPower); None when there is nothing to detect (effect 0) or power is out of reach."""
     if effect == 0 or not alpha < power < 1:
         return None
+    import warnings
+
     from statsmodels.stats.power import TTestPower
-    n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power,
-                                 alternative="two-sided")
+    tp, dz = TTestPower(), abs(effect) / sd
+    if tp.power(effect_size=dz, nobs=2, alpha=alpha, alternative="two-sided") >= power:
+        return 2  # so large an effect that the smallest paired design has the power (the solver fails there)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # statsmodels' ConvergenceWarning: a NaN says it, below
+        n = tp.solve_power(effect_size=dz, alpha=alpha, power=power, alternative="two-sided")
     n = float(np.atleast_1d(n)[0])
     return max(2, math.ceil(n - 1e-9)) if math.isfinite(n) else None
 
@@ -311,10 +317,26 @@ def _mean_seconds(schedules: pd.DataFrame, name: str, column: str) -> float:
     return float(v.mean()) if v.notna().any() else 0.0
 
 
+def _fixed_design(last, sd: float, design: Mapping) -> int | None:
+    """The paired seeds a fixed design of the same power (analysis.power, at the comparison's seed SD) needs to
+    reach what the sequential design concluded: a t-test detecting the observed difference when it ended
+    *different*, a TOST showing equivalence at the observed difference when it ended *equivalent*, a t-test
+    detecting a margin-sized difference otherwise (what a fixed design is usually sized for). At least 2."""
+    if not (math.isfinite(sd) and sd > 0):
+        return None
+    power, alpha, margin = design["power"], design["alpha"], design["margin"]
+    if last["decision"] == "different":
+        n = fixed_seeds(float(last["mean"]), sd, power, alpha)
+    elif last["decision"] == "equivalent":
+        n = fixed_equivalence_seeds(float(last["mean"]), sd, margin, power, alpha)
+    else:
+        n = fixed_seeds(margin, sd, power, alpha)
+    return None if n is None else max(2, int(n))
+
+
 def savings(schedules: pd.DataFrame, table: pd.DataFrame, design: Mapping) -> dict:
-    """Seeds and training seconds of the sequential study against the fixed design of the same power: the
-    paired seeds (:func:`fixed_seeds`) a fixed design needs to detect a margin-sized difference with
-    analysis.power at the comparison's seed SD. Per comparison: seeds used, that fixed number, and the seconds
+    """Seeds and training seconds of the sequential study against the fixed design of the same power
+    (:func:`_fixed_design`: sized for what each comparison concluded). Per comparison: seeds used, that fixed number, and the seconds
     of one seed of its two schedules (stage 2 of each, plus their stage-1 runs, each once) times the seeds
     saved. For the study: the training seconds spent (every stage-1 run once) against every schedule run with
     the largest fixed number of any comparison (one seed list for the study), and with max_seeds."""
@@ -330,8 +352,7 @@ def savings(schedules: pd.DataFrame, table: pd.DataFrame, design: Mapping) -> di
         last = table[(table["a"] == a) & (table["b"] == b)].iloc[-1]
         d = paired_differences(schedules, a, b).dropna()
         sd = float(d.std(ddof=1)) if d.size >= 2 else math.nan
-        fixed = (fixed_seeds(design["margin"], sd, design["power"], design["alpha"])
-                 if math.isfinite(sd) and sd > 0 else None)
+        fixed = _fixed_design(last, sd, design)
         per_seed = seed_seconds([a, b])
         saved = None if fixed is None else fixed - int(last["seeds"])
         rows.append({"comparison": f"{a} vs {b}", "a": a, "b": b, "decision": last["decision"],

@@ -550,8 +550,11 @@ def _sequential(seq: dict | None) -> str:
     return ("## Sequential seeds\n\n"
             f"Each comparison stopped at its first settled look (anytime-valid {1 - seq['alpha']:.0%} confidence "
             f"sequence of the paired accuracy difference, in points; docs/sequential.md). Fixed = the paired seeds a "
-            f"fixed design needs to detect a {_pm(seq['margin'])} difference with power {seq['power']:g} at the "
-            "comparison's seed SD; saved = fixed − used, times the seconds of one seed of its schedules.\n\n"
+            f"fixed design with power {seq['power']:g} at the comparison's seed SD needs to reach the same "
+            f"conclusion, sized knowing the observed difference (to detect it when *different*, to show "
+            f"equivalence within {_pm(seq['margin'])} when *equivalent*, a {_pm(seq['margin'])} difference "
+            "otherwise): hindsight no fixed design has; saved = fixed − used, times the seconds of one seed of its "
+            "schedules.\n\n"
             + md_table(["comparison", "stopped", "seeds", "difference [interval]", "fixed", "seeds saved",
                         "training time saved"], rows)
             + f"\n\nSeeds run per schedule: {per}. {total}")
