@@ -262,7 +262,7 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
     if not math.isfinite(sd):
         return out
     if observed is not None:
-        out["seeds_needed_observed"] = _seeds_to_detect(abs(observed), sd, alpha, power)
+        out["seeds_needed_observed"] = seeds_to_detect(abs(observed), sd, alpha, power)
     tp = TTestPower()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -272,11 +272,11 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
             else:
                 out["mde"] = _mde_dz(tp, n, alpha, power) * sd
         if margin is not None and math.isfinite(margin):
-            out["seeds_needed"] = _seeds_to_detect(margin, sd, alpha, power, tp)
+            out["seeds_needed"] = seeds_to_detect(margin, sd, alpha, power, tp)
     return out
 
 
-def _seeds_to_detect(effect: float, sd: float, alpha: float, power: float, tp=None) -> float:
+def seeds_to_detect(effect: float, sd: float, alpha: float, power: float, tp=None) -> float:
     """Fewest paired seeds whose paired t-test detects a difference ``effect`` with ``power`` at ``alpha``,
     the paired SD being ``sd``; NaN for no effect, inf beyond 10,000 seeds."""
     if not (math.isfinite(effect) and math.isfinite(sd)) or effect <= 0:

@@ -224,20 +224,14 @@ def simulate(effect: float, sd: float, n_sims: int = 4000, start: int = 3, step:
 
 def fixed_seeds(effect: float, sd: float, power: float = 0.8, alpha: float = 0.05) -> int | None:
     """Paired seeds a fixed design needs for the two-sided paired t-test to detect ``effect`` with ``power``
-    (statsmodels' TTestPower); None when there is nothing to detect (effect 0) or power is out of reach."""
+    (the verdict's own seeds-needed: precswitch.analysis.paired.seeds_to_detect, exact at small n); None when
+    there is nothing to detect (effect 0) or power is out of reach."""
+    from .paired import seeds_to_detect
+
     if effect == 0 or not alpha < power < 1:
         return None
-    import warnings
-
-    from statsmodels.stats.power import TTestPower
-    tp, dz = TTestPower(), abs(effect) / sd
-    if tp.power(effect_size=dz, nobs=2, alpha=alpha, alternative="two-sided") >= power:
-        return 2  # so large an effect that the smallest paired design has the power (the solver fails there)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # statsmodels' ConvergenceWarning: a NaN says it, below
-        n = tp.solve_power(effect_size=dz, alpha=alpha, power=power, alternative="two-sided")
-    n = float(np.atleast_1d(n)[0])
-    return max(2, math.ceil(n - 1e-9)) if math.isfinite(n) else None
+    n = seeds_to_detect(abs(effect), sd, alpha, power)
+    return int(n) if math.isfinite(n) else None
 
 
 def tost_power(n: int, effect: float, sd: float, margin: float, alpha: float = 0.05, grid: int = 4000) -> float:
