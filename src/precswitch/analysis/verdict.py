@@ -531,13 +531,13 @@ def _sequential(seq: dict | None) -> str:
         return ""
     why = {"different": "interval excludes 0", "equivalent": f"interval inside {_pm(seq['margin'])}",
            "inconclusive": f"max seeds ({seq['max_seeds']}) reached, not settled", "continue": "still open"}
-    def pts(x, none):  # sequential.json has null for NaN and for an unbounded end
-        return f"{x:+.2f}" if _isnum(x) and math.isfinite(x) else none
+    def end(x, unbounded):  # sequential.json has null for an unbounded end
+        return diff(x) if finite(x) else unbounded
 
     rows = []
     for r in seq["comparisons"]:
-        estimate = (f"{pts(r['mean'], 'no pairs')} [{pts(r['lo'], '−∞')}, {pts(r['hi'], '+∞')}]"
-                    if _isnum(r["mean"]) else "no pairs")
+        estimate = (f"{diff(r['mean'])} [{end(r['lo'], '−∞')}, {end(r['hi'], '+∞')}]"
+                    if finite(r["mean"]) else "no pairs")
         rows.append([f"`{r['a']}` vs `{r['b']}`", f"**{r['decision']}** ({why.get(r['decision'], '')})",
                      r["seeds"], estimate, r["fixed_seeds"] or "n/a",
                      "n/a" if r["seeds_saved"] is None else r["seeds_saved"], _hours(r["seconds_saved"])])
