@@ -12,6 +12,13 @@ machine the wall time measures the load as much as the study.
 
   .venv/bin/python benchmarks/study_time.py            # the default study, cold, --cores all
   .venv/bin/python benchmarks/study_time.py --keep     # ... and keep the clone (its path is printed)
+  .venv/bin/python benchmarks/study_time.py --fast-path-proxy   # the same jobs, every 16-bit stage at fp32's cost
+
+--fast-path-proxy times the study a CPU with a 16-bit fast path would run, on a CPU without one: the same
+schedules, seeds, stages and job graph, but every stage whose precision is not fp32 runs in fp32 under its
+own name (an adam_eps a hair off the recipe's, so the stage-1 runs stay distinct and shared as before). On
+the AMX CPU every 16-bit precision ran at fp32's speed or faster (amp_bf16 1.3x, amp_fp16 1.05x:
+../shared/FACTS.md), so this is an upper bound on the study's wall time there. Its accuracies mean nothing.
 """
 
 from __future__ import annotations
@@ -50,12 +57,32 @@ def per_rule(bench_dir: Path) -> dict[str, tuple[int, float]]:
     return {k: (n, s) for k, (n, s) in out.items()}
 
 
+def fast_path_proxy(config: dict) -> dict:
+    """The schedules of ``config`` with every non-fp32 stage run in fp32 at a distinct adam_eps (1.01e-6,
+    1.02e-6, ... one per precision, a hair off the recipe's), so each keeps its own, shared stage-1 runs."""
+    eps = {}
+    out = {}
+    for name, stages in config["schedules"].items():
+        out[name] = {}
+        for stage, spec in stages.items():
+            precision = spec if isinstance(spec, str) else spec["precision"]
+            if precision == "fp32":
+                out[name][stage] = spec
+                continue
+            base = config["train"][stage]["adam_eps"]
+            e = eps.setdefault((stage, precision), base * (1 + 0.01 * (1 + sum(k[0] == stage for k in eps))))
+            out[name][stage] = {"precision": "fp32", "overrides": {"adam_eps": e}}
+    return {"schedules": out}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", default=str(ROOT), help="repository to clone at HEAD (default: this one)")
     ap.add_argument("--cores", default="all", help="snakemake --cores (default: all)")
     ap.add_argument("--keep", action="store_true", help="keep the clone and its results")
     ap.add_argument("--no-report", action="store_true", help="skip `snakemake --report`")
+    ap.add_argument("--fast-path-proxy", action="store_true",
+                    help="run every 16-bit stage in fp32 (its own run): the wall time on a CPU with a fast path")
     args = ap.parse_args(argv)
 
     snakemake = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
@@ -71,13 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     from precswitch.fast_paths import cpu_fast_paths, study_time_note  # noqa: E402  (the clone's)
     import yaml  # noqa: E402
 
-    note = study_time_note(yaml.safe_load((clone / "config" / "config.yaml").read_text()))
+    config = yaml.safe_load((clone / "config" / "config.yaml").read_text())
+    note = study_time_note(config)
+    extra = []
+    if args.fast_path_proxy:
+        (clone / "proxy.yaml").write_text(yaml.safe_dump(fast_path_proxy(config)))
+        extra = ["--configfile", "config/config.yaml", "proxy.yaml"]
+        note = "fast-path proxy: every 16-bit stage runs in fp32 under its own name (accuracies mean nothing)"
     print(f"commit {head}; clone {clone}; cpus {os.cpu_count()}; 16-bit fast paths {cpu_fast_paths()}")
     print(note or "this CPU has a fast path for every 16-bit precision of the default study")
     load0 = os.getloadavg()
-    steps = [("study", [snakemake, "--cores", args.cores])]
+    steps = [("study", [snakemake, "--cores", args.cores, *extra])]
     if not args.no_report:
-        steps.append(("report", [snakemake, "--cores", args.cores, "--report", "results/report.html"]))
+        steps.append(("report", [snakemake, "--cores", args.cores, *extra, "--report", "results/report.html"]))
     walls = {}
     for name, cmd in steps:
         t0 = time.perf_counter()

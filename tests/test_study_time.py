@@ -24,3 +24,21 @@ def test_per_rule_sums_jobs_by_rule(tmp_path):
     (tmp_path / "empty.tsv").write_text(HEADER)  # a job that wrote no row is not counted
     assert study_time.per_rule(tmp_path) == {"data/synth": (1, 2.0), "data/prepare-pretrain": (1, 3.0),
                                              "pretrain": (2, 50.5), "finetune": (1, 5.0)}
+
+
+def test_fast_path_proxy_runs_every_16bit_stage_in_fp32_under_its_own_name():
+    import yaml
+
+    from precswitch import study
+
+    config = yaml.safe_load((Path(__file__).parent.parent / "config" / "config.yaml").read_text())
+    proxy = study_time.fast_path_proxy(config)
+    cfg = study.validate({**config, **proxy})
+    plan = study.plan(cfg)
+    stage1 = {name: spec for name, spec in plan.stage1.items()}
+    assert len(stage1) == len({s["pretrain"]["precision"] if isinstance(s["pretrain"], dict) else s["pretrain"]
+                               for s in config["schedules"].values() if "pretrain" in s})  # still one run each
+    assert {spec["precision"] for spec in stage1.values()} == {"fp32"}
+    assert {s["finetune"]["precision"] for s in plan.schedules.values()} == {"fp32"}
+    assert plan.stage1_of("fp16-fp32") == plan.stage1_of("fp16-fp16") != plan.stage1_of("fp32-fp32")
+    assert proxy["schedules"]["fp32-fp32"] == config["schedules"]["fp32-fp32"]  # fp32 stages are untouched
