@@ -741,9 +741,9 @@ def test_schema_stage_defaults():
     """Left out, a stage's keys take the stage's defaults: stage 1 its own steps, lr, warm-up and checkpoint."""
     cfg = study.validate({})
     pre, fin = cfg["train"]["pretrain"], cfg["train"]["finetune"]
-    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 3.0e-3, 0.06, True)
+    assert (pre["steps"], pre["lr"], pre["warmup_ratio"], pre["save_checkpoint"]) == (600, 5.0e-3, 0.06, True)
     assert (fin["steps"], fin["lr"], fin["warmup_ratio"], fin["save_checkpoint"]) == (600, 1.0e-3, 0.1, False)
-    assert pre["batch_size"] == fin["batch_size"] == 32 and pre["compile"] == fin["compile"] == "off"
+    assert (pre["batch_size"], fin["batch_size"]) == (32, 64) and pre["compile"] == fin["compile"] == "off"
 
 
 # ------------------------------------------------------------------------------ mutation audit 2: jobs and report
