@@ -70,7 +70,7 @@ def fast_path_proxy(config: dict) -> dict:
                 out[name][stage] = spec
                 continue
             base = config["train"][stage]["adam_eps"]
-            e = eps.setdefault((stage, precision), base * (1 + 0.01 * (1 + sum(k[0] == stage for k in eps))))
+            e = eps.setdefault((stage, precision), float(f"{base * (1 + 0.01 * (1 + sum(k[0] == stage for k in eps))):.4g}"))
             out[name][stage] = {"precision": "fp32", "overrides": {"adam_eps": e}}
     return {"schedules": out}
 
