@@ -87,7 +87,7 @@ CASES = [
          "text is unlabelled lines (masked LM only)"),
         # found by the engine only when the stage starts (stage 2: after every stage-1 run trained)
         ({"data": {"synthetic": {"n_train": 10}}}, "train.finetune.batch_size",
-         "32 exceeds the 10 training rows of data.synthetic.n_train"),
+         "64 exceeds the 10 training rows of data.synthetic.n_train"),
         ({"data": {"pretrain": {"kind": "synthetic", "max_train_rows": 4}}}, "train.pretrain.batch_size",
          "exceeds the 4 training rows of data.pretrain.max_train_rows"),
         # an in-stage switch that rounds to step 0 or to the last step is no switch
