@@ -227,6 +227,10 @@ def _read_table(kind: str, files: list[Path]):
     # Only an empty cell is missing: pandas' default NA strings ("NA", "N/A", "null", "None", "nan", ...)
     # are text a sentence may be, and would silently drop the row.
     na = {"keep_default_na": False, "na_values": [""]}
+    for f in files if kind in ("tsv", "csv") else ():  # rows with extra fields parse without error: see _ragged_line
+        problem = _ragged_line(kind, f)
+        if problem:
+            raise PrecswitchError(f"source: cannot read {kind} file {f}: {problem}")
     try:
         if kind == "tsv":  # GLUE: no quoting, BOM in the header
             ds = datasets.load_dataset("csv", data_files=data_files, split="train", delimiter="\t",
@@ -270,8 +274,6 @@ def _error_text(e: BaseException) -> str:
 def _table_file_problem(kind: str, f: Path) -> str | None:
     """Why a local table could not be read (empty, no data rows, a ragged line, a JSONL line that is not an
     object, not UTF-8); read only on the loader's failure path. None when no cause is found here."""
-    import csv
-
     if f.stat().st_size == 0:
         return "the file is empty"
     if kind == "parquet":
@@ -285,6 +287,8 @@ def _table_file_problem(kind: str, f: Path) -> str | None:
     bad_utf8 = _text_file_problem([f])
     if bad_utf8:
         return bad_utf8.removeprefix(f"{f} ")
+    if kind in ("tsv", "csv"):
+        return _ragged_line(kind, f, whole=True)
     with open(f, encoding="utf-8-sig", newline="") as fh:
         if kind == "jsonl":
             n = 0
@@ -302,6 +306,16 @@ def _table_file_problem(kind: str, f: Path) -> str | None:
                     return (f"line {i} is {what}, not a JSON object; each line must be one object "
                             '{"column": value, ...}')
             return "the file has no data rows" if n == 0 else None
+    return None
+
+
+def _ragged_line(kind: str, f: Path, *, whole: bool = False) -> str | None:
+    """The first line of a tsv/csv file with more fields than its header; ``whole``: or that the file has no
+    header line or no data rows. Checked before the loader too: given rows that all have extra fields, pandas reads the extras as index
+    columns without an error, and the columns after them shift (the label column holds another field)."""
+    import csv
+
+    with open(f, encoding="utf-8-sig", newline="", errors="replace") as fh:
         if kind == "tsv":
             rows = ((i, ln.rstrip("\r\n").split("\t")) for i, ln in enumerate(fh, 1))
         else:
@@ -318,6 +332,8 @@ def _table_file_problem(kind: str, f: Path) -> str | None:
             if len(row) > len(header):
                 sep = "tab" if kind == "tsv" else "unquoted comma"
                 return f"line {i} has {len(row)} fields, the header has {len(header)} (a stray {sep} in a text?)"
+        if not whole:
+            return None
         if header is None:
             return "the file has no header line"
         return "the file has a header but no data rows" if n == 0 else None
