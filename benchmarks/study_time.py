@@ -58,20 +58,22 @@ def per_rule(bench_dir: Path) -> dict[str, tuple[int, float]]:
 
 
 def fast_path_proxy(config: dict) -> dict:
-    """The schedules of ``config`` with every non-fp32 stage run in fp32 at a distinct adam_eps (1.01e-6,
-    1.02e-6, ... one per precision, a hair off the recipe's), so each keeps its own, shared stage-1 runs."""
-    eps = {}
-    out = {}
+    """The schedules of ``config`` with every stage not in fp32 run in fp32 at its own adam_eps (the stage's
+    times 1.01, 1.02, ... one per stage and precision), so each keeps its own, shared stage-1 runs."""
+    from precswitch.specs import stage_spec
+
+    eps_step: dict = {}  # (stage, precision) -> k: adam_eps x (1 + k/100)
+    out: dict = {}
     for name, stages in config["schedules"].items():
         out[name] = {}
         for stage, spec in stages.items():
-            precision = spec if isinstance(spec, str) else spec["precision"]
+            precision = stage_spec(spec)["precision"]
             if precision == "fp32":
                 out[name][stage] = spec
                 continue
-            base = config["train"][stage]["adam_eps"]
-            e = eps.setdefault((stage, precision), float(f"{base * (1 + 0.01 * (1 + sum(k[0] == stage for k in eps))):.4g}"))
-            out[name][stage] = {"precision": "fp32", "overrides": {"adam_eps": e}}
+            k = eps_step.setdefault((stage, precision), len(eps_step) + 1)
+            eps = round(config["train"][stage]["adam_eps"] * (1 + k / 100), 12)
+            out[name][stage] = {"precision": "fp32", "overrides": {"adam_eps": eps}}
     return {"schedules": out}
 
 

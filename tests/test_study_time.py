@@ -35,10 +35,8 @@ def test_fast_path_proxy_runs_every_16bit_stage_in_fp32_under_its_own_name():
     proxy = study_time.fast_path_proxy(config)
     cfg = study.validate({**config, **proxy})
     plan = study.plan(cfg)
-    stage1 = {name: spec for name, spec in plan.stage1.items()}
-    assert len(stage1) == len({s["pretrain"]["precision"] if isinstance(s["pretrain"], dict) else s["pretrain"]
-                               for s in config["schedules"].values() if "pretrain" in s})  # still one run each
-    assert {spec["precision"] for spec in stage1.values()} == {"fp32"}
+    assert len(plan.stage1) == len(study.plan(study.validate(config)).stage1)  # still one run each
+    assert {spec["precision"] for spec in plan.stage1.values()} == {"fp32"}
     assert {s["finetune"]["precision"] for s in plan.schedules.values()} == {"fp32"}
     assert plan.stage1_of("fp16-fp32") == plan.stage1_of("fp16-fp16") != plan.stage1_of("fp32-fp32")
     assert proxy["schedules"]["fp32-fp32"] == config["schedules"]["fp32-fp32"]  # fp32 stages are untouched

@@ -311,8 +311,8 @@ def _table_file_problem(kind: str, f: Path) -> str | None:
 
 def _ragged_line(kind: str, f: Path, *, whole: bool = False) -> str | None:
     """The first line of a tsv/csv file with more fields than its header; ``whole``: or that the file has no
-    header line or no data rows. Checked before the loader too: given rows that all have extra fields, pandas reads the extras as index
-    columns without an error, and the columns after them shift (the label column holds another field)."""
+    header line or no data rows. Checked before the loader too: given rows that all have extra fields, pandas
+    reads the extras as index columns without an error, and the columns after them shift."""
     import csv
 
     with open(f, encoding="utf-8-sig", newline="", errors="replace") as fh:
