@@ -36,10 +36,10 @@ def make_tokenizer(out: Path, max_length: int = 32):
 
 
 def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 40, max_length: int = 32,
-                  packed: bool = False) -> Path:
+                  packed: bool = False, n_test: int = 0) -> Path:
     """Write tokenizer + prepared dataset under root; return the dataset dir. packed (mlm): the
     sentences' tokens concatenated into full max_length blocks, no padding (as the GPU configs'
-    WikiText is prepared); else one padded sentence per row."""
+    WikiText is prepared); else one padded sentence per row. n_test: a held-out ``test`` split of that many rows."""
     from datasets import Dataset, DatasetDict
 
     tok_dir = root / "tokenizer"
@@ -49,7 +49,7 @@ def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 4
 
         tok = AutoTokenizer.from_pretrained(tok_dir)
     splits = {}
-    for split, n, seed in (("train", n_train, 1), ("eval", n_eval, 2)):
+    for split, n, seed in (("train", n_train, 1), ("eval", n_eval, 2), ("test", n_test, 3))[:3 if n_test else 2]:
         a = _sentences(n, seed)
         if objective == "mlm" and packed:
             ids = [t for x in tok(a * 4, add_special_tokens=False)["input_ids"] for t in x]
@@ -66,13 +66,16 @@ def make_prepared(root: Path, objective: str, n_train: int = 96, n_eval: int = 4
             b = [x if y else s for x, y, s in zip(a, labels, _sentences(n, seed + 20))]
             enc = tok(a, b, truncation=True, max_length=max_length)
             splits[split] = Dataset.from_dict({**dict(enc), "labels": labels})
-    out = root / f"prepared-{objective}{'-packed' if packed else ''}"
+    out = root / f"prepared-{objective}{'-packed' if packed else ''}{'-test' if n_test else ''}"
     DatasetDict(splits).save_to_disk(str(out))
     meta = {"objective": objective, "n_train": n_train, "n_eval": n_eval, "max_length": max_length,
             "tokenizer": str(tok_dir), "source": {"kind": "test"}}
     if objective == "classify":
         ev = splits["eval"]["labels"]
         meta.update(num_labels=2, label_values=[0, 1], majority_accuracy=max(ev.count(0), ev.count(1)) / len(ev))
+        if n_test:
+            te = splits["test"]["labels"]
+            meta["test_majority_accuracy"] = max(te.count(0), te.count(1)) / len(te)
     (out / "meta.json").write_text(json.dumps(meta))
     return out
 
@@ -128,9 +131,10 @@ def preempted_then_resumed(monkeypatch, hp: dict, out: Path, during_step: int) -
 
     import pytest
 
+    from precswitch import measure
     from precswitch.train import engine
 
-    real_sync, calls = engine.measure.sync, []
+    real_sync, calls = measure.sync, []
 
     def sync_then_sigterm(device):
         real_sync(device)
@@ -138,8 +142,8 @@ def preempted_then_resumed(monkeypatch, hp: dict, out: Path, during_step: int) -
         if len(calls) == during_step:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(engine.measure, "sync", sync_then_sigterm)
+    monkeypatch.setattr(measure, "sync", sync_then_sigterm)
     with pytest.raises(engine.Preempted):
         engine.run_stage(hp, out)
-    monkeypatch.setattr(engine.measure, "sync", real_sync)
+    monkeypatch.setattr(measure, "sync", real_sync)
     return engine.run_stage(hp, out)

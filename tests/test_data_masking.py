@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from precswitch.train.engine import _eval_batches, _make_collator, step_seed
+from precswitch.train.engine import eval_batches, make_collator, step_seed
 
 WORDS = "the a red blue old young fox dog cat bird chased saw liked met quickly slowly".split()
 
@@ -38,7 +38,7 @@ def _collate(collate, feats, seed):
 
 def test_mask_rates_and_never_special_or_padding(tmp_path):
     tok = _tokenizer(tmp_path)
-    collate = _make_collator("mlm", tok, 0.15)
+    collate = make_collator("mlm", tok, 0.15)
     special = torch.tensor(sorted(tok.all_special_ids))
     n_real = n_masked = n_mask_tok = n_kept = 0
     for s in range(30):
@@ -57,7 +57,7 @@ def test_mask_rates_and_never_special_or_padding(tmp_path):
 
 def test_fp8_padding_keeps_the_masks_of_the_other_precisions(tmp_path):
     tok = _tokenizer(tmp_path)
-    plain, fp8 = _make_collator("mlm", tok, 0.15), _make_collator("mlm", tok, 0.15, pad_to_multiple_of=16)
+    plain, fp8 = make_collator("mlm", tok, 0.15), make_collator("mlm", tok, 0.15, pad_to_multiple_of=16)
     for s in range(5):
         feats = _features(tok, 16, seed=s)
         a, b = _collate(plain, feats, step_seed(3, s)), _collate(fp8, feats, step_seed(3, s))
@@ -69,7 +69,7 @@ def test_fp8_padding_keeps_the_masks_of_the_other_precisions(tmp_path):
         assert (b["input_ids"][:, L:] == tok.pad_token_id).all()
     # the fixed eval masks too (built in sequence under one seed)
     rows = _features(tok, 40, seed=9)
-    ea, eb = _eval_batches(_Rows(rows), plain, 8, 1234), _eval_batches(_Rows(rows), fp8, 8, 1234)
+    ea, eb = eval_batches(_Rows(rows), plain, 8, 1234), eval_batches(_Rows(rows), fp8, 8, 1234)
     for x, y in zip(ea, eb):
         assert torch.equal(y["labels"][:, : x["labels"].shape[1]], x["labels"])
 
@@ -79,7 +79,7 @@ def test_masks_of_the_same_rows_differ_by_step_and_by_seed(tmp_path):
     seed and at the same step of another seed (a seed-only or step-only RNG would repeat masks), and
     identically again under the same (seed, step)."""
     tok = _tokenizer(tmp_path)
-    collate = _make_collator("mlm", tok, 0.15)
+    collate = make_collator("mlm", tok, 0.15)
     feats = _features(tok, 32, seed=0)
     labels = {(s, t): _collate(collate, feats, step_seed(s, t))["labels"] for s in (1, 2) for t in (0, 1)}
     assert torch.equal(_collate(collate, feats, step_seed(1, 0))["labels"], labels[(1, 0)])
@@ -93,13 +93,13 @@ def test_eval_masks_are_fixed_by_the_eval_seed_whatever_the_global_rng(tmp_path)
     """Every evaluation of every run scores the same masked tokens: the eval batches are built under
     eval_seed, not under whatever state training left the global RNG in; another eval_seed masks otherwise."""
     tok = _tokenizer(tmp_path)
-    collate = _make_collator("mlm", tok, 0.15)
+    collate = make_collator("mlm", tok, 0.15)
     rows = _Rows(_features(tok, 40, seed=9))
-    first = _eval_batches(rows, collate, 8, 1234)
+    first = eval_batches(rows, collate, 8, 1234)
     torch.manual_seed(99)
     torch.rand(1000)  # training moved the global RNG
-    again = _eval_batches(rows, collate, 8, 1234)
-    other = _eval_batches(rows, collate, 8, 4321)
+    again = eval_batches(rows, collate, 8, 1234)
+    other = eval_batches(rows, collate, 8, 4321)
     assert len(first) == 5 and all(torch.equal(x["labels"], y["labels"]) and torch.equal(x["input_ids"], y["input_ids"])
                                    for x, y in zip(first, again))
     assert not all(torch.equal(x["labels"], y["labels"]) for x, y in zip(first, other))
@@ -111,7 +111,7 @@ def test_the_masked_share_follows_mlm_probability(tmp_path):
     tok = _tokenizer(tmp_path)
     special = torch.tensor(sorted(tok.all_special_ids))
     for p in (0.05, 0.4):
-        collate = _make_collator("mlm", tok, p)
+        collate = make_collator("mlm", tok, p)
         n_real = n_masked = 0
         for s in range(6):
             b = _collate(collate, _features(tok, 32, seed=s), step_seed(2, s))
@@ -127,7 +127,7 @@ def test_padding_to_16_adds_nothing_to_a_multiple_of_16_and_pads_every_column_al
     pads every 2-D tensor (token types too: the model needs them all the same width); classification batches of an
     fp8 stage are padded to a multiple of 16 as well."""
     tok = _tokenizer(tmp_path)
-    fp8 = _make_collator("mlm", tok, 0.15, pad_to_multiple_of=16)
+    fp8 = make_collator("mlm", tok, 0.15, pad_to_multiple_of=16)
     exact = [f for f in _features(tok, 64, seed=4) if len(f["input_ids"]) <= 16]
     exact = [f for f in exact if len(f["input_ids"]) == 16] + [f for f in exact if len(f["input_ids"]) < 16][:7]
     assert len(exact[0]["input_ids"]) == 16
@@ -136,7 +136,7 @@ def test_padding_to_16_adds_nothing_to_a_multiple_of_16_and_pads_every_column_al
     b = _collate(fp8, _features(tok, 8, seed=5), step_seed(1, 0))
     assert len({v.shape[1] for v in b.values() if v.dim() == 2}) == 1 and b["input_ids"].shape[1] % 16 == 0
     feats = [{**f, "labels": i % 2} for i, f in enumerate(_features(tok, 8, seed=6))]
-    c = _make_collator("classify", tok, 0.15, pad_to_multiple_of=16)(feats)
+    c = make_collator("classify", tok, 0.15, pad_to_multiple_of=16)(feats)
     assert c["input_ids"].shape[1] % 16 == 0 and c["attention_mask"].shape == c["input_ids"].shape
 
 

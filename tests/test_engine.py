@@ -27,6 +27,7 @@ from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E40
 from precswitch.train import config as C  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
@@ -135,7 +136,7 @@ def test_fp32_turns_tf32_off_even_if_it_was_on(data, tmp_path, monkeypatch):
                        torch.get_float32_matmul_precision()))
         return real(*a)
 
-    monkeypatch.setattr(engine, "forward_loss", spy)
+    monkeypatch.setattr(engine_loop, "forward_loss", spy)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.set_float32_matmul_precision("high")
@@ -326,7 +327,7 @@ def test_switch_changes_autocast_and_loss_scaling_at_the_switch_step(data, tmp_p
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
         return real(*a)
 
-    monkeypatch.setattr(engine, "forward_loss", spy)
+    monkeypatch.setattr(engine_loop, "forward_loss", spy)
     m = run_stage({"data": str(data["mlm"]), "precision": first, "switch_to": then, "switch_at": 0.5, "steps": 6,
                    "model": TINY, "save_checkpoint": False}, tmp_path / "r")
     assert m["status"] == "ok" and m["switch_step"] == 3 and m["precision_final"] == then
@@ -420,7 +421,7 @@ def test_engine_drops_the_mask_of_packed_blocks_only(tmp_path, monkeypatch):
         calls.append(had and "attention_mask" not in out)
         return out
 
-    monkeypatch.setattr(engine, "drop_full_attention_mask", spy)
+    monkeypatch.setattr(engine_batching, "drop_full_attention_mask", spy)
     seen = {}
     for packed in (True, False):
         calls.clear()
@@ -538,16 +539,18 @@ def test_fp8_stage_cannot_claim_another_eval_precision(data):
 
 
 def test_fp8_stage_pads_batches_to_multiples_of_16(data):
-    from precswitch.train.engine import _load_data, _load_tokenizer, _make_collator, _model_columns
+    from precswitch.train.engine.batching import make_collator, model_columns
+    from precswitch.train.engine.inputs import load_data, load_tokenizer
 
     hp = C.resolve({"data": str(data["classify"]), "steps": 1, "objective": "classify"})
-    train, _, meta = _load_data(hp)
-    rows = _model_columns(train, "classify")
+    splits, meta = load_data(hp)
+    train = splits["train"]
+    rows = model_columns(train, "classify")
     feats = [dict(zip(rows[:5], v)) for v in zip(*rows[:5].values())]
     feats = [{k: (v[: 7 + i] if isinstance(v, list) else v) for k, v in f.items()} for i, f in enumerate(feats)]  # 7..11 tokens
-    tok = _load_tokenizer(hp, meta)
-    plain = _make_collator("classify", tok, 0.15)(feats)["input_ids"].shape[1]
-    padded = _make_collator("classify", tok, 0.15, 16)(feats)["input_ids"].shape[1]
+    tok = load_tokenizer(hp, meta)
+    plain = make_collator("classify", tok, 0.15)(feats)["input_ids"].shape[1]
+    padded = make_collator("classify", tok, 0.15, 16)(feats)["input_ids"].shape[1]
     assert plain % 16 and padded % 16 == 0 and padded >= plain  # the fixture's rows are not already a multiple
 
 
@@ -594,7 +597,7 @@ def test_batch_and_eval_masks_seed_only_the_cpu_generator(monkeypatch):
     """Masks are f(seed, step) via the CPU generator; the CUDA generators (GPU dropout) are never reseeded."""
     from datasets import Dataset
 
-    from precswitch.train.engine import Batches, _eval_batches
+    from precswitch.train.engine import Batches, eval_batches
 
     reseeded = []
     monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda s: reseeded.append(s))
@@ -607,9 +610,9 @@ def test_batch_and_eval_masks_seed_only_the_cpu_generator(monkeypatch):
     before = torch.get_rng_state()
     b = Batches(ds, batch_size=4, seed=3, collate=collate)
     first, again = b.get(1), Batches(ds, batch_size=4, seed=3, collate=collate).get(1)
-    evals = _eval_batches(ds, collate, 4, seed=7)
+    evals = eval_batches(ds, collate, 4, seed=7)
     assert torch.equal(first["draw"], again["draw"]) and not torch.equal(first["draw"], b.get(0)["draw"])
-    assert torch.equal(evals[0]["draw"], _eval_batches(ds, collate, 4, seed=7)[0]["draw"])
+    assert torch.equal(evals[0]["draw"], eval_batches(ds, collate, 4, seed=7)[0]["draw"])
     assert reseeded == [], "a CUDA generator was reseeded by batch building"
     assert torch.equal(torch.get_rng_state(), before), "the global CPU generator was left changed"
 
@@ -736,7 +739,7 @@ def test_compiled_stage_keeps_its_shapes_few(data, tmp_path, monkeypatch):
 
     real_host = engine.drop_full_attention_mask
     monkeypatch.setattr(engine.Batches, "get", spy)
-    monkeypatch.setattr(engine, "drop_full_attention_mask", lambda b: keys.append(set(real_host(dict(b)))) or b)
+    monkeypatch.setattr(engine_batching, "drop_full_attention_mask", lambda b: keys.append(set(real_host(dict(b)))) or b)
     from engine_fixtures import make_prepared
 
     pairs = make_prepared(tmp_path / "pairs", "classify", max_length=120)  # pairs of varied length
@@ -750,7 +753,7 @@ def test_compiled_stage_keeps_its_shapes_few(data, tmp_path, monkeypatch):
     torch._dynamo.reset()
     c = run_stage({**hp, "compile": "default"}, tmp_path / "cls")
     assert c["status"] == "ok" and len(shapes) == 6
-    assert all(s[1] % engine.COMPILED_PAD_MULTIPLE == 0 for s in shapes), shapes
+    assert all(s[1] % engine_batching.COMPILED_PAD_MULTIPLE == 0 for s in shapes), shapes
     assert not keys  # compiled: no batch goes through the mask drop
     assert c["eval_loss"] == pytest.approx(e["eval_loss"], rel=0.05)  # eval batches unchanged, eager
 
@@ -822,7 +825,7 @@ def test_a_stage_whose_eval_loss_blew_up_is_recorded_as_diverged(data, tmp_path,
         ev = real(*a, **k)
         return {**ev, "eval_loss": 1481.0} if a[2] == "mlm" else ev
 
-    monkeypatch.setattr(engine, "evaluate", blown)
+    monkeypatch.setattr(engine_loop, "evaluate", blown)
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "model": TINY}, tmp_path / "s")
     assert m["status"] == "diverged" and "eval loss 1481 nats is more than twice ln(vocab)" in m["status_reason"]
     assert json.loads((tmp_path / "s" / "metrics.json").read_text())["status"] == "diverged"
@@ -851,7 +854,7 @@ def test_steady_energy_leaves_out_the_warm_up(data, tmp_path, monkeypatch):
         calls.append(1)
         return 1000 * len(calls)
 
-    monkeypatch.setattr(engine.measure, "nvml_energy_mj", counter)
+    monkeypatch.setattr(engine_loop.measure, "nvml_energy_mj", counter)
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "timing_warmup_steps": 2,
                    "save_checkpoint": False}, tmp_path / "s")
     assert len(calls) == 3  # loop start, end of the warm-up, loop end: one read inside the loop
@@ -959,7 +962,7 @@ def test_non_finite_losses_between_finite_ones_are_skipped_counted_and_not_diver
         loss = real(*a)
         return loss * float("nan") if len(calls) % 2 == 0 else loss
 
-    monkeypatch.setattr(engine, "forward_loss", every_other_nan)
+    monkeypatch.setattr(engine_loop, "forward_loss", every_other_nan)
     m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 10, "seed": 1, "model": TINY,
                    "max_nonfinite": 2, "max_nonfinite_fraction": 0.6, "save_checkpoint": False}, tmp_path / "r")
     assert m["status"] == "ok", m["status_reason"]
@@ -1000,8 +1003,8 @@ def test_timed_windows_leave_out_warm_up_evaluation_and_set_up(data, tmp_path, m
     import time as real_time
 
     offset, syncs = [0.0], []
-    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
-    real_sync, real_eval = engine.measure.sync, engine.evaluate
+    monkeypatch.setattr(engine_loop, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
+    real_sync, real_eval = engine_loop.measure.sync, engine.evaluate
 
     def sync(device):  # called once at the end of every training step
         real_sync(device)
@@ -1013,8 +1016,8 @@ def test_timed_windows_leave_out_warm_up_evaluation_and_set_up(data, tmp_path, m
         offset[0] += 100.0
         return real_eval(*a, **k)
 
-    monkeypatch.setattr(engine.measure, "sync", sync)
-    monkeypatch.setattr(engine, "evaluate", slow_eval)
+    monkeypatch.setattr(engine_loop.measure, "sync", sync)
+    monkeypatch.setattr(engine_loop, "evaluate", slow_eval)
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "timing_warmup_steps": 2,
                    "batch_size": 16, "save_checkpoint": False}, tmp_path / "r")
     dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
@@ -1047,7 +1050,7 @@ def test_cpu_peak_memory_is_this_stages_high_water_mark(data, tmp_path, monkeypa
             _touch_and_free(300 * mb)
         return real(*a)
 
-    monkeypatch.setattr(engine, "forward_loss", allocating)
+    monkeypatch.setattr(engine_loop, "forward_loss", allocating)
     _touch_and_free(800 * mb)
     hwm_before = measure._read_vm("VmHWM")
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "model": TINY,
@@ -1081,7 +1084,7 @@ def test_every_precision_of_a_seed_trains_and_evaluates_on_the_same_batches(data
     weights and sees the same training batches (rows, masks, labels) at every step; every run, whatever its seed,
     is scored on the same eval masks."""
     seen: dict = {}
-    real_get, real_eval, real_build = engine.Batches.get, engine.evaluate, engine._build_model
+    real_get, real_eval, real_build = engine.Batches.get, engine.evaluate, engine_loop.build_model
 
     def build(*a, **k):
         model, dtype = real_build(*a, **k)
@@ -1098,8 +1101,8 @@ def test_every_precision_of_a_seed_trains_and_evaluates_on_the_same_batches(data
         return real_eval(model, batches, *a, **k)
 
     monkeypatch.setattr(engine.Batches, "get", get)
-    monkeypatch.setattr(engine, "evaluate", evaluate)
-    monkeypatch.setattr(engine, "_build_model", build)
+    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
+    monkeypatch.setattr(engine_loop, "build_model", build)
     for key in (("fp32", 1), ("amp_bf16", 1), ("pure_bf16", 1), ("pure_fp16", 1), ("fp32", 2)):
         run_stage({"data": str(data["mlm"]), "precision": key[0], "seed": key[1], "steps": 4, "model": TINY,
                    "adam_eps": 1e-4, "save_checkpoint": False}, tmp_path / f"{key[0]}-{key[1]}")
@@ -1123,16 +1126,17 @@ def test_fp8_padding_keeps_the_masks_every_other_precision_draws(data):
     """An fp8 stage pads masked-LM batches to a multiple of 16 AFTER masking: the same tokens are masked as in the
     unpadded batch of any other precision; the added columns are padding (pad id, attention 0, label -100)."""
     hp = C.resolve({"data": str(data["mlm"]), "steps": 1})
-    train, _, meta = engine._load_data(hp)
-    tok = engine._load_tokenizer(hp, meta)
-    rows = engine._model_columns(train, "mlm")
-    feats = engine._features(rows, range(8))
+    splits, meta = engine_inputs.load_data(hp)
+    train = splits["train"]
+    tok = engine_inputs.load_tokenizer(hp, meta)
+    rows = engine_batching.model_columns(train, "mlm")
+    feats = engine_batching.features(rows, range(8))
     feats = [{k: v[:13] for k, v in f.items()} for f in feats]  # 13 tokens: not a multiple of 16
     batches = []
     for pad in (None, 16):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            batches.append(engine._make_collator("mlm", tok, 0.3, pad)(feats))
+            batches.append(engine_batching.make_collator("mlm", tok, 0.3, pad)(feats))
     plain, padded = batches
     assert plain["input_ids"].shape[1] == 13 and padded["input_ids"].shape[1] == 16
     for k in plain:
@@ -1177,7 +1181,7 @@ def test_eval_precision_other_than_the_stage_evaluates_a_converted_model_with_it
         return real_eval(model, batches, objective, prec, device, meta)
 
     monkeypatch.setattr(P.Precision, "apply_backend_flags", flags)
-    monkeypatch.setattr(engine, "evaluate", evaluate)
+    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
     m = run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "eval_precision": "fp32", "steps": 2,
                    "model": TINY}, tmp_path / "r")
     assert at_eval == {"dtype": torch.float32, "prec": "fp32", "flags": "fp32"}

@@ -23,6 +23,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecswitchError  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 CPU = torch.device("cpu")
 
@@ -138,7 +139,7 @@ def test_a_finetuning_stage_starts_from_stage_1s_final_weights_trains_with_dropo
     final = load_file(next((tmp_path / "pre" / "checkpoint").glob("*.safetensors")))
     three = _three_label_data(tmp_path / "d3")
     built, modes = {}, []
-    real_build, real_fwd = engine._build_model, engine.forward_loss
+    real_build, real_fwd = engine_loop.build_model, engine.forward_loss
 
     def build(hp, *a, **k):
         model, dtype = real_build(hp, *a, **k)
@@ -149,8 +150,8 @@ def test_a_finetuning_stage_starts_from_stage_1s_final_weights_trains_with_dropo
         modes.append(model.training and model.bert.encoder.layer[0].attention.self.dropout.training)
         return real_fwd(model, *a)
 
-    monkeypatch.setattr(engine, "_build_model", build)
-    monkeypatch.setattr(engine, "forward_loss", fwd)
+    monkeypatch.setattr(engine_loop, "build_model", build)
+    monkeypatch.setattr(engine_loop, "forward_loss", fwd)
     for seed in (1, 2):
         m = run_stage({"data": str(three), "objective": "classify", "stage": "finetune", "steps": 1, "seed": seed,
                        "init": str(tmp_path / "pre" / "checkpoint"), "save_checkpoint": False}, tmp_path / f"ft{seed}")
@@ -174,7 +175,7 @@ def test_a_diverged_stage_keeps_the_reason_it_stopped_for_and_records_where(data
         calls.append(1)
         return real(*a) * (float("nan") if len(calls) >= 3 else 1.0)
 
-    monkeypatch.setattr(engine, "forward_loss", nan_from_3)
+    monkeypatch.setattr(engine_loop, "forward_loss", nan_from_3)
     m = run_stage({"data": str(data["mlm"]), "steps": 10, "model": TINY, "max_nonfinite": 2}, tmp_path / "r")
     assert m["status"] == "diverged"
     assert m["status_reason"] == "2 consecutive non-finite losses (max_nonfinite=2); first at step 3"
@@ -235,7 +236,7 @@ def test_rates_token_counts_and_statistics_are_those_of_the_logged_steps(data, t
     times steps_per_second, the grad_norm statistics and step_seconds_p90 are those of steps.csv's columns,
     perplexity is exp(eval_loss), and checkpoint_seconds includes the state saves."""
     attended = []
-    real_get, real_save = engine.Batches.get, engine._save_state
+    real_get, real_save = engine.Batches.get, engine_state.write_state
 
     def get(self, step):
         b = real_get(self, step)
@@ -243,7 +244,7 @@ def test_rates_token_counts_and_statistics_are_those_of_the_logged_steps(data, t
         return b
 
     monkeypatch.setattr(engine.Batches, "get", get)
-    monkeypatch.setattr(engine, "_save_state", lambda path, state: real_save(path, state) + 100.0)
+    monkeypatch.setattr(engine_state, "write_state", lambda path, state: real_save(path, state) + 100.0)
     m = run_stage({"data": str(data["mlm"]), "steps": 6, "batch_size": 8, "model": TINY, "timing_warmup_steps": 2,
                    "checkpoint_every_steps": 2, "save_checkpoint": False}, tmp_path / "r")
     rows = steps_rows(tmp_path / "r")
@@ -274,7 +275,7 @@ def _nan_from_step_4(monkeypatch, real=engine.forward_loss):
         calls.append(1)
         return real(*a) * (float("nan") if len(calls) >= 4 else 1.0)
 
-    monkeypatch.setattr(engine, "forward_loss", nan_from_4)
+    monkeypatch.setattr(engine_loop, "forward_loss", nan_from_4)
 
 
 def test_grad_norm_statistics_cover_every_step_whatever_log_every(data, tmp_path, monkeypatch):
@@ -315,7 +316,7 @@ def test_eval_masks_follow_eval_seed_not_the_runs_seed(data, tmp_path, monkeypat
         seen[key] = torch.cat([b["labels"].flatten() for b in batches])
         return real(model, batches, *a, **k)
 
-    monkeypatch.setattr(engine, "evaluate", evaluate)
+    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
     for key in ((1, 7), (1, 8), (2, 7)):
         run_stage({"data": str(data["mlm"]), "steps": 1, "seed": key[0], "eval_seed": key[1], "model": TINY,
                    "save_checkpoint": False}, tmp_path / f"{key[0]}-{key[1]}")
@@ -349,7 +350,7 @@ def test_every_step_draws_its_own_masks_and_eval_batches_have_eval_batch_size_ro
     b = engine.Batches(ds, 8, 3, lambda feats: {"draw": torch.rand(len(feats))})  # draws as the masking collator
     assert not torch.equal(b.get(0)["draw"], b.get(1)["draw"]) and not torch.equal(b.get(0)["draw"], b.get(2)["draw"])
     sizes, real = [], engine.evaluate
-    monkeypatch.setattr(engine, "evaluate", lambda model, batches, *a, **k: sizes.extend(
+    monkeypatch.setattr(engine_loop, "evaluate", lambda model, batches, *a, **k: sizes.extend(
         len(x["input_ids"]) for x in batches) or real(model, batches, *a, **k))
     run_stage({"data": str(data["mlm"]), "steps": 1, "eval_batch_size": 16, "model": TINY, "save_checkpoint": False},
               tmp_path / "r")

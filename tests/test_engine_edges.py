@@ -20,6 +20,7 @@ from precswitch.errors import PrecisionUnsupported, PrecswitchError  # noqa: E40
 from precswitch.train import config as C  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
@@ -118,8 +119,8 @@ def test_unsupported_switch_to_or_eval_precision_is_skipped_or_refused_before_th
     def no_data(*a, **k):
         raise AssertionError("data loaded before the precision check")
 
-    monkeypatch.setattr(engine, "_load_data", no_data)
-    monkeypatch.setattr(engine, "_build_model", no_data)
+    monkeypatch.setattr(engine_loop, "load_data", no_data)
+    monkeypatch.setattr(engine_loop, "build_model", no_data)
     extra = {"switch_to": "tf32", "switch_at": 0.5} if key == "switch_to" else {"eval_precision": "tf32"}
     hp = {"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "precision": "fp32",
           "steps": 4, "model": TINY, **extra}
@@ -139,7 +140,7 @@ def _old_mlm_forward(model, batch):
         idx, rows_labels = batch["head_rows"], batch["head_labels"]
     else:
         idx, rows_labels = engine.mlm_head_rows(batch["labels"])
-    hidden = model.bert(**{k: v for k, v in batch.items() if k not in engine.MLM_EXTRA_KEYS}).last_hidden_state
+    hidden = model.bert(**{k: v for k, v in batch.items() if k not in engine_step.MLM_EXTRA_KEYS}).last_hidden_state
     scores = model.cls(hidden.reshape(-1, hidden.size(-1))[idx])
     loss = torch.nn.functional.cross_entropy(scores, rows_labels, ignore_index=-100)
     return loss, scores, rows_labels
@@ -183,8 +184,8 @@ def _empty_steps(data_dir: Path, batch_size: int, seed: int, mlm_probability: fl
 
     train = datasets.load_from_disk(str(data_dir))["train"]
     tok = AutoTokenizer.from_pretrained(json.loads((data_dir / "meta.json").read_text())["tokenizer"])
-    b = engine.Batches(engine._model_columns(train, "mlm"), batch_size, seed,
-                       engine._make_collator("mlm", tok, mlm_probability))
+    b = engine.Batches(engine_batching.model_columns(train, "mlm"), batch_size, seed,
+                       engine_batching.make_collator("mlm", tok, mlm_probability))
     return [s + 1 for s in range(steps) if not (b.get(s)["labels"] != -100).any()]
 
 
@@ -225,7 +226,7 @@ def test_batches_without_a_masked_token_train_the_weights_the_old_loss_did(data,
 
     hp = {"data": str(data["mlm"]), "precision": prec, **SPARSE}
     new = run_stage(hp, tmp_path / "new")
-    monkeypatch.setattr(engine, "mlm_forward", _old_mlm_forward)
+    monkeypatch.setattr(engine_step, "mlm_forward", _old_mlm_forward)
     old = run_stage(hp, tmp_path / "old")
     assert old["mlm_empty_batches"] == new["mlm_empty_batches"] > 0
     assert new["status"] == old["status"] == "ok" and new["nonfinite_losses"] == old["nonfinite_losses"] == 0
@@ -244,7 +245,7 @@ def test_a_normal_run_has_the_old_codes_losses_bit_for_bit(data, tmp_path, monke
     hp = {"data": str(data["mlm"]), "precision": prec, "steps": 6, "batch_size": 8, "seed": 3, "log_every": 1,
           "model": TINY, "save_checkpoint": False}
     new = run_stage(hp, tmp_path / "new")
-    monkeypatch.setattr(engine, "mlm_forward", _old_mlm_forward)
+    monkeypatch.setattr(engine_step, "mlm_forward", _old_mlm_forward)
     old = run_stage(hp, tmp_path / "old")
     assert new["mlm_empty_batches"] == 0 and new["status"] == old["status"] == "ok"
     cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
@@ -304,7 +305,7 @@ def test_the_non_finite_fraction_counts_only_steps_that_scored_a_loss(data, tmp_
             return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(engine, "forward_loss", some_nan)
+    monkeypatch.setattr(engine_loop, "forward_loss", some_nan)
     m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", **SPARSE, "max_nonfinite": 100,
                    "save_checkpoint": False}, tmp_path / "r")
     assert m["nonfinite_losses"] == 4 and m["mlm_empty_batches"] == len(empty)

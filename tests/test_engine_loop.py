@@ -17,6 +17,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.train import config as C  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 NOT_TIMES = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped")  # steps.csv but step_seconds
 
@@ -37,12 +38,13 @@ def _hand_loop(hparams: dict) -> list[tuple[float, float, float]]:
     with P.restoring_global_numerics():
         torch.set_num_threads(hp["threads"])
         prec.apply_backend_flags()
-        train_ds, _, meta = engine._load_data(hp)
-        tok = engine._load_tokenizer(hp, meta)
-        collate = engine._make_collator("mlm", tok, hp["mlm_probability"])
-        batches = engine.Batches(engine._model_columns(train_ds, "mlm"), hp["batch_size"], hp["seed"], collate)
+        splits, meta = engine_inputs.load_data(hp)
+        train_ds = splits["train"]
+        tok = engine_inputs.load_tokenizer(hp, meta)
+        collate = engine_batching.make_collator("mlm", tok, hp["mlm_probability"])
+        batches = engine.Batches(engine_batching.model_columns(train_ds, "mlm"), hp["batch_size"], hp["seed"], collate)
         transformers.set_seed(hp["seed"])
-        model = prec.prepare_model(engine._build_model(hp, tok, meta)[0])
+        model = prec.prepare_model(engine_loop.build_model(hp, tok, meta)[0])
         model.train()
         opt = engine.build_optimizer(model, hp, prec)
         steps = hp["steps"]
@@ -89,14 +91,14 @@ def test_read_back_every_log_every_steps_records_what_every_step_does(data, tmp_
             calls.append(1)
             return real(*a) * (float("nan") if len(calls) % 3 == 0 else 1.0)
 
-        monkeypatch.setattr(engine, "forward_loss", every_third_nan)
+        monkeypatch.setattr(engine_loop, "forward_loss", every_third_nan)
     hp = {"data": str(data["mlm"]), "seed": 2, "model": TINY, "save_checkpoint": False, "max_nonfinite": 3, **case}
     every = run_stage(hp, tmp_path / "every")
     calls.clear()
     syncs = []
-    real_sync = engine.measure.sync
-    monkeypatch.setattr(engine, "_reads_every_step", lambda device: False)
-    monkeypatch.setattr(engine.measure, "sync", lambda device: (syncs.append(1), real_sync(device)))
+    real_sync = engine_loop.measure.sync
+    monkeypatch.setattr(engine_loop, "reads_every_step", lambda device: False)
+    monkeypatch.setattr(engine_loop.measure, "sync", lambda device: (syncs.append(1), real_sync(device)))
     windowed = run_stage(hp, tmp_path / "windowed")
 
     def rows(d):

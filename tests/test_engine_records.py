@@ -21,6 +21,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.io import read_json  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 CPU = torch.device("cpu")
 
@@ -59,14 +60,14 @@ def test_a_checkpoint_init_gets_the_hparams_attention_kernel_and_an_fp32_head(da
     run_stage({"data": str(data["mlm"]), "precision": "pure_bf16", "adam_eps": 1e-4, "steps": 1,
                "model": {**TINY, "attn_implementation": "sdpa"}}, tmp_path / "pre")
     built = {}
-    real = engine._build_model
+    real = engine_loop.build_model
 
     def build(hp, *a, **k):
         model, dtype = real(hp, *a, **k)
         built.update(attn=model.config._attn_implementation, head=model.classifier.weight.detach().clone())
         return model, dtype
 
-    monkeypatch.setattr(engine, "_build_model", build)
+    monkeypatch.setattr(engine_loop, "build_model", build)
     m = run_stage({"data": str(data["classify"]), "objective": "classify", "stage": "finetune", "steps": 1,
                    "init": str(tmp_path / "pre" / "checkpoint"), "save_checkpoint": False}, tmp_path / "ft")
     assert m["status"] == "ok" and m["checkpoint_dtype_read"] == "bfloat16" and m["init_status"] == "ok"
@@ -108,7 +109,7 @@ def test_loss_scale_and_grad_norm_records_of_a_stage_with_one_overflow(data, tmp
         calls.append(1)
         return real(*a) * (float("nan") if len(calls) == 2 else 1.0)
 
-    monkeypatch.setattr(engine, "forward_loss", nan_at_2)
+    monkeypatch.setattr(engine_loop, "forward_loss", nan_at_2)
     m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY,
                    "save_checkpoint": False}, tmp_path / "r")
     rows = steps_rows(tmp_path / "r")
@@ -130,7 +131,7 @@ def test_provenance_of_the_data_the_load_around_the_loop_and_a_stage_no_longer_t
     meta.update(source={"kind": "hub", "revision": "v1.0"}, source_commit="abc123")
     (src / "meta.json").write_text(json.dumps(meta))
     loads = iter([1.5, 2.5])
-    monkeypatch.setattr(engine.measure, "load_avg_1m", lambda: next(loads))
+    monkeypatch.setattr(engine_loop.measure, "load_avg_1m", lambda: next(loads))
     m = run_stage({"data": str(src), "steps": 2, "model": TINY, "timing_warmup_steps": 2, "save_checkpoint": False},
                   tmp_path / "r")
     assert (m["data_revision"], m["data_commit"]) == ("v1.0", "abc123")
@@ -163,14 +164,14 @@ def test_time_spent_writing_the_resumable_state_is_kept_out_of_the_step_times(da
     import time as real_time
 
     offset = [0.0]
-    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
-    real_save = engine.torch.save
+    monkeypatch.setattr(engine_loop, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
+    real_save = engine_state.torch.save
 
     def slow_save(*a, **k):
         offset[0] += 100.0
         return real_save(*a, **k)
 
-    monkeypatch.setattr(engine.torch, "save", slow_save)
+    monkeypatch.setattr(engine_state.torch, "save", slow_save)
     m = run_stage({"data": str(data["mlm"]), "steps": 4, "model": TINY, "checkpoint_every_steps": 1,
                    "save_checkpoint": False}, tmp_path / "r")
     dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
@@ -196,7 +197,7 @@ def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_pa
             os.kill(os.getpid(), signal.SIGTERM)
         return real(*a, **k)
 
-    monkeypatch.setattr(engine, "evaluate", evaluate)
+    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
     hp = {"data": str(data["mlm"]), "steps": 2, "model": TINY, "save_checkpoint": False}
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stage installs its own; this one never runs
     try:
@@ -204,7 +205,7 @@ def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_pa
             run_stage(hp, tmp_path / "r")
     finally:
         signal.signal(signal.SIGTERM, old)
-    counted = tmp_path / "r" / "resume" / engine.STATE_SECONDS
+    counted = tmp_path / "r" / "resume" / engine_state.STATE_SECONDS
     assert read_json(counted)["state_saves"] == 1
     if seconds_file != "kept":
         counted.write_text('{"state_saves": 1, "state_sec' if seconds_file == "corrupt" else "[1, 2.5]")
@@ -244,7 +245,7 @@ def test_a_stage_whose_final_model_is_not_finite_is_diverged_though_every_loss_w
             model.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
         return real(model, *a, **k)
 
-    monkeypatch.setattr(engine, "evaluate", nan_then_evaluate)
+    monkeypatch.setattr(engine_loop, "evaluate", nan_then_evaluate)
     m = run_stage({"data": str(data[objective]), "objective": objective, "steps": 2, "model": TINY,
                    "save_checkpoint": False}, tmp_path / "r")
     assert m["nonfinite_losses"] == 0 and m["status"] == "diverged"

@@ -613,7 +613,7 @@ def test_each_row_trains_in_its_own_precision(gc, monkeypatch, name, param, auto
     clip nearly every step), the update compensation of the compensated pure-bf16 variants; the row records the
     backend flags (TF32 off)."""
     import precswitch.optim
-    from precswitch.train import engine
+    from precswitch.train.engine import step as engine
 
     seen, norms, wrapped = [], [], []
     real_forward, real_clip, real_wrap = gc.forward_loss, engine.clip_grad_norm, precswitch.optim.wrap_optimizer

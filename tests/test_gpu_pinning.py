@@ -103,7 +103,7 @@ def test_after_pinning_the_engine_claims_cuda_0_the_pinned_gpu(tmp_path, monkeyp
 def test_attention_kernel_auto_is_sdpa_on_cuda_and_eager_on_a_cpu():
     import torch
 
-    from precswitch.train import engine
+    from precswitch.train.engine import inputs as engine
 
     assert engine._attn_kernel("auto", torch.device("cuda", 0)) == "sdpa"
     assert engine._attn_kernel("auto", torch.device("cpu")) == "eager"

@@ -14,8 +14,9 @@ from engine_fixtures import make_prepared  # noqa: E402
 
 from precswitch.train import config as C  # noqa: E402
 from precswitch.train.engine import (  # noqa: E402
-    Batches, _load_data, _load_tokenizer, _make_collator, _model_columns, run_stage,
+    Batches, make_collator, run_stage,
 )
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
 
@@ -28,9 +29,10 @@ def data(tmp_path_factory):
 
 def _batches(path: Path, objective: str, seed: int, bs: int = 16) -> Batches:
     hp = C.resolve({"data": str(path), "steps": 1, "objective": objective})
-    train, _, meta = _load_data(hp)
-    collate = _make_collator(objective, _load_tokenizer(hp, meta), 0.15)
-    return Batches(_model_columns(train, objective), bs, seed, collate)
+    splits, meta = engine_inputs.load_data(hp)
+    train = splits["train"]
+    collate = make_collator(objective, engine_inputs.load_tokenizer(hp, meta), 0.15)
+    return Batches(engine_batching.model_columns(train, objective), bs, seed, collate)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -60,14 +62,14 @@ def test_loop_prefetch_is_invisible_in_results(data, tmp_path, monkeypatch):
         seen.append(step)
         return real_get(self, step)
 
-    real_sync = engine.measure.sync
+    real_sync = engine_loop.measure.sync
 
     def sync_spy(device):
         seen.append("sync")
         return real_sync(device)
 
     monkeypatch.setattr(engine.Batches, "get", spy)
-    monkeypatch.setattr(engine.measure, "sync", sync_spy)
+    monkeypatch.setattr(engine_loop.measure, "sync", sync_spy)
     hp = {"data": str(data["mlm"]), "precision": "amp_bf16", "steps": 9, "seed": 4, "model": TINY,
           "timing_warmup_steps": 2, "batch_size": 16}
     m = run_stage(hp, tmp_path / "a")

@@ -22,8 +22,8 @@ from engine_fixtures import TINY, preempted_then_resumed, prepared_both, steps_r
 from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
-from precswitch.train import engine  # noqa: E402
-from precswitch.train.engine import run_stage  # noqa: E402
+from precswitch.train.engine import loop as engine  # noqa: E402
+from precswitch.train.engine import STEP_FIELDS, run_stage  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_a_refused_stage_gives_the_caller_its_switches_back_too(data, tmp_path):
 
 _NEW_API_CALLER = r"""
 import json, sys, torch
-from precswitch.train import engine
+from precswitch.train.engine import loop as engine
 mk = torch.backends.mkldnn.matmul
 mk.fp32_precision = "bf16"  # the caller: oneDNN may run fp32 matmuls in bf16 (AMX), set with torch's new API
 seen = []
@@ -208,7 +208,7 @@ def test_fp32_on_cpu_runs_ieee_matmuls_even_if_the_caller_asked_onednn_for_bf16(
 
 _GENERIC_TF32_CALLER = r"""
 import json, sys, torch
-from precswitch.train import engine
+from precswitch.train.engine import loop as engine
 torch.backends.fp32_precision = "tf32"  # the caller: TF32 everywhere, with torch's new generic switch
 names = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
 def backend(n):
@@ -445,7 +445,7 @@ def test_amp_fp16_to_fp32_resumed_after_the_switch_has_no_loss_scaler(data, tmp_
     run_stage(hp, tmp_path / "whole")
     resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 3)  # step 3: past the switch (step 2)
     assert resumed["resumed"] is True
-    cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
+    cols = [c for c in STEP_FIELDS if c != "step_seconds"]
     rows = {d: [[r[c] for c in cols] for r in steps_rows(tmp_path / d)] for d in ("whole", "resumed")}
     assert [r[cols.index("loss_scale")] for r in rows["resumed"]] == ["65536.0", "65536.0", "", ""]
     assert rows["resumed"] == rows["whole"]
@@ -727,14 +727,16 @@ def test_resumable_state_saves_stay_out_of_the_step_times(data, tmp_path, monkey
 
     offset = [0.0]
     monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
-    real_save = engine._save_state
+    from precswitch.train.engine import state as engine_state
+
+    real_save = engine_state.write_state
 
     def slow_save(path, state):
         real_save(path, state)
         offset[0] += 100.0
         return 100.0
 
-    monkeypatch.setattr(engine, "_save_state", slow_save)
+    monkeypatch.setattr(engine_state, "write_state", slow_save)
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 5, "model": TINY,
                    "checkpoint_every_steps": 2, "save_checkpoint": False}, tmp_path / "r")
     dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from engine_fixtures import make_prepared, preempted_then_resumed  # noqa: E402
 
 from precswitch.errors import EXIT_PREEMPTED  # noqa: E402
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
 
 TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
 STEPS = 120
@@ -148,7 +149,7 @@ def _sigterm_during_evaluation(monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*a, **k)
 
-    monkeypatch.setattr(engine, "evaluate", evaluate)
+    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
 
 
 def test_sigterm_during_evaluation_keeps_the_training_and_rerun_finishes_identically(setup, tmp_path, monkeypatch,
@@ -179,7 +180,7 @@ def test_diverged_stage_preempted_during_evaluation_resumes_without_training_on(
     real_loss = engine.forward_loss
     out = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(engine, "forward_loss", lambda *a: real_loss(*a) * float("nan"))
+        m.setattr(engine_loop, "forward_loss", lambda *a: real_loss(*a) * float("nan"))
         _sigterm_during_evaluation(m)
         with pytest.raises(engine.Preempted):
             engine.run_stage(hp, out)
@@ -274,13 +275,13 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
           "telemetry_every": 1, "checkpoint_every_steps": 3, "checkpoint_every_minutes": 1.0}
     with monkeypatch.context() as m:
         ticks = iter(range(10**6))
-        m.setattr(engine, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+        m.setattr(engine_loop, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
         whole = engine.run_stage(hp, tmp_path / "whole")
     assert whole["state_saves"] == 1  # after step 3; not after step 6, and no minute ever passed
 
     out = tmp_path / "resumed"
     hp = {**hp, "resume_dir": str(tmp_path / "scratch" / "state-of-resumed")}  # hparams resume_dir (not hashed)
-    real_sync, calls = engine.measure.sync, []
+    real_sync, calls = engine_loop.measure.sync, []
 
     def sync_then_sigterm(device):
         real_sync(device)
@@ -289,7 +290,7 @@ def test_a_stage_preempted_in_the_loop_gives_the_caller_its_handlers_and_resumes
             os.kill(os.getpid(), signal.SIGTERM)
 
     with monkeypatch.context() as m:
-        m.setattr(engine.measure, "sync", sync_then_sigterm)
+        m.setattr(engine_loop.measure, "sync", sync_then_sigterm)
         with pytest.raises(engine.Preempted, match="SIGTERM at step 2") as e:
             engine.run_stage(hp, out)
     assert e.value.exit_code == EXIT_PREEMPTED
@@ -348,17 +349,17 @@ def test_a_state_save_that_fails_halfway_keeps_the_previous_state(tmp_path, monk
     from precswitch.train import engine
 
     path = tmp_path / "resume" / "state.pt"
-    engine._save_state(path, {"step": 1})
+    engine_state.write_state(path, {"step": 1})
     real = torch.save
 
     def half(obj, f):
         Path(f).write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(engine.torch, "save", half)
+    monkeypatch.setattr(engine_state.torch, "save", half)
     with pytest.raises(OSError, match="No space left"):
-        engine._save_state(path, {"step": 2})
-    monkeypatch.setattr(engine.torch, "save", real)
+        engine_state.write_state(path, {"step": 2})
+    monkeypatch.setattr(engine_state.torch, "save", real)
     assert torch.load(path)["step"] == 1
     assert sorted(p.name for p in path.parent.iterdir()) == ["state.pt"]
 
@@ -376,9 +377,9 @@ def test_the_resume_state_restores_every_rng_the_stage_may_draw_from(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(cuda["state"]))
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", cuda["set"].append)
-    st = engine._rng_state()
+    st = engine_state.rng_state()
     first = (torch.rand(3), pyrandom.random(), np.random.rand())
-    engine._set_rng_state(st)
+    engine_state.set_rng_state(st)
     again = (torch.rand(3), pyrandom.random(), np.random.rand())
     assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
     assert cuda["set"] == [["gpu0-state", "gpu1-state"]]

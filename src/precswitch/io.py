@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -270,3 +271,37 @@ def lock_holder(path: str | os.PathLike, unknown: str = "holder unknown") -> str
         return Path(path).read_text(errors="replace").strip()[:400] or unknown
     except OSError:
         return unknown
+
+
+def disk_write_error(error: BaseException) -> str | None:
+    """Why a write failed where the disk refused it (full, over quota, read-only), whatever the writing library's
+    error type: an ``OSError``'s own words, or the OS error a library names in its message (safetensors raises
+    ``SafetensorError("... I/O error: No space left on device (os error 28)")``). None for any other error: a bug,
+    to be shown in full, not as a disk's."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    code = re.search(r"\(os error (\d+)\)", str(error))
+    return os.strerror(int(code.group(1))) if code else None
+
+
+class WriteRefused(Exception):
+    """A write the disk refused (full, over quota, read-only): ``path`` and ``why`` (the OS's words)."""
+
+    def __init__(self, path: str | os.PathLike, why: str):
+        super().__init__(f"cannot write {str(path)!r}: {why}")
+        self.path, self.why = str(path), why
+
+
+@contextmanager
+def refused_writes(path: str | os.PathLike) -> Iterator[None]:
+    """Raise :class:`WriteRefused` naming ``path`` where a write inside the block fails on the disk, whatever the
+    library's error type (:func:`disk_write_error`); any other error passes unchanged."""
+    try:
+        yield
+    except WriteRefused:
+        raise
+    except Exception as e:  # noqa: BLE001 - only a disk's refusal is converted; the rest is re-raised
+        why = disk_write_error(e)
+        if why is None:
+            raise
+        raise WriteRefused(getattr(e, "filename", None) or path, why) from None
