@@ -23,7 +23,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecswitchError  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
-from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
+from precswitch.train.engine import loop as engine_loop, state as engine_state  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -165,27 +165,6 @@ def test_a_finetuning_stage_starts_from_stage_1s_final_weights_trains_with_dropo
 
 
 # ====================================================================== divergence
-def test_a_diverged_stage_keeps_the_reason_it_stopped_for_and_records_where(data, tmp_path, monkeypatch):
-    """NaN losses from step 3 on (max_nonfinite 2): the stage stops after step 4 as diverged for the two consecutive
-    non-finite losses; its evaluation of the NaN weights adds a note but does not replace that reason; steps.csv,
-    the counts and the checkpoint's stage file say the same."""
-    real, calls = engine.forward_loss, []
-
-    def nan_from_3(*a):
-        calls.append(1)
-        return real(*a) * (float("nan") if len(calls) >= 3 else 1.0)
-
-    monkeypatch.setattr(engine_loop, "forward_loss", nan_from_3)
-    m = run_stage({"data": str(data["mlm"]), "steps": 10, "model": TINY, "max_nonfinite": 2}, tmp_path / "r")
-    assert m["status"] == "diverged"
-    assert m["status_reason"] == "2 consecutive non-finite losses (max_nonfinite=2); first at step 3"
-    assert (m["steps_completed"], m["steps_planned"], m["nonfinite_losses"], m["first_nonfinite_step"]) == (4, 10, 2, 3)
-    assert m["eval_loss"] is None and m["eval_note"].startswith("non-finite eval loss")
-    assert [r["step"] for r in steps_rows(tmp_path / "r")] == ["1", "2", "3", "4"]
-    stage = json.loads((tmp_path / "r" / "checkpoint" / engine.STAGE_FILE).read_text())
-    assert stage["status"] == "diverged"
-
-
 # ====================================================================== optimizer and schedule
 def test_the_optimizer_runs_with_the_hparams_lr_betas_and_eps(data, tmp_path):
     seen = []
@@ -307,22 +286,6 @@ def test_a_stage_that_diverges_between_logged_steps_logs_the_step_it_stopped_at(
     assert json.loads((tmp_path / "r" / "metrics.json").read_text())["final_train_loss"] is None
 
 
-def test_eval_masks_follow_eval_seed_not_the_runs_seed(data, tmp_path, monkeypatch):
-    """The masked-LM eval masks are drawn from eval_seed: another eval_seed masks other tokens, another seed with the
-    same eval_seed the same ones."""
-    seen, real = {}, engine.evaluate
-
-    def evaluate(model, batches, *a, **k):
-        seen[key] = torch.cat([b["labels"].flatten() for b in batches])
-        return real(model, batches, *a, **k)
-
-    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
-    for key in ((1, 7), (1, 8), (2, 7)):
-        run_stage({"data": str(data["mlm"]), "steps": 1, "seed": key[0], "eval_seed": key[1], "model": TINY,
-                   "save_checkpoint": False}, tmp_path / f"{key[0]}-{key[1]}")
-    assert torch.equal(seen[(1, 7)], seen[(2, 7)]) and not torch.equal(seen[(1, 7)], seen[(1, 8)])
-
-
 def test_hparams_tokenizer_wins_over_the_one_the_data_names(data, tmp_path):
     """hparams tokenizer is used instead of the data's meta.json tokenizer: here one with an added token, so the
     scratch model's vocabulary (and the checkpoint's tokenizer) has 61 entries, not the data tokenizer's 60."""
@@ -340,18 +303,3 @@ def test_hparams_tokenizer_wins_over_the_one_the_data_names(data, tmp_path):
     run_stage({"data": str(data["mlm"]), "steps": 1, "model": {**TINY, "vocab_size": 80}}, tmp_path / "v")
     assert json.loads((tmp_path / "v" / "checkpoint" / "config.json").read_text())["vocab_size"] == 80
 
-
-def test_every_step_draws_its_own_masks_and_eval_batches_have_eval_batch_size_rows(data, tmp_path, monkeypatch):
-    """Batches: each step's collator draws (the masked-LM masks) are its own, not step 0's again (in the same epoch and
-    at the same position of the next one); evaluation runs in batches of eval_batch_size rows (40 eval rows: 16, 16, 8)."""
-    from datasets import Dataset
-
-    ds = Dataset.from_dict({"input_ids": [[i] for i in range(16)]})
-    b = engine.Batches(ds, 8, 3, lambda feats: {"draw": torch.rand(len(feats))})  # draws as the masking collator
-    assert not torch.equal(b.get(0)["draw"], b.get(1)["draw"]) and not torch.equal(b.get(0)["draw"], b.get(2)["draw"])
-    sizes, real = [], engine.evaluate
-    monkeypatch.setattr(engine_loop, "evaluate", lambda model, batches, *a, **k: sizes.extend(
-        len(x["input_ids"]) for x in batches) or real(model, batches, *a, **k))
-    run_stage({"data": str(data["mlm"]), "steps": 1, "eval_batch_size": 16, "model": TINY, "save_checkpoint": False},
-              tmp_path / "r")
-    assert sizes == [16, 16, 8]

@@ -17,7 +17,7 @@ from precswitch import precision as P  # noqa: E402
 from precswitch.train import config as C  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
-from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop  # noqa: E402
 
 NOT_TIMES = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped")  # steps.csv but step_seconds
 

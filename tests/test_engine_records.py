@@ -9,19 +9,18 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import TINY, preempted_then_resumed, prepared_both, steps_rows, tiny_bert_mlm  # noqa: E402
+from engine_fixtures import TINY, make_prepared, preempted_then_resumed, prepared_both, steps_rows, tiny_bert_mlm  # noqa: E402
 
 from precswitch import precision as P  # noqa: E402
 from precswitch.train import engine  # noqa: E402
 from precswitch.io import read_json  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
-from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
+from precswitch.train.engine import loop as engine_loop, state as engine_state  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -158,27 +157,6 @@ def test_evaluate_reports_no_perplexity_beyond_exp_range_and_no_accuracy_of_a_na
 
 
 # ====================================================================== resumable state
-def test_time_spent_writing_the_resumable_state_is_kept_out_of_the_step_times(data, tmp_path, monkeypatch):
-    """A clock on which every state save takes 100 s: state_save_seconds has them, checkpoint_seconds includes them,
-    and no step's step_seconds (nor train_seconds) does."""
-    import time as real_time
-
-    offset = [0.0]
-    monkeypatch.setattr(engine_loop, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
-    real_save = engine_state.torch.save
-
-    def slow_save(*a, **k):
-        offset[0] += 100.0
-        return real_save(*a, **k)
-
-    monkeypatch.setattr(engine_state.torch, "save", slow_save)
-    m = run_stage({"data": str(data["mlm"]), "steps": 4, "model": TINY, "checkpoint_every_steps": 1,
-                   "save_checkpoint": False}, tmp_path / "r")
-    dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
-    assert m["state_saves"] == 3 and m["state_save_seconds"] >= 300 and m["checkpoint_seconds"] >= 300
-    assert max(dts) < 100 and m["train_seconds"] < 100
-
-
 @pytest.mark.parametrize("seconds_file", ["kept", "corrupt", "not a mapping"])
 def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_path, monkeypatch, seconds_file):
     """No periodic saves: the one state save is the one made when SIGTERM arrived during evaluation; the resumed
@@ -274,3 +252,29 @@ def test_train_cli_prints_the_stage_summary_and_exits_with_the_preemption_code(m
     monkeypatch.setattr(engine, "run_stage", preempted)
     assert main(["train", "--hparams", '{"data": "d", "steps": 1}', "--out", "o"]) == 130
     assert "preempted: SIGINT (Ctrl-C) at step 3" in capsys.readouterr().err
+
+
+def test_a_test_split_is_evaluated_after_the_dev_eval_and_recorded_as_test_keys(tmp_path, monkeypatch):
+    """Prepared data with a held-out test split: stage 2 scores the final model on it (the eval precision's, after
+    the dev eval) into test_* keys; the dev keys are those of a run without the split, bit for bit (no RNG drawn)."""
+    import datasets
+
+    root = tmp_path / "d"
+    plain = make_prepared(root, "classify")
+    with_test = make_prepared(root, "classify", n_test=24)
+    calls = []
+    real = engine_loop.evaluate
+    monkeypatch.setattr(engine_loop, "evaluate", lambda model, batches, *a: calls.append(
+        sum(len(b["labels"]) for b in batches)) or real(model, batches, *a))
+    hp = {"objective": "classify", "stage": "finetune", "precision": "amp_bf16", "steps": 4, "model": TINY,
+          "save_checkpoint": False}
+    dev_only = run_stage({**hp, "data": str(plain)}, tmp_path / "dev")
+    m = run_stage({**hp, "data": str(with_test)}, tmp_path / "test")
+    assert calls == [40, 40, 24]  # dev, then dev and test
+    test_keys = {"test_accuracy", "test_f1", "test_mcc", "test_loss", "test_examples", "test_majority_accuracy"}
+    assert not test_keys & set(dev_only) and test_keys <= set(m)
+    assert {k: m[k] for k in ("accuracy", "f1", "mcc", "eval_loss")} == \
+        {k: dev_only[k] for k in ("accuracy", "f1", "mcc", "eval_loss")}
+    labels = datasets.load_from_disk(str(with_test))["test"]["labels"]
+    assert m["test_examples"] == 24 and 0 <= m["test_accuracy"] <= 1 and m["test_loss"] > 0
+    assert m["test_majority_accuracy"] == max(labels.count(0), labels.count(1)) / 24

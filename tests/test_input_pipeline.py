@@ -16,7 +16,7 @@ from precswitch.train import config as C  # noqa: E402
 from precswitch.train.engine import (  # noqa: E402
     Batches, make_collator, run_stage,
 )
-from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop, state as engine_state, step as engine_step  # noqa: E402,E501,F401
+from precswitch.train.engine import batching as engine_batching, inputs as engine_inputs, loop as engine_loop  # noqa: E402
 
 TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
 

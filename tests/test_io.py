@@ -41,6 +41,9 @@ def test_type_cli_config_reads_nested_text_as_yaml():
     assert config["model"] == {"init": None, "hidden_size": "1e3"}  # YAML 1.1: 1e3 stays text (schema says so)
     type_cli_config({}, config)
     type_cli_config(None, config)
+    config = {"seeds": ["1"], "tags": {"note": "[1, 2]"}}
+    type_cli_config({"seeds": ["1", "2", "3"], "tags": {"note": "[1, 2]"}}, config)
+    assert config == {"seeds": [1], "tags": {"note": "[1, 2]"}}  # a longer cli list; text reading as a list stays
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-step"])
@@ -79,44 +82,6 @@ def test_atomic_path_replaces_a_directory_and_a_failed_replace_keeps_the_old_one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
-def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
-    """The disk fills while metrics.json is rewritten: readers still see the old, whole file, and no temporary
-    is left beside it."""
-    import errno
-
-    path = tmp_path / "metrics.json"
-    atomic_write_json(path, {"status": "ok"})
-    old = path.read_text()
-
-    def full(fd):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(OSError, match="No space left"):
-        atomic_write_json(path, {"status": "rerun"})
-    assert path.read_text() == old
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
-
-
-def test_atomic_write_json_is_strict_json(tmp_path):
-    """NaN and infinities (a diverged run's loss) are written as null, also inside lists and tuples, and numpy
-    scalars as numbers: every JSON reader can parse the file."""
-    import json
-    import math
-
-    import numpy as np
-
-    path = tmp_path / "m.json"
-    atomic_write_json(path, {"loss": math.nan, "curve": [1.0, math.inf], "pair": (2, -math.inf),
-                             "acc": np.float32(0.5), "n": np.int64(3), "where": tmp_path})
-
-    def refuse(name):
-        raise ValueError(f"non-strict JSON: {name}")
-
-    assert json.loads(path.read_text(), parse_constant=refuse) == {
-        "loss": None, "curve": [1.0, None], "pair": [2, None], "acc": 0.5, "n": 3, "where": str(tmp_path)}
-
-
 def _write_checkpoint(path, kind: str, text: str) -> None:
     """A checkpoint of ``kind`` "dir" (a directory holding file w) or "file", holding ``text``."""
     if kind == "dir":
@@ -143,60 +108,6 @@ def test_atomic_path_failing_in_the_body_leaves_the_old_one_and_no_temporary(tmp
             _write_checkpoint(tmp, kind, "half")
             raise RuntimeError("killed halfway")
     assert _read_checkpoint(target, kind) == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
-
-
-def test_ctrl_c_during_a_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
-    """Ctrl-C (KeyboardInterrupt, not an Exception) while metrics.json is rewritten: the old file stays whole and
-    no hidden temporary is left beside it."""
-    path = tmp_path / "metrics.json"
-    atomic_write_json(path, {"status": "ok"})
-    old = path.read_text()
-
-    def interrupted(fd):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(os, "fsync", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        atomic_write_json(path, {"status": "rerun"})
-    assert path.read_text() == old
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
-
-
-def test_non_finite_numpy_scalars_are_written_as_null(tmp_path):
-    """A diverged loss is often a numpy (or torch) scalar, not a Python float: NaN and inf must still be null (the
-    JSON encoder would write the non-standard NaN / Infinity)."""
-    import json
-
-    import numpy as np
-
-    path = tmp_path / "m.json"
-    atomic_write_json(path, {"loss": np.float32("nan"), "scale": [np.float16("inf"), np.array(-np.inf)],
-                             "ok": np.float32(0.5), "n": np.int32(2)})
-
-    def refuse(name):
-        raise ValueError(f"non-strict JSON: {name}")
-
-    assert json.loads(path.read_text(), parse_constant=refuse) == {"loss": None, "scale": [None, None], "ok": 0.5, "n": 2}
-
-
-@pytest.mark.parametrize("kind", ["dir", "file"])
-def test_a_temporary_left_by_an_earlier_process_of_the_same_pid_is_cleared(tmp_path, kind):
-    """A killed save leaves `.checkpoint.tmp-<pid>`; in a container every run has the same pid, so the next save
-    finds that name taken. It is cleared, the save goes through, and nothing of the dead one is left."""
-    from precswitch import io
-
-    stale = tmp_path / f".checkpoint.tmp-{os.getpid()}"
-    if kind == "dir":
-        stale.mkdir()
-        (stale / "half").write_text("x")
-    else:
-        stale.write_text("half")
-    target = tmp_path / "checkpoint"
-    with io.atomic_path(target) as tmp:
-        _write_checkpoint(tmp, kind, "new")
-    assert _read_checkpoint(target, kind) == "new"
-    assert kind == "file" or sorted(p.name for p in target.iterdir()) == ["w"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
 
 
@@ -232,35 +143,6 @@ def test_atomic_path_replaces_a_symlink_not_the_directory_it_points_to(tmp_path,
     assert sorted(p.name for p in results.iterdir()) == ["checkpoint", "checkpoint-2"]
 
 
-@pytest.mark.parametrize("err", ["EINVAL", "ENOSYS", "ENOTSUP", "EOPNOTSUPP"])
-def test_a_file_system_without_rename_exchange_gets_the_two_step_replace(tmp_path, monkeypatch, err):
-    """renameat2(RENAME_EXCHANGE) fails with EINVAL (or ENOSYS, ENOTSUP) on kernels and file systems without it
-    (NFS, some FUSE and overlay mounts): a checkpoint save must then replace the directory in two steps, not fail."""
-    import ctypes
-    import errno
-
-    from precswitch import io
-
-    class NoExchange:
-        @staticmethod
-        def renameat2(*args):
-            return -1
-
-    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: NoExchange())
-    monkeypatch.setattr(ctypes, "get_errno", lambda: getattr(errno, err))
-    ck = tmp_path / "checkpoint"
-    ck.mkdir()
-    (ck / "w").write_text("old")
-    assert io._exchange(tmp_path / "a", ck) is False
-    with io.atomic_path(ck) as tmp:
-        tmp.mkdir()
-        (tmp / "w").write_text("new")
-    assert (ck / "w").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
-    monkeypatch.setattr(ctypes, "get_errno", lambda: errno.EACCES)  # a real error is not a missing feature
-    with pytest.raises(PermissionError):
-        io._exchange(tmp_path / "a", ck)
-
-
 def test_a_lock_file_names_only_its_present_holder(tmp_path, monkeypatch):
     """The holder's note replaces the previous (longer) one whole; an empty lock file is 'holder unknown'; a note
     that cannot be written (disk full) still leaves the lock taken, reported as taken."""
@@ -294,14 +176,6 @@ def test_a_lock_file_names_only_its_present_holder(tmp_path, monkeypatch):
     finally:
         os.close(other)
         os.close(fd)
-
-
-def test_type_cli_config_with_a_longer_cli_list_and_quoted_text_that_reads_as_a_list():
-    from precswitch.io import type_cli_config
-
-    config = {"seeds": ["1"], "tags": {"note": "[1, 2]"}}
-    type_cli_config({"seeds": ["1", "2", "3"], "tags": {"note": "[1, 2]"}}, config)
-    assert config == {"seeds": [1], "tags": {"note": "[1, 2]"}}  # text YAML reads as a list stays text (quoted)
 
 
 @pytest.mark.parametrize("kind", ["dir", "file"])
@@ -348,53 +222,6 @@ def test_atomic_path_flushes_the_contents_to_disk_before_the_rename_and_the_rena
 
 
 # ------------------------------------------------------------------ mutation audit 4 (gpu): durable IO
-def test_a_directory_swapped_in_by_rename_exchange_has_its_rename_flushed_too(tmp_path, monkeypatch):
-    """renameat2(RENAME_EXCHANGE), the one-step replace of a checkpoint dir on Linux, is a rename like the
-    two-step one: the parent directory must be fsynced after it (it used to return before that fsync, so a
-    machine crash could bring the old checkpoint back after the run had moved on)."""
-    from precswitch import io
-
-    events = []
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def exchange(a, b):  # the swap renameat2 makes, on any file system
-        middle = b.parent / ".swap"
-        os.rename(b, middle)
-        os.rename(a, b)
-        os.rename(middle, a)
-        events.append(("exchange", str(b)))
-        return True
-
-    monkeypatch.setattr(io.os, "fsync", fsync)
-    monkeypatch.setattr(io, "_exchange", exchange)
-    target = tmp_path / "checkpoint"
-    _write_checkpoint(target, "dir", "old")
-    with io.atomic_path(target) as tmp:
-        _write_checkpoint(tmp, "dir", "new")
-    assert _read_checkpoint(target, "dir") == "new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # the old one (swapped to tmp) is gone
-    swapped = events.index(("exchange", str(target)))
-    assert ("fsync", str(tmp_path)) in events[swapped + 1:], events
-
-
-def test_a_link_inside_a_saved_directory_is_not_followed_by_the_flush(tmp_path):
-    """The flush before the rename does not follow links: a checkpoint dir holding a link whose target is
-    gone (a cache file on a disk not mounted) is saved, link and all, instead of failing after the training."""
-    from precswitch import io
-
-    target = tmp_path / "checkpoint"
-    with io.atomic_path(target) as tmp:
-        tmp.mkdir()
-        (tmp / "w").write_text("new")
-        (tmp / "tokenizer.json").symlink_to(tmp_path / "unmounted" / "tokenizer.json")
-    assert (target / "w").read_text() == "new" and (target / "tokenizer.json").is_symlink()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
-
-
 def test_a_file_system_that_cannot_fsync_a_directory_still_gets_the_write(tmp_path, monkeypatch):
     """Some network and FUSE file systems refuse fsync on a directory (EINVAL): the file itself was flushed
     and renamed, so the write stands, and no error reaches the run."""
@@ -458,3 +285,61 @@ def test_atomic_path_puts_a_directory_over_a_file_and_clears_a_crashed_swaps_lef
     assert (target / "w").read_text() == "newer"
     # the one-step swap never uses the name: the leftover is not its to clear
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["checkpoint"] + [leftover.name] * exchange)
+
+
+@pytest.mark.parametrize("stop", [OSError(28, "No space left on device"), KeyboardInterrupt()], ids=["full", "ctrl-c"])
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch, stop):
+    """The disk fills (or Ctrl-C comes: not an Exception) while metrics.json is rewritten: the old file stays
+    whole and no temporary is left beside it."""
+    path = tmp_path / "metrics.json"
+    atomic_write_json(path, {"status": "ok"})
+    old = path.read_text()
+
+    def fail(fd):
+        raise stop
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(type(stop)):
+        atomic_write_json(path, {"status": "rerun"})
+    assert path.read_text() == old and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+def test_atomic_write_json_is_strict_json(tmp_path):
+    """NaN and infinities (a diverged run's loss, also as numpy scalars or inside lists and tuples) are null, numpy
+    scalars numbers and paths text: every JSON reader can parse the file."""
+    import json
+    import math
+
+    import numpy as np
+
+    path = tmp_path / "m.json"
+    atomic_write_json(path, {"loss": math.nan, "curve": [1.0, math.inf], "pair": (2, -math.inf), "np": np.float32("nan"),
+                             "scale": [np.float16("inf"), np.array(-np.inf)], "acc": np.float32(0.5), "n": np.int64(3),
+                             "where": tmp_path})
+
+    def refuse(name):
+        raise ValueError(f"non-strict JSON: {name}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "loss": None, "curve": [1.0, None], "pair": [2, None], "np": None, "scale": [None, None], "acc": 0.5, "n": 3,
+        "where": str(tmp_path)}
+
+
+def test_a_disks_refusal_is_named_whatever_the_writers_error_type(tmp_path):
+    """refused_writes: an OSError, or a library's own error naming an OS error (safetensors' SafetensorError), is
+    WriteRefused naming the file and the OS's words; any other error passes unchanged (a bug, not a disk)."""
+    from safetensors import SafetensorError
+
+    from precswitch.io import WriteRefused, disk_write_error, refused_writes
+
+    rust = SafetensorError("Error while serializing: I/O error: Read-only file system (os error 30) at path \"x\"")
+    assert disk_write_error(rust) == "Read-only file system"
+    assert disk_write_error(OSError(28, "No space left on device")) == "No space left on device"
+    assert disk_write_error(RuntimeError("unexpected pos 576 vs 534")) is None
+    with pytest.raises(WriteRefused) as e:
+        with refused_writes(tmp_path / "checkpoint"):
+            raise rust
+    assert (e.value.path, e.value.why) == (str(tmp_path / "checkpoint"), "Read-only file system")
+    with pytest.raises(ValueError):
+        with refused_writes(tmp_path / "checkpoint"):
+            raise ValueError("a bug")
