@@ -14,10 +14,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from ... import METRICS_SCHEMA_VERSION, gpu, measure
@@ -30,6 +27,7 @@ from .batching import COMPILED_PAD_MULTIPLE, Batches, Prefetch, eval_batches, ma
 from .evaluate import NO_EVAL_MASK, blown_up, evaluate, held_out_metrics
 from .inputs import build_model, init_info, load_data, load_tokenizer, model_pin, quiet_transformers
 from .records import RanStep, record_skipped, record_steps, write_checkpoint, write_records
+from .stage import Stage
 from .state import LoopState, ResumeFile, StopSignals, run_dir_lock, set_rng_state, rng_state
 from .step import build_optimizer, cls_only_last_layer, forward_loss, train_step
 
@@ -104,52 +102,6 @@ def _write_failed(s: Stage, error: WriteRefused) -> PrecswitchError:
         kept = (f"the last resumable state {str(s.resume.path)!r} is kept" if s.resume.path.is_file()
                 else "no resumable state could be saved either: the stage starts over")
     return PrecswitchError(f"{error}; {kept}; free space (or make it writable) and run the same command again")
-
-
-@dataclass
-class Stage:
-    """What the stage's steps share: its settings and run-wide objects, set up in order, and ``loop``, the loop's
-    state (saved in state.pt)."""
-
-    hp: dict
-    out: Path
-    t_setup: float
-    prec: P.Precision
-    switch_prec: P.Precision | None  # the in-stage switch (e.g. 80% amp_fp16 then fp32): new autocast/scaler/flags
-    eval_prec: P.Precision
-    device: torch.device
-    flags: dict  # the backend flags in force (TF32, matmul precision, deterministic): recorded in metrics.json
-    config_hash: str
-    base_metrics: dict  # the first keys of every metrics.json, skipped stages' included
-    init: str
-    init_stage: dict = field(default_factory=dict)  # what the init checkpoint's stage file says (stage 2)
-    # setup_data
-    meta: dict = field(default_factory=dict)
-    tokenizer: Any = None
-    total_steps: int = 0
-    switch_step: int | None = None
-    batches: Batches | None = None
-    eval_batches: list = field(default_factory=list)
-    test_batches: list | None = None  # the held-out test split's, where the prepared data holds one
-    # setup_model, setup_training
-    model: Any = None
-    checkpoint_dtype_read: str | None = None
-    model_pin: dict = field(default_factory=dict)
-    optimizer: Any = None
-    scheduler: Any = None
-    scaler: Any = None
-    telemetry: ActivationTelemetry | None = None
-    train_loss: Any = None
-    cudagraphs: bool = False
-    # resume and the loop
-    resume: ResumeFile | None = None
-    loop: LoopState = field(default_factory=LoopState)
-    resumed: bool = False
-    current_prec: P.Precision | None = None  # the precision in force (prec, or switch_prec past the switch step)
-    setup_seconds: float = 0.0
-
-    def precision_at(self, step: int) -> P.Precision:
-        return self.switch_prec if self.switch_prec is not None and step >= self.switch_step else self.prec
 
 
 def _phase(s: Stage, name: str) -> None:
@@ -349,6 +301,23 @@ def _switch_precision(s: Stage, step: int) -> None:
         s.scaler = None
 
 
+def _state_save_due(s: Stage, step: int, last_save_t: float) -> bool:
+    """Whether the resumable state is saved after ``step`` steps: every checkpoint_every_steps steps or
+    checkpoint_every_minutes minutes, never at the last step (metrics.json follows)."""
+    hp = s.hp
+    return step < s.total_steps and bool(
+        (hp["checkpoint_every_steps"] and step % hp["checkpoint_every_steps"] == 0)
+        or (hp["checkpoint_every_minutes"] and time.perf_counter() - last_save_t >= 60 * hp["checkpoint_every_minutes"]))
+
+
+def _save_state_in_loop(s: Stage) -> None:
+    try:
+        save_state(s)
+    except WriteRefused as e:  # atomic: the state saved before, if any, is still there
+        raise PrecswitchError(f"{e}; the state saved before it, if any, is kept; free space (or make it writable) "
+                              "and run the same command again") from None
+
+
 def reads_every_step(device: torch.device) -> bool:
     """Whether the loop reads each step's results back as the step ends: on a CPU (nothing to wait for), not on
     a GPU (a read waits for the device: they are read every log_every steps)."""
@@ -393,10 +362,7 @@ def train_loop(s: Stage, stop: StopSignals) -> dict:
             s.scheduler.step()
             step = next_step
 
-            save_due = step < s.total_steps and bool(  # none at the last step: metrics.json follows
-                (hp["checkpoint_every_steps"] and step % hp["checkpoint_every_steps"] == 0)
-                or (hp["checkpoint_every_minutes"]
-                    and time.perf_counter() - last_save_t >= 60 * hp["checkpoint_every_minutes"]))
+            save_due = _state_save_due(s, step, last_save_t)
             log_due = (step - 1) % hp["log_every"] == 0 or step == s.total_steps
             if not (reads_every_step(device) or stop.requested or save_due or log_due
                     or step == hp["timing_warmup_steps"]):
@@ -415,11 +381,7 @@ def train_loop(s: Stage, stop: StopSignals) -> dict:
             if loop.status != "ok":
                 break
             if stop.requested or save_due:  # a signal may have come during the sync above
-                try:
-                    save_state(s)
-                except WriteRefused as e:  # atomic: the state saved before, if any, is still there
-                    raise PrecswitchError(f"{e}; the state saved before it, if any, is kept; free space (or make it "
-                                          "writable) and run the same command again") from None
+                _save_state_in_loop(s)
                 last_save_t = t_prev = time.perf_counter()
                 if stop.requested:
                     raise stop.preempted(f"at step {loop.step}", s.resume.path)

@@ -6,7 +6,7 @@ import csv
 import io
 import math
 import statistics
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -15,11 +15,9 @@ from ... import gpu, measure
 from ... import precision as P
 from ...io import atomic_path, atomic_write_json, atomic_write_text, refused_writes
 from .inputs import STAGE_FILE
+from .stage import Stage
 from .state import STEP_FIELDS, LoopState, StepRow
 from .step import StepResult
-
-if TYPE_CHECKING:
-    from .loop import Stage
 
 
 class RanStep(NamedTuple):
