@@ -159,66 +159,6 @@ def prepared(tmp_path_factory):
     return make_prepared(tmp_path_factory.mktemp("data"), "mlm", n_train=64)
 
 
-def _full_disk_at(monkeypatch, engine, name):
-    """Make the engine's atomic write of ``name`` (checkpoint or metrics.json) fail as a full disk does."""
-    real_path, real_json = engine.atomic_path, engine.atomic_write_json
-
-    def atomic_path(path):
-        if Path(path).name == name:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real_path(path)
-
-    def atomic_write_json(path, obj):
-        if Path(path).name == name:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real_json(path, obj)
-
-    monkeypatch.setattr(engine, "atomic_path", atomic_path)
-    monkeypatch.setattr(engine, "atomic_write_json", atomic_write_json)
-
-
-@pytest.mark.parametrize("name", ["checkpoint", "metrics.json"])
-def test_a_full_disk_at_the_end_of_a_stage_is_one_line_and_the_stage_resumes(name, prepared, tmp_path, monkeypatch):
-    from precswitch.train import engine
-
-    hp = {"data": str(prepared), "steps": 6, "seed": 1, "model": TINY, "threads": 1, "progress": False,
-          "timing_warmup_steps": 1}
-    out = tmp_path / "run"
-    with monkeypatch.context() as m:
-        _full_disk_at(m, engine, name)
-        with pytest.raises(PrecswitchError) as e:
-            engine.run_stage(hp, out)
-    assert name in str(e.value) and "No space left on device" in str(e.value) and "\n" not in str(e.value)
-    assert (out / "resume" / "state.pt").is_file() and not (out / "metrics.json").exists()
-    m = engine.run_stage(hp, out)  # space again: the rerun evaluates the saved training, trains no step
-    assert m["resumed"] and m["steps_completed"] == 6 and m["status"] == "ok"
-    assert (out / "checkpoint").is_dir() and not (out / "resume").exists()
-
-
-def test_a_full_disk_at_a_state_save_is_one_line_and_keeps_the_state_before(prepared, tmp_path, monkeypatch):
-    from precswitch.train import engine
-
-    hp = {"data": str(prepared), "steps": 8, "seed": 1, "model": TINY, "threads": 1, "progress": False,
-          "checkpoint_every_steps": 2, "timing_warmup_steps": 1}
-    out = tmp_path / "run"
-    saves = []
-    real = engine._save_state
-
-    def save(path, state):
-        saves.append(state["loop"]["step"])
-        if len(saves) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(path, state)
-
-    monkeypatch.setattr(engine, "_save_state", save)
-    with pytest.raises(PrecswitchError, match="state.pt") as e:
-        engine.run_stage(hp, out)
-    assert "No space left" in str(e.value)
-    import torch
-
-    assert torch.load(out / "resume" / "state.pt", weights_only=False)["loop"]["step"] == saves[0] == 2
-
-
 # ------------------------------------------------------------------ 3. said, not silently accepted
 def test_a_key_written_twice_is_named_with_its_file_and_lines(tmp_path):
     f = tmp_path / "c.yaml"
