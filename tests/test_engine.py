@@ -352,31 +352,6 @@ def test_full_attention_mask_dropped_on_the_host_same_numbers_no_host_read(attn,
     assert torch.equal(engine.drop_full_attention_mask(padded)["attention_mask"], padded["attention_mask"])
 
 
-def test_engine_drops_the_mask_of_packed_blocks_only(tmp_path, monkeypatch):
-    """In the training loop: packed masked-LM blocks (no padding) train without a mask, every token
-    still counted; padded rows keep theirs."""
-    calls = []
-    real = engine.drop_full_attention_mask
-
-    def spy(b):
-        had = "attention_mask" in b
-        out = real(b)
-        calls.append(had and "attention_mask" not in out)
-        return out
-
-    monkeypatch.setattr(engine_batching, "drop_full_attention_mask", spy)
-    seen = {}
-    for packed in (True, False):
-        calls.clear()
-        data = make_prepared(tmp_path / str(packed), "mlm", packed=packed)
-        m = run_stage({"data": str(data), "objective": "mlm", "precision": "fp32", "seed": 1, "steps": 3,
-                       "batch_size": 8, "model": TINY, "save_checkpoint": False}, tmp_path / f"run-{packed}")
-        assert m["status"] == "ok" and len(calls) == 3
-        seen[packed] = (all(calls), any(calls), m["tokens_seen"])
-    assert seen[True][:2] == (True, True) and seen[True][2] == 3 * 8 * 32  # full blocks, every token counted
-    assert seen[False][:2] == (False, False) and seen[False][2] < 3 * 8 * 32  # padded: masks kept
-
-
 @pytest.mark.parametrize("n_masked", [7, 16, 40])
 def test_sparse_mlm_scoring_equals_the_dense_loss_and_gradients(n_masked):
     """engine.mlm_forward scores only the labelled positions; loss and every gradient must equal

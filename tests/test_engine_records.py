@@ -18,9 +18,8 @@ from engine_fixtures import TINY, make_prepared, preempted_then_resumed, prepare
 
 from precswitch import precision as P  # noqa: E402
 from precswitch.train import engine  # noqa: E402
-from precswitch.io import read_json  # noqa: E402
 from precswitch.train.engine import run_stage  # noqa: E402
-from precswitch.train.engine import loop as engine_loop, state as engine_state  # noqa: E402
+from precswitch.train.engine import loop as engine_loop  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -157,46 +156,6 @@ def test_evaluate_reports_no_perplexity_beyond_exp_range_and_no_accuracy_of_a_na
 
 
 # ====================================================================== resumable state
-@pytest.mark.parametrize("seconds_file", ["kept", "corrupt", "not a mapping"])
-def test_a_stage_preempted_during_evaluation_counts_that_state_save(data, tmp_path, monkeypatch, seconds_file):
-    """No periodic saves: the one state save is the one made when SIGTERM arrived during evaluation; the resumed
-    stage reports it (state_saves 1 and its seconds: the state it resumes from was pickled before that save ended,
-    which once left state_save_seconds 0.0 beside state_saves 1), with 2 attempts; the resume dir is gone after.
-    An unreadable resume/state_seconds.json (bookkeeping of that one save) costs only those seconds: it once
-    stopped the resume with a bare JSON error."""
-    import os
-    import signal
-
-    real, sent = engine.evaluate, []
-
-    def evaluate(*a, **k):
-        if not sent:
-            sent.append(1)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(*a, **k)
-
-    monkeypatch.setattr(engine_loop, "evaluate", evaluate)
-    hp = {"data": str(data["mlm"]), "steps": 2, "model": TINY, "save_checkpoint": False}
-    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stage installs its own; this one never runs
-    try:
-        with pytest.raises(engine.Preempted, match="evaluation"):
-            run_stage(hp, tmp_path / "r")
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    counted = tmp_path / "r" / "resume" / engine_state.STATE_SECONDS
-    assert read_json(counted)["state_saves"] == 1
-    if seconds_file != "kept":
-        counted.write_text('{"state_saves": 1, "state_sec' if seconds_file == "corrupt" else "[1, 2.5]")
-    m = run_stage(hp, tmp_path / "r")
-    assert m["resumed"] is True and m["attempts"] == 2
-    assert m["state_saves"] == 1 and m["steps_completed"] == 2
-    if seconds_file == "kept":
-        assert m["state_save_seconds"] > 0 and m["checkpoint_seconds"] >= m["state_save_seconds"]
-    else:
-        assert m["state_save_seconds"] == 0.0  # that save's seconds are lost, nothing else
-    assert not (tmp_path / "r" / "resume").exists()
-
-
 def test_a_stage_resumed_past_its_switch_trains_on_without_the_loss_scaler(data, tmp_path, monkeypatch):
     """amp_fp16 switching to fp32 after step 2 of 4, preempted during step 3 and resumed: the resumed stage runs the
     fp32 steps without a loss scaler (empty loss_scale cells) and ends with the uninterrupted run's steps.csv."""
