@@ -23,7 +23,7 @@ from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
 from precswitch.train.engine import loop as engine  # noqa: E402
-from precswitch.train.engine import STEP_FIELDS, run_stage  # noqa: E402
+from precswitch.train.engine import STEP_FIELDS, clip_grad_norm, run_stage  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -769,11 +769,11 @@ def test_clip_grad_norm_norm_in_fp32_then_torchs_clip(dtype):
     for n in (150, 2500):
         want = (2 * n) ** 0.5 * 1e3
         ps = params(n)
-        total = engine.clip_grad_norm(ps, math.inf)
+        total = clip_grad_norm(ps, math.inf)
         assert total.dtype == torch.float32 and float(total) == pytest.approx(want, rel=1e-3)
         assert all(torch.equal(p.grad, torch.full((n,), 1e3, dtype=dtype)) for p in ps)  # clipping off
         ps = params(n)
-        engine.clip_grad_norm(ps, 2.0)
+        clip_grad_norm(ps, 2.0)
         assert all(p.grad.dtype == dtype for p in ps)
         got = float(torch.linalg.vector_norm(torch.cat([p.grad.float() for p in ps])))
         assert got == pytest.approx(2.0, rel=1e-2)
@@ -781,7 +781,7 @@ def test_clip_grad_norm_norm_in_fp32_then_torchs_clip(dtype):
         a, b = params(100), params(100)
         a[0].grad[3] = 7.0
         b[0].grad[3] = 7.0
-        assert torch.equal(engine.clip_grad_norm(a, 1.0), torch.nn.utils.clip_grad_norm_(b, 1.0))
+        assert torch.equal(clip_grad_norm(a, 1.0), torch.nn.utils.clip_grad_norm_(b, 1.0))
         assert all(torch.equal(x.grad, y.grad) for x, y in zip(a, b))
 
 
