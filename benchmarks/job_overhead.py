@@ -50,7 +50,7 @@ T = {"main": time.time()}
 marks, sys.argv = sys.argv[1], ["precswitch", *sys.argv[2:]]
 import precswitch
 from precswitch import cli, measure
-from precswitch.train import engine as E
+from precswitch.train.engine import records as E
 T["src"] = precswitch.__file__
 
 def stamp(owner, name, enter=None, leave=None, when=lambda: True):
