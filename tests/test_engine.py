@@ -648,12 +648,12 @@ def test_blown_up_catches_a_run_that_limps_on_between_non_finite_losses():
     row, and ended with eval loss 1481 (fp32: 5.35): it was recorded ok and entered the statistics."""
     from precswitch.train.engine import blown_up
 
-    assert "13 of 40 training losses were non-finite" in blown_up(13, 40, 1481.0, "mlm", 4000)
-    assert "more than twice ln(vocab) = 8.29" in blown_up(2, 40, 411.5, "mlm", 4000)
-    assert blown_up(10, 40, 5.0, "mlm", 4000) is None  # 25%: not more than it
-    assert blown_up(0, 40, 8.5, "mlm", 4000) is None  # about an untrained model's loss: not a blow-up
-    assert blown_up(0, 40, 30.0, "classify", 2) is None  # a classifier can be overconfident and wrong
-    assert blown_up(0, 0, None, "mlm", 4000) is None
+    assert "13 of 40 training losses were non-finite" in blown_up(13, 40, 1481.0, "mlm", 4000, 0.25)
+    assert "more than twice ln(vocab) = 8.29" in blown_up(2, 40, 411.5, "mlm", 4000, 0.25)
+    assert blown_up(10, 40, 5.0, "mlm", 4000, 0.25) is None  # 25%: not more than it
+    assert blown_up(0, 40, 8.5, "mlm", 4000, 0.25) is None  # about an untrained model's loss: not a blow-up
+    assert blown_up(0, 40, 30.0, "classify", 2, 0.25) is None  # a classifier can be overconfident and wrong
+    assert blown_up(0, 0, None, "mlm", 4000, 0.25) is None
     # max_nonfinite_fraction: the user's threshold, 1 turns the test off
     assert "more than 10%: max_nonfinite_fraction" in blown_up(5, 40, 5.0, "mlm", 4000, 0.1)
     assert blown_up(40, 40, 5.0, "mlm", 4000, 1.0) is None
