@@ -35,17 +35,14 @@ def storage(name: str) -> tuple:
 
 
 def switch(precision, switch_to, switch_at):
-    """An in-stage switch: switch_to and switch_at go together, switch_at is a fraction of the steps in (0, 1],
-    and both precisions store the weights the same way."""
+    """An in-stage switch: switch_to and switch_at go together, and both precisions store the weights the same way
+    (switch_at's range is the schema's)."""
     if (switch_to is None) != (switch_at is None):
         return "switch_to", "switch_to and switch_at go together: set both (or neither)"
     if switch_to is None:
         return None
     if switch_to not in SPECS:
         return "switch_to", f"unknown precision {switch_to!r}; allowed: {', '.join(NAMES)}"
-    if not isinstance(switch_at, (int, float)) or isinstance(switch_at, bool) or not 0 < switch_at <= 1:
-        return "switch_at", (f"{switch_at!r} is outside (0, 1]: the fraction of the stage's steps run in {precision} "
-                             f"before switching to {switch_to}")
     if storage(precision) != storage(switch_to):
         same = [p for p in NAMES if p != precision and storage(p) == storage(precision)]
         return "switch_to", (f"cannot switch from {precision!r} to {switch_to!r} inside a stage: their weights are "

@@ -38,7 +38,9 @@ TRAINER_KEYS: dict[str, dict] = {
     "resume_dir": {"type": ["string", "null"], "default": None},  # default: <out>/resume
     "deterministic": {"type": "boolean", "default": False},  # torch.use_deterministic_algorithms
     "switch_to": {"type": ["string", "null"], "default": None},  # precision of the rest of the stage
-    "switch_at": {"type": ["number", "null"], "default": None},  # ... after this fraction of the steps
+    # ... after this fraction of the steps: the range of a study's switch_at
+    "switch_at": {**schema.load()["$defs"]["switch"]["properties"]["switch_at"], "type": ["number", "null"],
+                  "default": None},
 }
 #: model keys only the trainer knows (BertConfig's dropout), beside the study's model sizes
 TRAINER_MODEL_KEYS: dict[str, dict] = {
