@@ -135,6 +135,14 @@ def test_a_refusal_through_snakemake_is_the_line_alone(text, key, tmp_path):
     assert not any("Traceback" in line or 'File "' in line for line in lines) and "Job stats" not in r.stdout
 
 
+def test_a_malformed_config_file_is_refused_before_anything_runs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schedules:\n  x: {pretrain: fp32, finetune: fp32\nseeds: [1\n")
+    r = subprocess.run([SNAKEMAKE, "-n", "-s", str(SNAKEFILE), "--directory", str(ROOT), "--configfile", str(bad)],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0 and "not valid JSON or YAML" in r.stderr + r.stdout and "Job stats" not in r.stdout
+
+
 def _integer_keys(node, path=()):
     """(path, schema node) of every key of the schema whose type is integer (not number)."""
     types = [node["type"]] if isinstance(node.get("type"), str) else node.get("type") or []
