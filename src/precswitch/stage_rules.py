@@ -41,8 +41,6 @@ def switch(precision, switch_to, switch_at):
         return "switch_to", "switch_to and switch_at go together: set both (or neither)"
     if switch_to is None:
         return None
-    if switch_to not in SPECS:
-        return "switch_to", f"unknown precision {switch_to!r}; allowed: {', '.join(NAMES)}"
     if storage(precision) != storage(switch_to):
         same = [p for p in NAMES if p != precision and storage(p) == storage(precision)]
         return "switch_to", (f"cannot switch from {precision!r} to {switch_to!r} inside a stage: their weights are "
@@ -88,14 +86,6 @@ def switch_step(hp: dict, total_steps: int) -> int | None:
         f"{where}, the end of the stage: it would never switch to {then}; use switch_at <= "
         f"{_fraction_at(total - 1, total)} (the latest switch: after step {total - 1} of {total}), or drop "
         f"switch_to/switch_at to run the whole stage in {first}")
-
-
-def timing_warmup(steps, timing_warmup_steps):
-    """The steady-state throughput needs steps after the timing warm-up (known when steps is set)."""
-    if steps is None or timing_warmup_steps < steps:
-        return None
-    return "timing_warmup_steps", (f"{timing_warmup_steps} leaves none of the stage's {steps} steps for the "
-                                   "steady-state throughput; use fewer")
 
 
 def stage_problem(hp: dict):

@@ -155,30 +155,6 @@ def check_config_files(paths) -> None:
         walk(node, "", path)
 
 
-def check_results_dir(results_dir: str) -> None:
-    """The study's outputs can be written under results_dir: it exists and is writable, or the nearest folder above
-    it that exists is one where it can be created. Asked of the file system (a temporary file or folder, removed at
-    once), so a read-only mount, /proc or a folder of another user is named now, not by the first job's OSError."""
-    import tempfile
-
-    path = os.path.abspath(results_dir)
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ConfigError("results_dir", f"{results_dir!r} cannot be created: {probe!r} is a file, not a folder")
-    try:
-        if probe == path:
-            with tempfile.TemporaryFile(dir=probe):
-                pass
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".precswitch-probe-"))
-    except OSError as e:
-        what = "written" if probe == path else f"created (in {probe!r})"
-        raise ConfigError("results_dir", f"{results_dir!r} cannot be {what}: {e.strerror}; choose a folder "
-                                         "you can write, e.g. results_dir: results") from None
-
-
 def given_schedules(merged: dict, command_line: dict | None, configfiles: list) -> dict | None:
     """The schedules map of the study when the command line gives one, read before Snakemake merges the
     config files into ``merged``: a map given replaces the default one instead of merging into it; of several
