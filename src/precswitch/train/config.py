@@ -94,7 +94,7 @@ def _fill(raw: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(_properties()))
     if unknown:
         raise PrecswitchError(f"unknown hparams key(s) {unknown}; allowed: {sorted(_properties())}")
-    base = defaults(raw.get("stage") or "pretrain")
+    base = defaults(raw["stage"] if isinstance(raw.get("stage"), str) else "pretrain")
     if raw.get("epochs") is not None and "steps" not in raw:
         base["steps"] = None
     hp = {**base, **{k: v for k, v in raw.items() if v is not None or k in NULL_MEANS_ITSELF}}
