@@ -329,7 +329,9 @@ def check_gpu_here():
                 study.check_cuda_build(device)
             return
         limit = workflow.global_resources.get("gpu")
-        limit = getattr(limit, "value", limit)  # Snakemake 9: an object, value None when not set
+        limit = getattr(
+            limit, "value", limit
+        )  # Snakemake 9: an object, value None when not set
         if limit is None and _uses_gpu(jobs):
             # no --resources gpu=K: one training job per GPU found (precswitch.gpu)
             found = len(physical_gpus())

@@ -54,6 +54,7 @@ PREPARE_KEYS = ("max_length",)
 #: keys whose null means something of its own (a null of another key takes its default)
 NULL_MEANS_ITSELF = ("steps", "epochs", "max_grad_norm")
 COMPILE_MODES = tuple(v for v in schema.stage_train()["properties"]["compile"]["enum"] if v is not False)
+ATTN_IMPLEMENTATIONS = tuple(schema.node("model", "attn_implementation")["enum"])
 
 
 @functools.cache
