@@ -1,6 +1,7 @@
 """Cross-key rules of one training stage, written once: the study (precswitch.study, which names the config key)
 and ``precswitch train`` (precswitch.train.config.resolve) both call them. Each returns ``None`` or the problem
-as ``(key, text)``, ``key`` relative to the stage (``switch_to``, ``compile``, ...). Torch-free."""
+as ``(key, text)``, ``key`` relative to the stage (``switch_to``, ``compile``, ...; "" for the stage itself).
+Torch-free."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def storage(name: str) -> tuple:
 def switch(precision, switch_to, switch_at):
     """An in-stage switch: switch_to and switch_at go together, and both precisions store the weights the same way
     (switch_at's range is the schema's)."""
-    if (switch_to is None) != (switch_at is None):
-        return "switch_to", "switch_to and switch_at go together: set both (or neither)"
+    if (switch_to is None) != (switch_at is None):  # the stage's problem, not one key's
+        return "", "switch_to and switch_at go together: set both (or neither)"
     if switch_to is None:
         return None
     if storage(precision) != storage(switch_to):

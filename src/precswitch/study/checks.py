@@ -160,7 +160,7 @@ def _stage_rule(train, spec, key):
     why = rules.stage_problem({**train, **spec})
     if why:
         sub, text = why
-        raise ConfigError(f"{key}.{sub}", text)
+        raise ConfigError(f"{key}.{sub}" if sub else key, text)
 
 
 def check_stage_rules(cfg):

@@ -154,7 +154,7 @@ def _check_rules(hp: dict) -> None:
     why = rules.stage_problem(hp)
     if why:
         key, text = why
-        raise PrecswitchError(text if text.startswith(key) else f"{key}: {text}")
+        raise PrecswitchError(text if text.startswith(key) else f"{key}: {text}")  # key "": the text names both
 
 
 def resolve(raw: dict[str, Any]) -> dict[str, Any]:
