@@ -128,7 +128,7 @@ def test_contracts_hparams_block_names_every_engine_hyperparameter():
 # --------------------------------------------------------------------------- docs/errors.md
 ERRORS = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
 #: the parametrized test a bare `test_x.py::...[<prefix>N]` reference means
-PARAMETRIZED = {"cfg": ("test_workflow_config_errors.py", "test_config_error_names_the_key"),
+PARAMETRIZED = {"cfg": ("test_config_checks.py", "test_a_bad_config_is_refused_naming_its_key"),
                 "patch": ("test_engine.py", "test_bad_hparams_named_before_training")}
 
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: train.<stage> keys a stage spec may override: the optimizer's recipe, which a precision may need tuned
-#: (pure_fp16's adam_eps, a larger lr for pure_bf16's lost updates); not the keys that fix the data seen,
-#: the step count or the measurement (batch_size, steps, max_length, ...), which pairing relies on
-OVERRIDE_KEYS = ("lr", "warmup_ratio", "weight_decay", "adam_eps", "adam_beta1", "adam_beta2", "max_grad_norm")
+from .schema import load as _schema
+
+#: train.<stage> keys a stage spec may override (the schema's $defs/overrides): the optimizer's recipe, which a
+#: precision may need tuned (pure_fp16's adam_eps, a larger lr for pure_bf16's lost updates); not the keys that
+#: fix the data seen, the step count or the measurement (batch_size, steps, max_length, ...), which pairing relies on
+OVERRIDE_KEYS = tuple(_schema()["$defs"]["overrides"]["properties"])
 
 
 def _missing(v: Any) -> bool:

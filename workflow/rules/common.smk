@@ -1,6 +1,6 @@
 # Wiring shared by the rules: paths, input and params functions over the checked study (STUDY, made by
 # the Snakefile with precswitch.study.plan), the onstart checks. The study's logic is in
-# src/precswitch/study.py. No rules here.
+# src/precswitch/study/. No rules here.
 
 import json
 import os
@@ -206,10 +206,6 @@ def finetune_hparams(wildcards):
     )
 
 
-# a stage the device cannot run (on_unsupported: skip) writes metrics.json only: give it an empty log
-STEPS_HEADER = "step,loss,lr,grad_norm,loss_scale,step_seconds,skipped"
-
-
 # --- analysis -------------------------------------------------------------------------------------
 def analysis_json():
     return json.dumps(study.analysis_settings(STUDY), sort_keys=True)
@@ -307,6 +303,18 @@ def _run_name(job):
     return w.precision if job.rule.name == "pretrain" else w.schedule
 
 
+def _uses_gpu(jobs):
+    """A local run's training jobs claim a GPU (training_gpus): device cuda, or auto where torch sees one."""
+    device = str(config["device"])
+    if not jobs or device == "cpu":
+        return False
+    if device != "auto":
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_gpu_here():
     """Training jobs with device cuda need a GPU torch can see (on a cluster: a CUDA build of torch, which
     the jobs run unless --sdm gives them their own); said before any job starts, instead of after the
@@ -324,15 +332,12 @@ def check_gpu_here():
         limit = getattr(
             limit, "value", limit
         )  # Snakemake 9: an object, value None when not set
-        if (
-            limit is None
-        ):  # no --resources gpu=K: one training job per GPU found (precswitch.gpu)
-            limit = max(1, len(physical_gpus()))
+        if limit is None and _uses_gpu(jobs):
+            # no --resources gpu=K: one training job per GPU found (precswitch.gpu)
+            found = len(physical_gpus())
+            limit = max(1, found)
             workflow.register_resource("gpu", limit)
-            logger.info(
-                f"precswitch: gpu limit {limit} (GPUs found by CUDA_VISIBLE_DEVICES / nvidia-smi -L; "
-                "--resources gpu=K overrides)"
-            )
+            logger.info(study.gpu_limit_line(limit, found))
         note = study.check_gpu(
             STUDY,
             [(j.rule.name, _run_name(j)) for j in jobs],

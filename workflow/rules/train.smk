@@ -64,7 +64,5 @@ rule finetune:
         offline=OFFLINE_ENV,
         hparams=finetune_hparams,
         out=lambda w, output: os.path.dirname(output.metrics),
-        steps_header=STEPS_HEADER,
     shell:
         "{params.offline}precswitch train --hparams {params.hparams:q} --out {params.out} --log {log}"
-        " && (test -e {output.steps} || echo {params.steps_header} > {output.steps})"

@@ -228,6 +228,8 @@ def register(subparsers) -> None:
     p.add_argument("--out-dir", required=True, metavar="DIR")
     p.set_defaults(func=_aggregate)
 
+    from ..schema import defaults as schema_defaults
+
     p = subparsers.add_parser("stats", help="paired statistics: summary.csv/.md, deltas.csv, stats.json",
                               description="Per-schedule summaries and paired contrasts (by seed) vs a baseline "
                                           "and named contrasts. Settings: JSON/YAML (an 'analysis:' section is "
@@ -236,11 +238,13 @@ def register(subparsers) -> None:
     p.add_argument("--schedules", required=True, metavar="CSV|PARQUET")
     p.add_argument("--settings", metavar="FILE", help="JSON/YAML: baseline, contrasts, margin, alpha, power, "
                                                       "bootstrap_resamples, seed")
-    p.add_argument("--baseline", help="baseline schedule (default fp32-fp32)")
-    p.add_argument("--margin", type=float, help="equivalence margin in accuracy points (default 1.0)")
-    p.add_argument("--alpha", type=float, help="significance level (default 0.05)")
-    p.add_argument("--bootstrap-resamples", type=int, help="bootstrap resamples (default 10000; 0 = none)")
-    p.add_argument("--seed", type=int, help="bootstrap RNG seed (default 0)")
+    d = schema_defaults("analysis")  # the study schema declares each default once
+    p.add_argument("--baseline", help=f"baseline schedule (default {d['baseline']})")
+    p.add_argument("--margin", type=float, help=f"equivalence margin in accuracy points (default {d['margin']})")
+    p.add_argument("--alpha", type=float, help=f"significance level (default {d['alpha']})")
+    p.add_argument("--bootstrap-resamples", type=int,
+                   help=f"bootstrap resamples (default {d['bootstrap_resamples']}; 0 = none)")
+    p.add_argument("--seed", type=int, help=f"bootstrap RNG seed (default {d['seed']})")
     p.add_argument("--out-dir", metavar="DIR", help="writes summary.csv, summary.md, deltas.csv, stats.json")
     p.add_argument("--summary-csv", metavar="FILE")
     p.add_argument("--summary-md", metavar="FILE")

@@ -6,7 +6,6 @@ reads them from there and checks the values a file or an option gives.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -14,18 +13,12 @@ from typing import Any
 
 from ..errors import PrecswitchError
 
-SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
-
-@functools.lru_cache(maxsize=1)
 def defaults() -> dict[str, Any]:
     """The schema's analysis defaults (a fresh copy each call)."""
-    import yaml
+    from ..schema import defaults as schema_defaults
 
-    if not SCHEMA.is_file():
-        raise PrecswitchError(f"the workflow schema with the analysis defaults is missing: {SCHEMA}")
-    props = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))["properties"]["analysis"]["properties"]
-    return {k: v["default"] for k, v in props.items()}
+    return schema_defaults("analysis")
 
 
 def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> dict:

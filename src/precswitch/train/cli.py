@@ -51,7 +51,7 @@ def _to_log(path: str) -> int:
 def _run(args) -> int:
     import json
 
-    from ..errors import EXIT_PREEMPTED, PrecswitchError
+    from ..errors import PrecswitchError
     from . import config as C
 
     hp = C.load_hparams(args.hparams)

@@ -1,100 +1,85 @@
-"""Stage hyper-parameters: defaults, parsing and validation (before any training starts)."""
+"""Stage hyper-parameters of ``precswitch train``: defaults, parsing and validation (before any training starts).
+
+A stage's study settings (the keys of ``train.<stage>``, ``model``, ``threads``, ``device``) are declared once, in
+the study schema (precswitch.schema): their defaults and bounds are those of ``train.<the hparams' stage>``, so a
+partial hparams trains the run the study would. The keys only the trainer knows are declared here, in
+:data:`TRAINER_KEYS`. The cross-key rules are precswitch.stage_rules', shared with the study."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import math
 from typing import Any
 
 from .. import catalog as P  # torch-free: the workflow checks configs with this module
+from .. import schema
+from .. import stage_rules as rules
 from ..errors import PrecswitchError
 from ..io import load_mapping_arg
+from ..stage_rules import switch_step  # noqa: F401  (the engine calls it C.switch_step)
 
-#: Every key a stage accepts, with its default. ``None`` = required or "not set".
-DEFAULTS: dict[str, Any] = {
-    "run_id": None,  # default: "{stage}-{precision}-seed{seed}"
-    "stage": "pretrain",  # pretrain | finetune (a label; the objective decides the loop)
-    "objective": "mlm",  # mlm | classify
-    "precision": "fp32",
-    "seed": 0,
-    "tags": {},
-    "data": None,  # prepared dataset dir (precswitch prepare)
-    "tokenizer": None,  # tokenizer dir; default: the data's meta.json tokenizer
-    "init": "scratch",  # scratch | checkpoint dir | pretrained model dir or hub name
-    "init_revision": None,  # hub branch/tag/commit of a hub-name init (None: the default branch)
-    "model": {
-        "hidden_size": 64,  # the embedded default study's model (config/config.yaml)
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "max_position_embeddings": 128,
-        "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1,
-        "attn_implementation": "auto",  # sdpa on CUDA, eager on a CPU (engine._attn_kernel)
-    },
-    "steps": None,
-    "epochs": None,
-    "batch_size": 32,
-    "eval_batch_size": 128,
-    "lr": 5e-4,
-    "warmup_ratio": 0.1,
-    "weight_decay": 0.01,
-    "adam_eps": 1e-8,  # AdamW's default, kept faithful: in fp16 it rounds to 0 (see pure_fp16)
-    "adam_beta1": 0.9,
-    "adam_beta2": 0.999,
-    "optimizer_impl": "fused",  # fused | foreach: torch AdamW kernel (HF Trainer's default is fused)
-    "compile": "off",  # off | default | reduce-overhead: torch.compile the forward and loss (reduce-overhead: CUDA graphs)
-    "max_grad_norm": 1.0,  # 0 or null: no clipping (the norm is still recorded)
-    "mlm_probability": 0.15,
-    "eval_precision": "same",  # same | fp32 | any precision name
-    "eval_seed": 1234,  # fixed MLM eval masks: every run is scored on the same masked tokens
-    "max_nonfinite": 10,  # K consecutive non-finite losses end the stage as "diverged"
-    "max_nonfinite_fraction": 0.25,  # non-finite losses on more than this fraction of the steps: "diverged"
-    "timing_warmup_steps": 5,  # excluded from steady-state throughput
-    "threads": 1,  # torch intra-op threads (pinned: results depend on it)
-    "device": "auto",  # auto | cpu | cuda | cuda:N
-    "on_unsupported": "error",  # error | skip: precision the device can't run
-    "log_every": 1,
-    "progress": None,  # tqdm bar on stderr (the stage log): shown unless false
-    "save_checkpoint": True,
-    "checkpoint_every_steps": 0,  # resumable state every N steps (0 = off)
-    "checkpoint_every_minutes": 0.0,  # ... or every M minutes of training (0 = off)
-    "resume_dir": None,  # default: <out>/resume
-    "deterministic": False,  # torch.use_deterministic_algorithms (the engine sets CUBLAS_WORKSPACE_CONFIG if unset)
-    "switch_to": None,  # precision to switch to inside the stage (same weight dtype), e.g. fp32
-    "switch_at": None,  # ... after this fraction of the steps, in (0, 1]
-    "telemetry_every": 0,  # activation telemetry (max |x|, fp16 overflow/underflow) every K steps; 0 = off
+_INT = {"type": "integer", "minimum": 0}
+#: the keys only the trainer knows (the workflow sets them per job): JSON schema with defaults
+TRAINER_KEYS: dict[str, dict] = {
+    "run_id": {"type": ["string", "null"], "default": None},  # None: "{stage}-{precision}-seed{seed}"
+    "stage": {"type": "string", "default": "pretrain"},  # a label choosing train.<stage>'s defaults
+    "objective": {"enum": ["mlm", "classify"], "default": "mlm"},  # what the loop trains
+    "precision": {"type": "string", "default": "fp32"},  # checked by the catalog (its hints)
+    "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1, "default": 0},
+    "tags": {"type": "object", "default": {}},
+    "data": {"type": ["string", "null"], "default": None},  # prepared dataset dir (precswitch prepare): required
+    "tokenizer": {"type": ["string", "null"], "default": None},  # default: the data's meta.json tokenizer
+    "init": {"type": "string", "minLength": 1, "default": "scratch"},  # scratch | checkpoint dir | model dir or hub name
+    "init_revision": {"type": ["string", "null"], "pattern": "\\S", "default": None},  # hub branch/tag/commit
+    "optimizer_impl": {"enum": ["fused", "foreach"], "default": "fused"},  # torch AdamW kernel (HF Trainer: fused)
+    "eval_seed": {**_INT, "default": 1234},  # fixed MLM eval masks: every run is scored on the same masked tokens
+    "progress": {"type": ["boolean", "null"], "default": None},  # tqdm bar on stderr: shown unless false
+    "resume_dir": {"type": ["string", "null"], "default": None},  # default: <out>/resume
+    "deterministic": {"type": "boolean", "default": False},  # torch.use_deterministic_algorithms
+    "switch_to": {"type": ["string", "null"], "default": None},  # precision of the rest of the stage
+    # ... after this fraction of the steps: the range of a study's switch_at
+    "switch_at": {**schema.load()["$defs"]["switch"]["properties"]["switch_at"], "type": ["number", "null"],
+                  "default": None},
 }
-
-OBJECTIVES = ("mlm", "classify")
-#: torch.compile of the training forward and loss: off (eager, the default), default (kernel fusion),
-#: reduce-overhead (fusion + CUDA graphs: on an H200 the only mode that lifted 16-bit BERT-base steps
-#: out of the host's kernel launches, docs/gpu.md)
-COMPILE_MODES = ("off", "default", "reduce-overhead")
-#: attention kernels (model.attn_implementation), as in the workflow schema
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "auto")
-MODEL_KEYS = set(DEFAULTS["model"]) | {"vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range"}
-
-
-# Cross-key rules that a study config (precswitch.study, which names the config key) and a stage's hparams
-# (resolve) share: one wording, one test.
-SWITCH_PAIR_PROBLEM = "switch_to and switch_at go together: set both (or neither)"
-
-
-def compile_telemetry_problem(compile_mode, telemetry_every) -> str | None:
-    """Activation telemetry needs eager mode: what is wrong with compiling a stage that records it, or None."""
-    if compile_mode in ("off", False) or not telemetry_every:
-        return None
-    return (f"{compile_mode!r} with telemetry_every {telemetry_every}: activation telemetry hooks run in eager mode "
-            "only; set compile: off or telemetry_every: 0")
+#: model keys only the trainer knows (BertConfig's dropout), beside the study's model sizes
+TRAINER_MODEL_KEYS: dict[str, dict] = {
+    "hidden_dropout_prob": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.1},
+    "attention_probs_dropout_prob": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.1},
+}
+#: BertConfig fields a model mapping may also give (checked by transformers)
+MODEL_EXTRA_KEYS = ("vocab_size", "type_vocab_size", "layer_norm_eps", "initializer_range")
+#: train.<stage> keys that are options of `precswitch prepare`, not of the trainer
+PREPARE_KEYS = ("max_length",)
+#: keys whose null means something of its own (a null of another key takes its default)
+NULL_MEANS_ITSELF = ("steps", "epochs", "max_grad_norm")
+COMPILE_MODES = tuple(v for v in schema.stage_train()["properties"]["compile"]["enum"] if v is not False)
+ATTN_IMPLEMENTATIONS = tuple(schema.node("model", "attn_implementation")["enum"])
 
 
-def steps_epochs_problem(steps, epochs) -> str | None:
-    """A stage's length is steps or epochs, never both nor neither."""
-    if (steps is None) != (epochs is None):
-        return None
-    return f"set exactly one of steps and epochs (the other null); got steps={steps}, epochs={epochs}"
+@functools.cache
+def _properties() -> dict:
+    """The schema of a resolved hparams: the trainer's own keys, train.<stage>'s, threads, device and model."""
+    stage = {k: v for k, v in schema.stage_train()["properties"].items() if k not in PREPARE_KEYS}
+    model = {k: v for k, v in schema.node("model")["properties"].items() if k not in ("init", "revision")}
+    model.update(TRAINER_MODEL_KEYS)
+    model.update({k: {} for k in MODEL_EXTRA_KEYS})
+    return {**TRAINER_KEYS, **stage, "threads": schema.node("threads"), "device": schema.node("device"),
+            "model": {"type": "object", "additionalProperties": False, "properties": model}}
+
+
+def defaults(stage: str = "pretrain") -> dict[str, Any]:
+    """Every key a stage accepts, with its default: the trainer's own, and the schema's train.<stage>."""
+    own = {k: v["default"] for k, v in TRAINER_KEYS.items()}
+    stage_keys = {k: v for k, v in schema.stage_defaults(stage).items() if k not in PREPARE_KEYS}
+    model = {k: v for k, v in schema.defaults("model").items() if k not in ("init", "revision")}
+    model.update({k: v["default"] for k, v in TRAINER_MODEL_KEYS.items()})
+    return {**own, "stage": stage, **stage_keys, "threads": schema.node("threads")["default"],
+            "device": schema.node("device")["default"], "model": model}
+
+
+#: the defaults of a stage labelled pretrain (the trainer's default stage)
+DEFAULTS = defaults()
 
 
 def load_hparams(arg: str | dict) -> dict[str, Any]:
@@ -104,184 +89,84 @@ def load_hparams(arg: str | dict) -> dict[str, Any]:
     return load_mapping_arg(arg, "--hparams")
 
 
-def resolve(raw: dict[str, Any]) -> dict[str, Any]:
-    """Fill defaults and validate every key. Raises PrecswitchError naming the key and what is allowed."""
-    unknown = sorted(set(raw) - set(DEFAULTS))
+def _fill(raw: dict[str, Any]) -> dict[str, Any]:
+    """The hparams with every default filled (train.<stage>'s). A key given as null takes its default, except
+    where null means something of its own; an epochs stage given without steps has no steps."""
+    unknown = sorted(set(raw) - set(_properties()))
     if unknown:
-        raise PrecswitchError(f"unknown hparams key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    # a key given as null takes its default, except where null means something of its own (max_grad_norm:
-    # no clipping, as 0)
-    hp = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k in ("steps", "epochs", "max_grad_norm")}}
-    hp["model"] = {**DEFAULTS["model"], **(raw.get("model") or {})}
-    bad_model = sorted(set(hp["model"]) - MODEL_KEYS)
-    if bad_model:
-        raise PrecswitchError(f"unknown model key(s) {bad_model}; allowed: {sorted(MODEL_KEYS)}")
-    attn = hp["model"]["attn_implementation"]
-    if attn not in ATTN_IMPLEMENTATIONS:
-        raise PrecswitchError(f"model.attn_implementation {attn!r}: allowed "
-                              f"{', '.join(repr(a) for a in ATTN_IMPLEMENTATIONS)}")
-    if str(hp["init"]) != "scratch":
-        # a checkpoint or pretrained model brings its own sizes and dropout: only the attention kernel applies,
-        # and only it is recorded (metrics.json's hparams must not claim sizes the model does not have)
-        hp["model"] = {"attn_implementation": hp["model"]["attn_implementation"]}
-    else:
-        m = hp["model"]
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                    "max_position_embeddings"):
-            v = m.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise PrecswitchError(f"model.{key} must be a positive integer, got {v!r}")
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            v = m.get(key)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
-                raise PrecswitchError(f"model.{key} must be a number in [0, 1], got {v!r}")
-        if m["hidden_size"] % m["num_attention_heads"]:
-            raise PrecswitchError(f"model.hidden_size {m['hidden_size']} is not a multiple of "
-                                  f"model.num_attention_heads {m['num_attention_heads']}")
-
-    P.spec(hp["precision"])  # raises with the allowed names
-    if hp["eval_precision"] not in ("same",) + P.NAMES:
-        raise PrecswitchError(f"eval_precision {hp['eval_precision']!r}: allowed 'same' or one of {', '.join(P.NAMES)}")
-    if hp["objective"] not in OBJECTIVES:
-        raise PrecswitchError(f"objective {hp['objective']!r}: allowed {', '.join(OBJECTIVES)}")
-    if hp["optimizer_impl"] not in ("fused", "foreach"):
-        raise PrecswitchError(f"optimizer_impl {hp['optimizer_impl']!r}: allowed 'fused' or 'foreach'")
-    if hp["compile"] is False:  # YAML reads an unquoted off as false
-        hp["compile"] = "off"
-    if hp["compile"] not in COMPILE_MODES:
-        raise PrecswitchError(f"compile {hp['compile']!r}: allowed {', '.join(repr(m) for m in COMPILE_MODES)}")
-    why = compile_telemetry_problem(hp["compile"], hp["telemetry_every"])
-    if why:
-        raise PrecswitchError(f"compile {why}")
-    if hp["on_unsupported"] not in ("error", "skip"):
-        raise PrecswitchError(f"on_unsupported {hp['on_unsupported']!r}: allowed 'error' or 'skip'")
-    if not hp["data"]:
-        raise PrecswitchError("hparams key 'data' is required: a dataset dir written by `precswitch prepare`")
-    why = steps_epochs_problem(hp["steps"], hp["epochs"])
-    if why:
-        raise PrecswitchError(why)
-    for key in ("steps", "epochs"):
-        if hp[key] is not None and (not isinstance(hp[key], (int, float)) or isinstance(hp[key], bool) or hp[key] <= 0):
-            raise PrecswitchError(f"{key} must be a positive number, got {hp[key]!r}")
-        if hp[key] is not None and not math.isfinite(hp[key]):  # not a bare int(nan)/int(inf) error, here or in the engine
-            raise PrecswitchError(f"{key} must be a finite positive number, got {hp[key]!r}")
-    if hp["steps"] is not None and not isinstance(hp["steps"], int):
-        # one rule for every integer key, as the study config's: 4.0 is refused, not read as 4
-        raise PrecswitchError(f"steps must be a whole number, got {hp['steps']!r}"
-                              + (" (an integer: no decimal point)" if hp["steps"] == int(hp["steps"]) else ""))
-    for key in ("seed", "batch_size", "eval_batch_size", "threads", "max_nonfinite", "log_every"):
-        v = hp[key]
-        if not isinstance(v, int) or isinstance(v, bool) or (v < 0 if key == "seed" else v <= 0) \
-                or (key == "seed" and v >= 2**32):
-            raise PrecswitchError(f"{key} must be a {'non-negative' if key == 'seed' else 'positive'} integer"
-                                  + (" below 2^32" if key == "seed" else "") + f", got {v!r}")
-    for key in ("lr", "adam_eps", "weight_decay", "warmup_ratio", "mlm_probability", "adam_beta1", "adam_beta2"):
-        v = hp[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            raise PrecswitchError(f"{key} must be a finite number, got {v!r}")
-    for key in ("adam_beta1", "adam_beta2"):  # torch.optim.AdamW refuses them only once the model is built
-        if not 0 <= hp[key] < 1:
-            raise PrecswitchError(f"{key} must be in [0, 1), got {hp[key]!r}")
-    if hp["lr"] <= 0:
-        raise PrecswitchError(f"lr must be > 0, got {hp['lr']!r}")
-    if hp["adam_eps"] < 0 or hp["weight_decay"] < 0:
-        raise PrecswitchError("adam_eps and weight_decay must be >= 0")
-    if not 0 <= hp["warmup_ratio"] < 1:
-        raise PrecswitchError(f"warmup_ratio must be in [0, 1), got {hp['warmup_ratio']!r}")
-    if not 0 < hp["mlm_probability"] < 1:
-        raise PrecswitchError(f"mlm_probability must be in (0, 1), got {hp['mlm_probability']!r}")
-    v = hp["max_nonfinite_fraction"]
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
-        raise PrecswitchError(f"max_nonfinite_fraction must be a number in (0, 1], got {v!r}")
-    # run-time keys the loop reads only after training started: a wrong type would crash mid-stage
-    for key in ("timing_warmup_steps", "checkpoint_every_steps", "eval_seed"):
-        v = hp[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise PrecswitchError(f"{key} must be a non-negative integer, got {v!r}")
-    for key in ("checkpoint_every_minutes", "max_grad_norm"):
-        v = hp[key]
-        if key == "max_grad_norm" and v is None:
-            continue  # null: no clipping
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-            raise PrecswitchError(f"{key} must be a finite number >= 0 (0: off), got {v!r}")
-    for key in ("deterministic", "save_checkpoint"):
-        if not isinstance(hp[key], bool):
-            raise PrecswitchError(f"{key} must be true or false, got {hp[key]!r}")
-    if hp["progress"] is not None and not isinstance(hp["progress"], bool):
-        raise PrecswitchError(f"progress must be true, false or null, got {hp['progress']!r}")
-    if not isinstance(hp["tags"], dict):
-        raise PrecswitchError(f"tags must be a mapping, got {hp['tags']!r}")
-    if not isinstance(hp["telemetry_every"], int) or isinstance(hp["telemetry_every"], bool) or hp["telemetry_every"] < 0:
-        raise PrecswitchError(f"telemetry_every must be a non-negative integer, got {hp['telemetry_every']!r}")
-    if (hp["switch_to"] is None) != (hp["switch_at"] is None):
-        raise PrecswitchError(SWITCH_PAIR_PROBLEM)
-    if hp["switch_to"] is not None:
-        a, b = P.spec(hp["precision"]), P.spec(hp["switch_to"])
-        at = hp["switch_at"]
-        if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 < at <= 1:
-            raise PrecswitchError(f"switch_at must be a fraction of the steps in (0, 1], got {at!r}")
-        if (a.param_dtype, a.update_compensation, a.fp8_linear) != (b.param_dtype, b.update_compensation, b.fp8_linear):
-            raise PrecswitchError(
-                f"cannot switch from {a.name!r} to {b.name!r} inside a stage: their weights are stored differently "
-                f"({_storage(a)} vs {_storage(b)}); use two stages instead"
-            )
-        if hp["steps"] is not None:  # an epochs stage's step count is known only with its data (engine)
-            switch_step(hp, hp["steps"])
-    why = P.eval_precision_problem(hp["precision"], hp["eval_precision"])
-    if why:
-        raise PrecswitchError(f"eval_precision {hp['eval_precision']!r} after an {hp['precision']} stage: {why}")
-    rev = hp["init_revision"]
-    if rev is not None and (not isinstance(rev, str) or not rev.strip()):
-        raise PrecswitchError(f"init_revision must be a hub branch, tag or commit (text) or null, got {rev!r}")
-    if rev is not None and str(hp["init"]) == "scratch":
-        raise PrecswitchError(f"init_revision {rev!r} is for a hub model init; init is scratch")
-    if hp["run_id"] is None:
-        hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
+        raise PrecswitchError(f"unknown hparams key(s) {unknown}; allowed: {sorted(_properties())}")
+    base = defaults(raw["stage"] if isinstance(raw.get("stage"), str) else "pretrain")
+    if raw.get("epochs") is not None and "steps" not in raw:
+        base["steps"] = None
+    hp = {**base, **{k: v for k, v in raw.items() if v is not None or k in NULL_MEANS_ITSELF}}
+    model = raw.get("model") or {}
+    if not isinstance(model, dict):
+        raise PrecswitchError(f"model must be a mapping, got {model!r}")
+    hp["model"] = {**base["model"], **model}
+    hp["compile"] = rules.compile_mode(hp["compile"])
     return hp
 
 
-def _storage(p) -> str:
-    """How a precision stores and updates the weights (what an in-stage switch must keep), for messages."""
-    return " + ".join([p.param_dtype] + (["fp8 Linear layers"] if p.fp8_linear else [])
-                      + ([f"{p.update_compensation} update"] if p.update_compensation else []))
+def _check_schema(hp: dict) -> None:
+    """Types and bounds, from the schema: one line ``<key> must be <allowed>, got <value>``."""
+    where = schema.nonfinite(hp)
+    if where:
+        raise PrecswitchError(f"{where} must be a finite number, got {_get(hp, where)!r}")
+    if hp["max_grad_norm"] is None:  # null: no clipping, as 0
+        hp = {**hp, "max_grad_norm": 0}
+    error = next(iter(schema.validator({"type": "object", "properties": _properties()}).iter_errors(hp)), None)
+    if error is not None:
+        raise PrecswitchError(schema.problem(error))
 
 
-def _fraction_at(step: int, total: int) -> str:
-    """``step / total`` as a switch_at to print: 4 significant digits, more where those would round to another step."""
-    for digits in range(4, 18):
-        text = f"{step / total:.{digits}g}"
-        if int(round(float(text) * total)) == step:
-            return text
-    return repr(step / total)
+def _get(hp, dotted):
+    for part in dotted.split("."):
+        hp = hp[part]
+    return hp
 
 
-def switch_step(hp: dict[str, Any], total_steps: int) -> int | None:
-    """The step of an in-stage switch, ``round(switch_at * total_steps)`` (None: the stage does not switch).
+def _check_model(hp: dict) -> None:
+    """A checkpoint or pretrained model brings its own sizes and dropout: only the attention kernel applies, and
+    only it is recorded (metrics.json's hparams must not claim sizes the model does not have)."""
+    m = hp["model"]
+    if str(hp["init"]) != "scratch":
+        hp["model"] = {"attn_implementation": m["attn_implementation"]}
+    elif m["hidden_size"] % m["num_attention_heads"]:
+        raise PrecswitchError(f"model.hidden_size {m['hidden_size']} is not a multiple of "
+                              f"model.num_attention_heads {m['num_attention_heads']}")
+    if hp["init_revision"] is not None and str(hp["init"]) == "scratch":
+        raise PrecswitchError(f"init_revision {hp['init_revision']!r} is for a hub model init; init is scratch")
 
-    Refuses (PrecswitchError naming switch_at) a switch point that rounds to step 0 (the whole stage would
-    run in switch_to) or, for a switch_at below 1, to the last step (the stage would never switch): either
-    run would be recorded as a switch it never made. switch_at 1 is kept: all steps in precision (no switch).
-    ``resolve`` checks a ``steps`` stage; the engine checks an ``epochs`` stage once its data gives the steps."""
-    if hp["switch_to"] is None:
-        return None
-    at, total = hp["switch_at"], int(total_steps)
-    step = int(round(at * total))
-    if 0 < step < total or at == 1:
-        return step
-    first, then = hp["precision"], hp["switch_to"]
-    where = f"switch_at {at!r} of {total} step{'s' if total != 1 else ''} rounds to step {step}"
-    if total < 2:
-        raise PrecswitchError(f"{where}: a 1-step stage cannot switch part-way (a switch needs at least 2 steps); "
-                              f"run it in {first} or {then} without switch_to/switch_at")
-    if step == 0:
-        raise PrecswitchError(
-            f"{where}: the whole stage would run in {then}, not switch from {first}; use switch_at >= "
-            f"{_fraction_at(1, total)} (the earliest switch: after step 1 of {total}), or drop switch_to/switch_at "
-            f"and use precision {then}")
-    raise PrecswitchError(
-        f"{where}, the end of the stage: it would never switch to {then}; use switch_at <= "
-        f"{_fraction_at(total - 1, total)} (the latest switch: after step {total - 1} of {total}), or drop "
-        f"switch_to/switch_at to run the whole stage in {first}")
+
+def _check_precisions(hp: dict) -> None:
+    P.spec(hp["precision"])  # raises with the allowed names (and a hint: fp16 is amp_fp16 or pure_fp16?)
+    if hp["switch_to"] is not None:
+        P.spec(hp["switch_to"])
+    why = P.eval_precision_problem(hp["precision"], hp["eval_precision"])
+    if why:
+        raise PrecswitchError(f"eval_precision {hp['eval_precision']!r} after an {hp['precision']} stage: {why}")
+
+
+def _check_rules(hp: dict) -> None:
+    """The cross-key rules the study checks too (precswitch.stage_rules)."""
+    if not hp["data"]:
+        raise PrecswitchError("hparams key 'data' is required: a dataset dir written by `precswitch prepare`")
+    why = rules.stage_problem(hp)
+    if why:
+        key, text = why
+        raise PrecswitchError(text if text.startswith(key) else f"{key}: {text}")  # key "": the text names both
+
+
+def resolve(raw: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and validate every key. Raises PrecswitchError naming the key and what is allowed."""
+    hp = _fill(raw)
+    _check_schema(hp)
+    _check_model(hp)
+    _check_precisions(hp)
+    _check_rules(hp)
+    if hp["run_id"] is None:
+        hp["run_id"] = f"{hp['stage']}-{hp['precision']}-seed{hp['seed']}"
+    return hp
 
 
 def config_hash(hp: dict[str, Any]) -> str:
