@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sweeps as _sweeps
+from .cpu_isa import problem as cpu_isa_problem
 from .catalog import NAMES, SPECS, eval_precision_problem, name_hint
 from .errors import PrecswitchError
 from .fetch import is_hub_model, resolve_local_model
@@ -467,6 +468,8 @@ def _check_config(cfg):
         raise ConfigError("results_dir", f"{cfg['results_dir']!r} exists and is not a directory; name a directory "
                                          "for the study's outputs")
     check_results_dir(cfg["results_dir"])
+    if why := cpu_isa_problem(cfg["cpu_isa"]):  # a level this CPU lacks, before any job starts
+        raise ConfigError("cpu_isa", why)
     schedules = cfg["schedules"]
     if not schedules:
         raise ConfigError("schedules", "needs at least one schedule")
@@ -703,6 +706,8 @@ def hparams(study: Plan, stage: str, name: str, seed, *, data: str, tokenizer: s
         threads=config["threads"],
         device=config["device"],
     )
+    if config["cpu_isa"] != "native":  # native: the engine's default (keeps old runs' params)
+        hp["cpu_isa"] = config["cpu_isa"]
     revision = config["model"]["revision"]
     if revision is not None and init == config["model"]["init"]:
         hp["init_revision"] = revision

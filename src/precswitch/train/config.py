@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from .. import catalog as P  # torch-free: the workflow checks configs with this module
+from .. import cpu_isa
 from ..errors import PrecswitchError
 from ..io import load_mapping_arg
 
@@ -53,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "max_nonfinite_fraction": 0.25,  # non-finite losses on more than this fraction of the steps: "diverged"
     "timing_warmup_steps": 5,  # excluded from steady-state throughput
     "threads": 1,  # torch intra-op threads (pinned: results depend on it)
+    "cpu_isa": "native",  # native | avx2 | avx512: oneDNN's and ATen's cap, set by `precswitch train` (cpu_isa.py)
     "device": "auto",  # auto | cpu | cuda | cuda:N
     "on_unsupported": "error",  # error | skip: precision the device can't run
     "log_every": 1,
@@ -153,6 +155,8 @@ def resolve(raw: dict[str, Any]) -> dict[str, Any]:
     why = compile_telemetry_problem(hp["compile"], hp["telemetry_every"])
     if why:
         raise PrecswitchError(f"compile {why}")
+    if why := cpu_isa.problem(hp["cpu_isa"]):
+        raise PrecswitchError(f"cpu_isa {why}")
     if hp["on_unsupported"] not in ("error", "skip"):
         raise PrecswitchError(f"on_unsupported {hp['on_unsupported']!r}: allowed 'error' or 'skip'")
     if not hp["data"]:
@@ -288,8 +292,9 @@ def config_hash(hp: dict[str, Any]) -> str:
     """Hash of the hyper-parameters that determine the result (not of run-time plumbing)."""
     ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags",
               "telemetry_every"}
-    # compile off (eager) is left out, so runs made before the key existed keep their hash (and resume)
-    kept = {k: v for k, v in hp.items() if k not in ignore and not (k == "compile" and v == "off")}
+    # compile off (eager) and cpu_isa native are left out, so runs made before the keys existed keep their hash
+    kept = {k: v for k, v in hp.items()
+            if k not in ignore and (k, v) not in (("compile", "off"), ("cpu_isa", "native"))}
     canonical = json.dumps(kept, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
