@@ -9,6 +9,7 @@ must run before ``import torch``; the workflow checks a config with :func:`probl
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -26,18 +27,19 @@ LEVELS = {
 RECORDED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+@functools.cache
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags (the first ``flags`` line of /proc/cpuinfo); empty where there is none."""
     try:
         for line in Path(cpuinfo).read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
-def problem(level: str, flags: set[str] | None = None) -> str | None:
+def problem(level: str, flags: set[str] | frozenset[str] | None = None) -> str | None:
     """Why ``level`` cannot run on this CPU (one line, for ``cpu_isa: <problem>``), or None."""
     if level not in LEVELS:
         return f"{level!r}: allowed {', '.join(LEVELS)}"
