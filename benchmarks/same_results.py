@@ -11,8 +11,8 @@ is on one side only (an empty cell equals an empty cell).
 Used for issue 29 (a redesign that keeps behaviour): the default study before and after.
 
 Across machines (issue 41): run the same config with `cpu_isa: avx2` on both (any x86 CPU with AVX2; oneDNN and
-ATen then pick the kernels an AVX2-only CPU runs, so the values match to every digit), copy one results_dir
-to the other machine and compare:
+ATen then pick the kernels an AVX2-only CPU runs, so the values match to every digit) and the same results_dir
+(the `init` column names it), copy one machine's results_dir to the other and compare:
 
     snakemake --cores 2 --config cpu_isa=avx2 results_dir=results/here      # on each machine
     python benchmarks/same_results.py results/here results/there
