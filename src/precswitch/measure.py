@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from . import cpu_isa
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work so a clock read means what it says (no-op on CPU)."""
@@ -155,6 +157,7 @@ def provenance(device: torch.device) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "git_commit": git_commit(),
         "hostname": socket.gethostname(),
+        **cpu_isa.provenance(),  # the CPU capability, the cap in force and the flags that matter (cpu_isa.py)
     }
     if device.type == "cpu":
         try:

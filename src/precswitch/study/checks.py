@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import schema
 from .. import stage_rules as rules
+from ..cpu_isa import problem as cpu_isa_problem
 from ..catalog import SPECS, eval_precision_problem
 from ..errors import PrecswitchError
 from ..fetch import is_hub_model, resolve_local_model
@@ -343,11 +344,18 @@ def _check_source(stage, source):
                                          "synthetic, text or hub (with text_column)")
 
 
+def check_cpu_isa(cfg):
+    """A cap this CPU does not have (precswitch.cpu_isa), before any job starts."""
+    why = cpu_isa_problem(cfg["cpu_isa"])
+    if why:
+        raise ConfigError("cpu_isa", why)
+
+
 # stage specs: a precision name, or {precision, switch_to, switch_at, overrides} (an in-stage switch, and
 # optimizer hyper-parameters of that stage only): precswitch.specs normalises them and names their runs
 
 
 #: every check, in the order a config is checked (the first mistake is said)
-CHECKS = (check_finite, check_results_dir, check_schedules, check_names, check_precisions, check_seeds,
+CHECKS = (check_finite, check_results_dir, check_cpu_isa, check_schedules, check_names, check_precisions, check_seeds,
           check_sequential, check_analysis, check_stage_rules, check_batches, check_overrides, check_model,
           check_sources)

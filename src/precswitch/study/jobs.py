@@ -49,6 +49,8 @@ def hparams(study, stage: str, name: str, seed, *, data: str, tokenizer: str, in
         threads=config["threads"],
         device=config["device"],
     )
+    if config["cpu_isa"] != "native":  # native: the trainer's default (keeps old runs' params)
+        hp["cpu_isa"] = config["cpu_isa"]
     revision = config["model"]["revision"]
     if revision is not None and init == config["model"]["init"]:
         hp["init_revision"] = revision

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import cpu_isa  # torch-free
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -26,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=("override one hyper-parameter (VALUE parsed as JSON, else string); a dotted KEY sets one key of a "
               "mapping and keeps the others (model.hidden_size=256), a plain one replaces the whole value; repeatable"),
     )
+    p.add_argument("--cpu-isa", choices=tuple(cpu_isa.LEVELS),
+                   help=("cap oneDNN and ATen at this CPU instruction set before torch starts (hparams cpu_isa; "
+                         "native, the default: what the CPU has); avx2 gives an AVX2 CPU's numbers on any x86 CPU"))
     p.add_argument("--log", metavar="FILE",
                    help=("write the stage's output (progress, phases, warnings) to FILE, opened only once the stage "
                          "holds its output dir: a run refused because another process trains there leaves that "
@@ -73,6 +78,13 @@ def _run(args) -> int:
             node[part] = child = dict(child)
             node = child
         node[leaf] = value
+    if args.cpu_isa:
+        hp["cpu_isa"] = args.cpu_isa
+    # oneDNN and ATen read their caps when torch starts: set them before the engine imports it
+    level = hp.get("cpu_isa") or C.DEFAULTS["cpu_isa"]
+    if why := cpu_isa.problem(level):
+        raise PrecswitchError(f"cpu_isa {why}")
+    cpu_isa.apply(level)
     from ..gpu import pin_gpu
 
     # one GPU per job, pinned through CUDA_VISIBLE_DEVICES before the engine's torch initialises CUDA

@@ -1,6 +1,6 @@
 """Stage hyper-parameters of ``precswitch train``: defaults, parsing and validation (before any training starts).
 
-A stage's study settings (the keys of ``train.<stage>``, ``model``, ``threads``, ``device``) are declared once, in
+A stage's study settings (the keys of ``train.<stage>``, ``model``, ``threads``, ``device``, ``cpu_isa``) are declared once, in
 the study schema (precswitch.schema): their defaults and bounds are those of ``train.<the hparams' stage>``, so a
 partial hparams trains the run the study would. The keys only the trainer knows are declared here, in
 :data:`TRAINER_KEYS`. The cross-key rules are precswitch.stage_rules', shared with the study."""
@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from .. import catalog as P  # torch-free: the workflow checks configs with this module
+from .. import cpu_isa
 from .. import schema
 from .. import stage_rules as rules
 from ..errors import PrecswitchError
@@ -65,7 +66,7 @@ def _properties() -> dict:
     model.update(TRAINER_MODEL_KEYS)
     model.update({k: {} for k in MODEL_EXTRA_KEYS})
     return {**TRAINER_KEYS, **stage, "threads": schema.node("threads"), "device": schema.node("device"),
-            "model": {"type": "object", "additionalProperties": False, "properties": model}}
+            "cpu_isa": schema.node("cpu_isa"), "model": {"type": "object", "additionalProperties": False, "properties": model}}
 
 
 def defaults(stage: str = "pretrain") -> dict[str, Any]:
@@ -75,7 +76,7 @@ def defaults(stage: str = "pretrain") -> dict[str, Any]:
     model = {k: v for k, v in schema.defaults("model").items() if k not in ("init", "revision")}
     model.update({k: v["default"] for k, v in TRAINER_MODEL_KEYS.items()})
     return {**own, "stage": stage, **stage_keys, "threads": schema.node("threads")["default"],
-            "device": schema.node("device")["default"], "model": model}
+            "device": schema.node("device")["default"], "cpu_isa": schema.node("cpu_isa")["default"], "model": model}
 
 
 #: the defaults of a stage labelled pretrain (the trainer's default stage)
@@ -149,6 +150,8 @@ def _check_precisions(hp: dict) -> None:
 
 def _check_rules(hp: dict) -> None:
     """The cross-key rules the study checks too (precswitch.stage_rules)."""
+    if why := cpu_isa.problem(hp["cpu_isa"]):  # a level this CPU lacks
+        raise PrecswitchError(f"cpu_isa {why}")
     if not hp["data"]:
         raise PrecswitchError("hparams key 'data' is required: a dataset dir written by `precswitch prepare`")
     why = rules.stage_problem(hp)
@@ -173,8 +176,9 @@ def config_hash(hp: dict[str, Any]) -> str:
     """Hash of the hyper-parameters that determine the result (not of run-time plumbing)."""
     ignore = {"progress", "log_every", "resume_dir", "checkpoint_every_steps", "checkpoint_every_minutes", "tags",
               "telemetry_every"}
-    # compile off (eager) is left out, so runs made before the key existed keep their hash (and resume)
-    kept = {k: v for k, v in hp.items() if k not in ignore and not (k == "compile" and v == "off")}
+    # compile off (eager) and cpu_isa native are left out, so runs made before the keys existed keep their hash
+    kept = {k: v for k, v in hp.items()
+            if k not in ignore and (k, v) not in (("compile", "off"), ("cpu_isa", "native"))}
     canonical = json.dumps(kept, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
