@@ -11,8 +11,9 @@ from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.paired import paired_contrast
 from precswitch.analysis.settings import load_settings
-from precswitch.analysis.stats import run_stats, tensor_bytes_per_parameter
-from precswitch.analysis.verdict import render, write_verdict
+from precswitch.analysis.memory import tensor_bytes_per_parameter
+from precswitch.analysis.stats import run_stats
+from precswitch.analysis.verdict import UNEXPLAINED, render, write_verdict
 
 
 def _study(tmp_path, settings=None, **kw):
@@ -55,11 +56,12 @@ def test_a_headline_row_carries_the_rows_numbers_and_label(study):
     r = next(d for d in stats["deltas"] if (d["family"], d["a"], d["metric"]) == ("vs_baseline", "fp16-fp16",
                                                                                    "accuracy"))
     row = next(x for x in _table(text, "Answer") if x[0] == "`fp16-fp16` vs `fp32-fp32`")
-    assert row[1] == f"{fmt.diff(r['mean'])} [{fmt.diff(r['ci_low'])}, {fmt.diff(r['ci_high'])}]"
-    assert row[2] == r["classification"] == "worse"
+    assert row[1] == str(r["n_pairs"])
+    assert row[2] == f"{fmt.diff(r['mean'])} [{fmt.diff(r['ci_low'])}, {fmt.diff(r['ci_high'])}]"
+    assert row[3] == r["classification"] == "worse"
     t = next(d for d in stats["deltas"] if (d["family"], d["a"], d["metric"]) == ("vs_baseline", "fp16-fp16",
                                                                                    "total_train_seconds"))
-    assert row[3] == fmt.ratio_ci(t) and row[4] == ("faster" if t["mean"] < 1 else "slower")
+    assert row[4] == fmt.ratio_ci(t) and row[5] == ("faster" if t["mean"] < 1 else "slower")
 
 
 def test_a_cpu_memory_difference_the_tensors_cannot_explain_is_not_saved(study):
@@ -67,8 +69,8 @@ def test_a_cpu_memory_difference_the_tensors_cannot_explain_is_not_saved(study):
     the runtime's footprint, never 'saved'."""
     stats, text = study
     rows = _table(text, "Answer")
-    assert all(r[6] in ("runtime footprint, not the precision", "n.s.") for r in rows)
-    assert "runtime footprint, not the precision" in {r[6] for r in rows}
+    assert all(r[7] in (UNEXPLAINED, "n.s.") for r in rows)
+    assert UNEXPLAINED in {r[7] for r in rows}
     mem = {(r[0], int(r[1])): r for r in _table(text, "Memory")}
     i = stats["schedules"]["fp32-fp32"]
     assert mem[("`fp32-fp32`", 1)][3:5] == [fmt.mib(i["stage1_peak_memory_bytes"]), fmt.mib(i["stage1_tensor_bytes"])]
@@ -86,7 +88,7 @@ def test_a_memory_saving_the_tensors_explain_is_saved():
     r = {"mean": 0.9, "classification": "better"}
     assert memory_label(_View(stats), r, "a", "b", stage2=True) == "saved"  # 8 MB of 100 MB: material
     stats["schedules"]["a"]["stage2_tensor_bytes"] = 15e6
-    assert memory_label(_View(stats), r, "a", "b", stage2=True) == "runtime footprint, not the precision"
+    assert memory_label(_View(stats), r, "a", "b", stage2=True) == UNEXPLAINED
     stats["provenance"] = {"device": ["cuda:0"], "memory_kind": ["cuda_max_allocated"]}
     assert memory_label(_View(stats), r, "a", "b", stage2=True) == "saved"
     assert memory_label(_View(stats), {**r, "classification": "inconclusive"}, "a", "b", True) == "n.s."
