@@ -79,12 +79,12 @@ def test_accuracy_keeps_the_column_of_a_schedule_without_usable_runs(tmp_path, m
     with_mean = [n for n in ORDER if n not in failed]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     if with_mean:
-        assert "mean, 95% t CI" in labels
+        assert "mean, 95% CI (logit scale)" in labels
         first = ORDER.index(with_mean[0])
-        (cont,) = [c for c in ax.containers if c.get_label() == "mean, 95% t CI"]
+        (cont,) = [c for c in ax.containers if c.get_label() == "mean, 95% CI (logit scale)"]
         assert cont.lines[0].get_xdata()[0] == pytest.approx(first + 0.3)
     else:
-        assert "mean, 95% t CI" not in labels
+        assert "mean, 95% CI (logit scale)" not in labels
         assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 100  # a percent axis, not a bare 0-1 one
         assert any(t.get_text() == "no schedule has a usable run" for t in ax.texts)
 

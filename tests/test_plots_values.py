@@ -24,13 +24,17 @@ def mpl():
     plt.close("all")
 
 
-def _t_ci(values, alpha):
-    """(mean, low, high) of the (1 − alpha) t interval, by hand."""
+def _t_ci(values, alpha, logit=False):
+    """(mean, low, high) of the (1 − alpha) t interval, by hand; ``logit``: of percentages, on the logit scale."""
     from scipy import stats
 
     x = np.asarray(values, dtype=float)
-    half = stats.t.ppf(1 - alpha / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return x.mean(), x.mean() - half, x.mean() + half
+    y = np.log(x / (100 - x)) if logit else x
+    half = stats.t.ppf(1 - alpha / 2, len(y) - 1) * y.std(ddof=1) / math.sqrt(len(y))
+    lo, hi = y.mean() - half, y.mean() + half
+    if logit:
+        lo, hi = 100 / (1 + math.exp(-lo)), 100 / (1 + math.exp(-hi))
+    return x.mean(), lo, hi
 
 
 def _points(ax):
@@ -94,7 +98,7 @@ def _accuracy_table():
 
 def test_accuracy_points_means_and_t_intervals_per_schedule(mpl):
     """Percent axis, baseline first, every used seed's dot (degenerate ones red), the mean and the (1 − alpha)
-    t CI of the settings' alpha over the used runs, the majority line at its percentage, failures counted."""
+    t CI on the logit scale (inside 0-100%) of the settings' alpha over the used runs, the majority line at its percentage, failures counted."""
     alpha = 0.1
     df = _accuracy_table()
     fig = plots.plot_accuracy(df, {"baseline": "zz-base", "settings": {"alpha": alpha}}, *mpl)
@@ -112,11 +116,11 @@ def test_accuracy_points_means_and_t_intervals_per_schedule(mpl):
     assert len(bars) == 3
     for i, (x, m, lo, hi) in enumerate(bars):
         exp = _t_ci([100 * a for a in df.loc[(df["schedule"] == names[i]) & (df["status"] == "ok"), "accuracy"]],
-                    alpha)
+                    alpha, logit=True)
         assert x == pytest.approx(i + 0.3)
         assert (m, lo, hi) == pytest.approx(exp, rel=1e-9)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "mean, 90% t CI" in labels
+    assert "mean, 90% CI (logit scale)" in labels
     (maj,) = [ln for ln in ax.get_lines() if ln.get_label() == "majority-class accuracy"]
     assert list(maj.get_ydata()) == pytest.approx([55.0, 55.0])
     # a-one: the skipped and the diverged seed; m-two: the diverged seed (with an accuracy)

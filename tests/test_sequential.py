@@ -68,8 +68,10 @@ def test_decisions():
     # a real difference smaller than the margin is called different (both hold)
     small = sq.decide(rng.normal(0.5, 0.02, 6), margin=1.0)
     assert small["decision"] == "different" and -1.0 < small["lo"] and small["hi"] < 1.0
-    # identical results on every seed (bitwise-equal runs): equivalent, not different
-    assert sq.decide([0.0] * 5, margin=1.0)["decision"] == "equivalent"
+    # ties on every seed: identical once settled; with no accuracy step known there is no interval, never [0, 0]
+    assert sq.decide([0.0] * 5, margin=1.0, resolution=0.05)["decision"] == "identical"
+    assert sq.decide([0.0] * 5, margin=1.0)["decision"] == "continue"
+    assert sq.decide([0.0] * 5, margin=1.0, max_seeds=5)["decision"] == "identical"
 
 
 def test_path_has_one_row_per_look_and_stops_at_the_first_settled_one():

@@ -212,10 +212,10 @@ def accuracy_label(v: _View, r: dict | None, a: str, b: str) -> str:
     c = (r or {}).get("classification")
     if not isinstance(c, str) or c == "insufficient data":
         return "not judged (< 2 pairs)"
-    if c == "identical":
-        return "identical on every seed"
     if all(_all_degenerate(v.info.get(x, {})) for x in (a, b)):
         return f"{c}, not informative (majority class only)"
+    if c == "identical":
+        return "identical on every seed"
     if c in ("better", "worse") and r.get("within_margin"):
         return f"{c}, within ±{v.margin:g}"
     return c
@@ -283,7 +283,7 @@ def _answer(v: _View) -> str:
     parts = [_finding(v, a, b, fam) for a, b, fam in comps]
     out = [f"At this scale ({_scale(v)}), on the {v.split} split: " + "; ".join(parts) + "."]
     pc = v.stats.get("positive_control") or {}
-    if pc and not pc.get("detected"):
+    if pc and pc.get("ran") and not control_detected(v):
         out.insert(0, f"**The study is not sensitive enough to answer**: it did not detect its positive control "
                       f"`{pc['schedule']}` (see Positive control).")
     costs = []
@@ -501,7 +501,7 @@ def ceiling(v: _View, s: str) -> str | None:
 
 
 def _ceiling_caveats(v: _View) -> list[str]:
-    out = []
+    out, floor = [], []
     for s in sorted(v.info):
         where, acc = ceiling(v, s), v.info[s].get("accuracy_points", {})
         if where == "ceiling":
@@ -511,10 +511,21 @@ def _ceiling_caveats(v: _View) -> list[str]:
                        f"the {_pm(v.margin)} margin allows {allows} its error rate; a precision effect has little "
                        "room to show, and *equivalent* says less than it seems.")
         elif where == "floor":
-            out.append(f"`{s}` is near the floor ({num(acc['mean'])}%, within {CEILING_MARGINS:g} margins of the "
-                       f"majority class's {num(v.info[s]['majority_points'])}%): it learnt little, and its comparisons "
-                       "say little about the precision.")
+            floor.append(f"`{s}` ({num(acc['mean'])}% against {num(v.info[s]['majority_points'])}%)")
+    if floor:
+        out.append(f"Near the floor, within {CEILING_MARGINS:g} margins of the majority class: {', '.join(floor)}: "
+                   "they learnt little, and their comparisons say little about the precision.")
     return out
+
+
+def control_detected(v: _View) -> bool:
+    """The positive control is detected: its label against the baseline is *worse* (in a sequential study, the
+    decision it stopped with is *different*, below 0)."""
+    pc = v.stats.get("positive_control") or {}
+    sq = v.seq.get((pc.get("schedule"), pc.get("baseline")))
+    if sq is not None:
+        return sq.get("decision") == "different" and (sq.get("mean") or 0) < 0
+    return bool(pc.get("detected"))
 
 
 def _control(v: _View) -> str:
@@ -525,7 +536,7 @@ def _control(v: _View) -> str:
     name = f"`{pc['schedule']}`"
     if not pc.get("ran"):
         return f"**Positive control** {name}: not run (no finished runs): the study's sensitivity is untested."
-    found = "detected" if pc.get("detected") else "not detected"
+    found = "detected" if control_detected(v) else "not detected"
     mde = (f"{num(pc.get('mde'))} points" if finite(pc.get("mde")) else
            "none at these seeds" if pc.get("mde") == math.inf else "n/a")
     return (f"**Positive control** {name} vs `{pc['baseline']}`: **{found}** ({pc.get('classification')}, "
