@@ -118,10 +118,10 @@ def test_the_test_split_is_reported_when_every_run_has_it_and_dev_is_caveated_ot
     assert {"test_accuracy", "test_f1", "test_mcc"} <= set(deltas["metric"])
     v = _View(stats)
     header, rows, _ = headline(v)
-    assert header[2].startswith("test split")
+    assert header[1].startswith("test accuracy")
     t = next(r for r in stats["deltas"] if r["metric"] == "test_accuracy" and r["a"] == "bf16-fp32")
     row = next(r for r in rows if r[0] == "`bf16-fp32` vs `fp32-fp32`")
-    assert row[1] == str(t["n_pairs"]) and row[3] == t["classification"]
+    assert row[3] == str(t["n_pairs"]) and row[2] == t["classification"]
     assert "## Accuracy tests (test split)" in render(stats)
     sched.loc[sched.index[0], "test_accuracy"] = float("nan")
     _, _, dev = compute(runs, sched, load_settings(bootstrap_resamples=0))
@@ -168,4 +168,4 @@ def test_a_sequential_headline_shows_where_each_comparison_stopped(tmp_path):
            "power": 0.8}
     header, rows, _ = headline(_View(stats, seq))
     row = next(r for r in rows if r[0].startswith("`fp16-fp32` vs `fp32-fp32`"))
-    assert "confidence sequence" in header[2] and row[1:4] == ["5", "−1.50 [−2.90, −0.10]", "worse"]
+    assert "confidence sequence" in header[1] and row[1:4] == ["−1.50 [−2.90, −0.10]", "worse", "5"]

@@ -140,8 +140,8 @@ def headline(v: _View) -> tuple[list[str], list[list[str]], str]:
     rows = [_headline_row(v, a, b, fam) for a, b, fam in v.comparisons()]
     split = "test split" if v.split == "test" else "dev split"
     what = f"{v.conf}% confidence sequence" if v.seq else f"{v.conf}% CI"
-    header = ["comparison", "seeds", f"{split} accuracy Δ (points) [{what}]", "accuracy", "time ratio", "time",
-              "memory ratio", "memory"]
+    header = ["comparison", f"{'test ' if v.split == 'test' else ''}accuracy Δ (points) [{what}]", "accuracy", "seeds",
+              "time ratio", "time", "memory ratio", "memory"]
     rule = (f"each comparison's anytime-valid confidence sequence at the look it stopped: *better/worse* = it "
             f"excludes 0; *equivalent* = inside {_pm(v.margin)}" if v.seq else
             f"*better/worse* = Holm-adjusted p < {v.alpha:g}; *equivalent* = the whole CI inside {_pm(v.margin)}")
@@ -174,9 +174,9 @@ def _headline_row(v: _View, a: str, b: str, family: str) -> list[str]:
     mark = " (stage 2)" if stage2 else ""
     sq = v.seq.get((a, b))
     if sq is not None:
-        cells = [str(sq["seeds"]), _seq_estimate(sq), sequential_label(v, sq, acc, a, b)]
+        cells = [_seq_estimate(sq), sequential_label(v, sq, acc, a, b), str(sq["seeds"])]
     else:
-        cells = [seeds((acc or {}).get("n_pairs")), with_ci(*_mci(acc)), accuracy_label(v, acc, a, b)]
+        cells = [with_ci(*_mci(acc)), accuracy_label(v, acc, a, b), seeds((acc or {}).get("n_pairs"))]
     return [f"`{a}` vs `{b}`" + (" (positive control)" if a == _control_name(v) else ""), *cells,
             ratio_ci(t) + (mark if t else ""), time_label(t), ratio_ci(m) + (mark if m else ""),
             memory_label(v, m, a, b, stage2)]
