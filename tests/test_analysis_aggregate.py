@@ -99,18 +99,6 @@ def test_missing_init_run_leaves_stage1_empty(tmp_path, capsys):
     assert "pretrain-gone" in capsys.readouterr().err
 
 
-def test_bad_inputs(tmp_path):
-    with pytest.raises(PrecswitchError, match="not found"):
-        aggregate([tmp_path / "nope.json"], tmp_path / "out")
-    bad = tmp_path / "bad.json"
-    bad.write_text("{")
-    with pytest.raises(PrecswitchError, match="not valid JSON"):
-        aggregate([bad], tmp_path / "out")
-    p = write_stage(tmp_path / "ft", run_id="ft-1", stage="finetune", precision="fp32", seed=1, schedule=None)
-    with pytest.raises(PrecswitchError, match="no schedule"):
-        aggregate([p], tmp_path / "out")
-
-
 def test_cli_aggregate(tmp_path, capsys):
     from precswitch.cli import main
 

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from precswitch.analysis.aggregate import aggregate, build_schedules, load_runs, read_table, spec_name
+from precswitch.analysis.aggregate import aggregate, build_schedules, load_runs, spec_name
 from precswitch.analysis.fakes import write_stage
 from precswitch.errors import PrecswitchError
 
@@ -71,20 +71,6 @@ def test_an_unknown_stage_and_no_input_are_refused(tmp_path):
         load_runs([])
 
 
-def test_schedule_status_is_the_worst_stage(tmp_path):
-    """diverged > skipped > ok (docs/analysis.md), and a status the severity table does not know is kept as the
-    worst: the schedule is not reported ok."""
-    a = _pre(tmp_path, seed=1, status="skipped")
-    b = _fin(tmp_path, seed=1, status="diverged", init_run_id="pre-amp_fp16-1")
-    c = _pre(tmp_path, seed=2, status="diverged")
-    d = _fin(tmp_path, seed=2, status="skipped", init_run_id="pre-amp_fp16-2")
-    e = _pre(tmp_path, seed=3)
-    f = _edit(_fin(tmp_path, seed=3, init_run_id="pre-amp_fp16-3"), status="oom")
-    sched = build_schedules(load_runs([a, b, c, d, e, f])).set_index("seed")
-    assert sched.loc[1, "status"] == "diverged" and sched.loc[2, "status"] == "diverged"
-    assert sched.loc[3, "status"] == "oom"
-
-
 def test_stage1_precision_and_spec_of_a_switched_and_a_missing_stage1(tmp_path, capsys):
     """stage1_precision is the stage-1 run's precision, stage1_spec its directory name (with the switch); a
     fine-tune-only row has neither, even when the finetune run names an init_precision."""
@@ -114,31 +100,6 @@ def test_two_finetune_runs_of_one_schedule_and_seed_are_refused(tmp_path):
         build_schedules(load_runs([one, two]))
 
 
-def test_identity_columns_lead_runs_and_numbers_stay_numbers_in_parquet(tmp_path):
-    """runs.csv starts with the run's identity; a numeric column with ints and floats (seed, skipped_steps,
-    loss_scale_min) stays numeric in parquet, only a column mixing text and numbers becomes text."""
-    pre = _pre(tmp_path, loss_scale_min=1)
-    fin = _fin(tmp_path, init_run_id="pre-amp_fp16-1", loss_scale_min=0.5)
-    _edit(fin, device_name=7)
-    runs, sched = aggregate([pre, fin], tmp_path / "out")
-    assert list(runs.columns[:5]) == ["run_id", "stage", "objective", "precision", "seed"]
-    pq = read_table(tmp_path / "out" / "runs.parquet")
-    assert pd.api.types.is_numeric_dtype(pq["loss_scale_min"]) and pd.api.types.is_numeric_dtype(pq["seed"])
-    assert sorted(pq["loss_scale_min"]) == [0.5, 1.0]
-    assert sorted(map(str, pq["device_name"])) == ["7", "Fake CPU"]
-
-
-def test_cli_aggregate_reports_run_and_row_counts(tmp_path, capsys):
-    from precswitch.cli import main
-
-    pre = _pre(tmp_path)
-    fins = [_fin(tmp_path, schedule=s, init_run_id="pre-amp_fp16-1") for s in ("a", "b")]
-    assert main(["aggregate", "--metrics", str(pre), *map(str, fins), "--out-dir", str(tmp_path / "o")]) == 0
-    assert "precswitch aggregate: 3 runs, 2 (schedule, seed) rows" in capsys.readouterr().err
-    sched = read_table(tmp_path / "o" / "schedules.csv")
-    assert set(sched["stage1_run_id"]) == {"pre-amp_fp16-1"} and not math.isnan(sched["stage1_train_seconds"][0])
-
-
 def test_tables_do_not_depend_on_the_order_of_the_inputs(tmp_path):
     """--metrics in any order (the docs: 'any order') gives the same runs.csv and schedules.csv: stage-1 runs first,
     then by precision, seed and run_id; schedules by schedule and seed."""
@@ -152,28 +113,6 @@ def test_tables_do_not_depend_on_the_order_of_the_inputs(tmp_path):
     for t in ("runs", "schedules"):
         x = (tmp_path / "x" / f"{t}.csv").read_text()
         assert (tmp_path / "y" / f"{t}.csv").read_text() == x.replace(str(tmp_path / "x"), str(tmp_path / "y")), t
-
-
-def test_telemetry_infinities_become_numbers_and_the_layer_stays_text(tmp_path):
-    """metrics.json writes an infinite activation maximum as the JSON-safe string "inf": runs.csv gets the number
-    inf (comparable with the others), while the layer name stays the text it is."""
-    p = _edit(_pre(tmp_path), activation_telemetry={"max_abs": "inf", "max_abs_layer": "bert.encoder.layer.1",
-                                                    "frac_overflow_fp16": 0.25, "frac_underflow_fp16": "-inf"})
-    row = load_runs([p]).iloc[0]
-    assert row["act_max_abs"] == math.inf and row["act_frac_underflow_fp16"] == -math.inf
-    assert row["act_frac_overflow_fp16"] == 0.25 and row["act_max_abs_layer"] == "bert.encoder.layer.1"
-    off = load_runs([_pre(tmp_path / "off")]).iloc[0]  # telemetry off: the columns exist, empty
-    assert all(pd.isna(off[c]) for c in ("act_max_abs", "act_max_abs_layer", "act_frac_overflow_fp16"))
-
-
-def test_a_metrics_file_without_run_id_stage_or_precision_is_refused_naming_the_key(tmp_path):
-    for key in ("run_id", "stage", "precision"):
-        p = _fin(tmp_path / key)
-        m = json.loads(p.read_text())
-        del m[key]
-        p.write_text(json.dumps(m))
-        with pytest.raises(PrecswitchError, match=f"missing required key '{key}'"):
-            load_runs([p])
 
 
 def test_a_skipped_stage2_without_init_run_id_finds_its_stage1_by_the_checkpoint_directory(tmp_path):
@@ -204,23 +143,6 @@ def test_counters_and_time_missing_in_both_stages_stay_missing_not_zero(tmp_path
     assert (row["skipped_steps"], row["total_train_seconds"]) == (3, 12.5) and math.isnan(row["nonfinite_losses"])
 
 
-def test_per_stage_columns_of_a_schedule_row_come_from_that_stage(tmp_path):
-    """Loss-scale minimum, status reason, spec and switch of each stage are copied from that stage's run (the two
-    stages differ here in each of them); majority_accuracy and sweep_at are the fine-tuning run's."""
-    pre = _pre(tmp_path, status="diverged", loss_scale_min=0.5, switch_to="fp32", switch_at=0.8)
-    _edit(pre, status_reason="nan loss at step 7")
-    fin = _fin(tmp_path, init_run_id="pre-amp_fp16-1", precision="amp_bf16", loss_scale_min=1024.0,
-               switch_to="tf32", switch_at=0.25)
-    _edit(fin, status_reason="finished", tags={"sweep": "sw", "sweep_at": "0.25", "sweep_stage": "finetune"})
-    row = build_schedules(load_runs([pre, fin])).iloc[0]
-    assert (row["stage1_loss_scale_min"], row["stage2_loss_scale_min"]) == (0.5, 1024.0)
-    assert (row["stage1_status_reason"], row["stage2_status_reason"]) == ("nan loss at step 7", "finished")
-    assert (row["stage1_spec"], row["stage2_spec"]) == ("amp_fp16-to-fp32-at80", "amp_bf16-to-tf32-at25")
-    assert (row["stage1_switch_to"], row["stage2_switch_to"]) == ("fp32", "tf32")
-    assert (row["stage1_switch_at"], row["stage2_switch_at"]) == (0.8, 0.25)
-    assert row["majority_accuracy"] == 0.5 and row["sweep_at"] == 0.25 and row["sweep"] == "sw"
-
-
 def test_an_empty_init_run_id_is_a_fine_tune_only_row_without_a_warning(tmp_path, capsys):
     """init_run_id "" (no stage 1) is missing, like null: no 'starts from run ''' warning, empty stage-1 columns."""
     fin = _edit(_fin(tmp_path), init_run_id="", init_precision="")
@@ -228,9 +150,3 @@ def test_an_empty_init_run_id_is_a_fine_tune_only_row_without_a_warning(tmp_path
     assert row["stage1_run_id"] is None and math.isnan(row["stage1_train_seconds"])
     assert pd.isna(row["stage1_precision"]) and "warning" not in capsys.readouterr().err
 
-
-def test_a_fine_tune_only_row_takes_its_one_stages_status(tmp_path):
-    """Without a stage 1, the schedule's status is its fine-tuning run's: a diverged or skipped run is not 'ok'."""
-    rows = [_fin(tmp_path, schedule=s, status=s) for s in ("diverged", "skipped", "ok")]
-    sched = build_schedules(load_runs(rows)).set_index("schedule")
-    assert sched["status"].to_dict() == {"diverged": "diverged", "ok": "ok", "skipped": "skipped"}

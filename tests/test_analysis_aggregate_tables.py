@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pandas as pd
 import pytest
@@ -155,47 +154,3 @@ def test_without_telemetry_the_activations_table_is_its_header(tmp_path):
     aggregate(paths, tmp_path / "t", _steps_of(paths))
     assert (tmp_path / "t" / "activations.csv").read_text().strip() == ",".join(ACTIVATION_COLUMNS)
 
-
-def test_plots_draw_from_the_tables_alone(tmp_path):
-    """aggregate → stats → the run folders deleted → every plot from the tables: the loss curves, the loss-scale
-    traces and the overflow lines are there, with the tables' values."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from precswitch.analysis import plots
-    from precswitch.cli import main
-
-    paths = _study(tmp_path, telemetry=True)
-    t = tmp_path / "t"
-    assert main(["aggregate", "--metrics", *map(str, paths), "--steps", *map(str, _steps_of(paths)),
-                 "--out-dir", str(t)]) == 0
-    assert main(["stats", "--runs", str(t / "runs.csv"), "--schedules", str(t / "schedules.csv"),
-                 "--bootstrap-resamples", "0", "--out-dir", str(t)]) == 0
-    shutil.rmtree(tmp_path / "s")
-    assert main(["plots", "--runs", str(t / "runs.csv"), "--schedules", str(t / "schedules.csv"),
-                 "--steps", str(t / "steps.csv"), "--activations", str(t / "activations.csv"),
-                 "--stats", str(t / "stats.json"), "--out-dir", str(t / "plots")]) == 0
-    assert len(list((t / "plots").glob("*.svg"))) == len(plots.PLOT_NAMES)
-
-    figs = {}
-    mp = pytest.MonkeyPatch()
-    mp.setattr(plots, "_save", lambda fig, path: figs.setdefault(path.stem, fig))
-    try:
-        plots.make_plots(t / "runs.csv", t / "schedules.csv", t / "stats.json", steps_path=t / "steps.csv",
-                         activations_path=t / "activations.csv",
-                         outputs=[t / "p" / f"{n}.png" for n in ("loss_curves", "loss_scale", "overflow")])
-    finally:
-        mp.undo()
-    for fig in figs.values():
-        FigureCanvasAgg(fig).draw()
-    steps = read_table(t / "steps.csv")
-    pre = steps[(steps["stage"] == "pretrain") & (steps["spec"] == "amp_bf16-to-fp32-at80")]
-    (curve,) = [ln for ln in figs["loss_curves"].axes[0].get_lines()
-                if ln.get_label().startswith("amp_bf16-to-fp32-at80 (")]
-    assert list(curve.get_ydata()) == pytest.approx(pre.groupby("step")["loss"].mean().tolist())
-    traces = [ln.get_label() for ax in figs["loss_scale"].axes for ln in ax.get_lines()]
-    assert "amp_fp16 seed 1" in traces and "fp16-fp16 seed 2" in traces
-    (line,) = [ln for ln in figs["overflow"].axes[0].get_lines() if ln.get_label() == "amp_bf16-to-fp32-at80"]
-    assert list(line.get_ydata())[:2] == [20.0, 7e4]  # per layer, the larger seed's peak
-    import matplotlib.pyplot as plt
-
-    plt.close("all")

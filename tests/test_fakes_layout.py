@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from pathlib import Path
 
@@ -52,70 +51,6 @@ def _stages(tmp_path):
         with open(p.parent / "steps.csv", encoding="utf-8") as f:
             header = f.readline().strip().split(",")
         yield p, m, header, _rows(p.parent / "steps.csv")
-
-
-def test_fake_steps_csv_has_the_engine_columns_and_loss_scales(tmp_path):
-    """The engine's steps.csv columns; a skipped row's loss_scale is the scale that overflowed (contracts:
-    steps.csv), the next row's is half of it, and loss_scale_start/end/min are those of the rows."""
-    from precswitch.train.engine import STEP_FIELDS
-
-    seen_fp16 = 0
-    for p, m, header, rows in _stages(tmp_path):
-        assert header == STEP_FIELDS
-        if m["status"] == "skipped":
-            continue
-        assert int(rows[-1]["step"]) == m["steps_completed"] <= m["steps_planned"]
-        assert sum(int(r["skipped"]) for r in rows) == m["skipped_steps"]
-        scales = [float(r["loss_scale"]) for r in rows if r["loss_scale"] != ""]
-        if m["precision"] in ("amp_fp16", "pure_fp16"):
-            seen_fp16 += 1
-            assert len(scales) == len(rows) and scales[0] == 65536.0, p
-            assert (m["loss_scale_start"], m["loss_scale_end"], m["loss_scale_min"]) == (
-                scales[0], scales[-1], min(scales))
-            for r, nxt in zip(rows, rows[1:]):  # a skip halves the scale for the next step
-                want = float(r["loss_scale"]) / 2 if r["skipped"] == "1" else float(r["loss_scale"])
-                assert float(nxt["loss_scale"]) == want, (p, r, nxt)
-        else:
-            assert scales == [] and m["loss_scale_start"] is None and m["skipped_steps"] == 0
-    assert seen_fp16
-
-
-def test_fake_nonfinite_counts_are_the_nan_losses_of_steps_csv(tmp_path):
-    """nonfinite_losses / first_nonfinite_step count the non-finite loss cells of steps.csv, as the engine
-    does: an fp16 step the scaler skipped has a finite loss (the fakes counted the skips as non-finite, with no
-    first_nonfinite_step)."""
-    seen_diverged = 0
-    for p, m, header, rows in _stages(tmp_path):
-        if m["status"] == "skipped":
-            continue
-        bad = [int(r["step"]) for r in rows if not math.isfinite(float(r["loss"]))]
-        assert (m["nonfinite_losses"], m["first_nonfinite_step"]) == (len(bad), bad[0] if bad else None), p
-        assert (m["status"] == "diverged") == bool(bad) and (m["final_train_loss"] is None) == bool(bad)
-        seen_diverged += bool(bad)
-    # amp_fp16 seed 2's stage 1, the two schedules fine-tuned from it (fp16-fp32, fp16-fp16), bf16-fp32 seed 1
-    assert seen_diverged == 4
-
-
-def test_a_fine_tuning_from_a_diverged_stage_1_is_diverged_not_skipped(tmp_path):
-    """As the engine: stage 2 starts from a diverged stage 1's checkpoint (init_status diverged) and, from
-    non-finite weights, diverges; only a skipped stage 1 makes stage 2 skipped."""
-    write_fake_study(tmp_path, seeds=[1, 2], diverged={("amp_fp16", 2)})
-    for name in ("fp16-fp32", "fp16-fp16"):
-        m = json.loads((tmp_path / "runs" / "finetune" / name / "seed2" / "metrics.json").read_text())
-        assert (m["status"], m["init_status"], m["accuracy"]) == ("diverged", "diverged", None)
-        m = json.loads((tmp_path / "runs" / "finetune" / name / "seed1" / "metrics.json").read_text())
-        assert (m["status"], m["init_status"]) == ("ok", "ok")
-    m = json.loads((tmp_path / "runs" / "finetune" / "fp32-fp32" / "seed2" / "metrics.json").read_text())
-    assert (m["status"], m["init_status"]) == ("ok", "ok")
-
-
-def test_pure_fp16_fakes_scale_the_loss_too(tmp_path):
-    paths = write_fake_study(tmp_path, schedules={"p16": ("pure_fp16", "pure_fp16")}, seeds=[1])
-    for p in paths:
-        m = json.loads(p.read_text())
-        rows = _rows(p.parent / "steps.csv")
-        assert m["param_dtype"] == "float16" and m["skipped_steps"] == 2 and m["loss_scale_start"] == 65536.0
-        assert [float(r["loss_scale"]) for r in rows[:3]] == [65536.0, 32768.0, 16384.0]
 
 
 # ------------------------------------------------------------------ mutation audit 7 (analysis cli/fakes/sweeps)

@@ -73,7 +73,7 @@ def _rows(acc: dict) -> pd.DataFrame:
     """schedules rows from {schedule: [accuracy per seed of the design, in order]} (None: a failed run)."""
     seeds = [7, 2, 8, 9, 10, 11]
     return pd.DataFrame([{"schedule": s, "seed": seeds[i], "status": "ok" if a is not None else "diverged",
-                          "accuracy": a} for s, accs in acc.items() for i, a in enumerate(accs)])
+                          "accuracy": a, "eval_examples": 2000} for s, accs in acc.items() for i, a in enumerate(accs)])
 
 
 DESIGN = {"start": 2, "step": 2, "max_seeds": 6, "alpha": 0.6, "margin": 1.0, "power": 0.8,
@@ -82,10 +82,10 @@ DESIGN = {"start": 2, "step": 2, "max_seeds": 6, "alpha": 0.6, "margin": 1.0, "p
 
 
 def test_a_look_gives_new_seeds_to_both_schedules_of_each_open_comparison_only():
-    # x - base: +20 and +22 points (different); y - base: 0 and 0 (equivalent); x - y: different
+    # x - base: +20 and +22 points (different); y - base: 0 and 0 (identical); x - y: different
     acc = {"base": [0.50, 0.60], "x": [0.70, 0.82], "y": [0.50, 0.60]}
     look = sq.look(_rows(acc), DESIGN, 0)
-    assert [r["decision"] for r in look["comparisons"]] == ["different", "equivalent", "different"]
+    assert [r["decision"] for r in look["comparisons"]] == ["different", "identical", "different"]
     assert look["next"] == {} and look["done"]
     # y - base now spread around 0 (open); x - base still different: only y and base run on,
     # with the same seed numbers (the design's next two: 8 and 9), so every pair stays paired

@@ -56,6 +56,8 @@ SCHEDULE_EXTRA_COLUMNS = [
     "stage2_loss_scale_min", "stage1_status_reason", "stage2_status_reason", "peak_memory_bytes",
     "stage1_spec", "stage1_switch_to", "stage1_switch_at", "stage2_spec", "stage2_switch_to", "stage2_switch_at",
     "sweep", "sweep_at", "sweep_stage",
+    # the eval sets' sizes (an accuracy's step) and the held-out test split (docs/contracts.md)
+    "eval_examples", "test_accuracy", "test_f1", "test_mcc", "test_majority_accuracy", "test_examples",
 ]
 #: prefix of a runs column holding one optimizer override of the stage (``override_adam_eps``); schedules
 #: have ``stage1_override_<key>`` and ``stage2_override_<key>`` after the extra columns. Only the keys some
@@ -318,6 +320,8 @@ def build_schedules(runs):
             "sweep": r.get("sweep"),
             "sweep_at": _num(r.get("sweep_at")),
             "sweep_stage": r.get("sweep_stage"),
+            **{k: _num(r.get(k)) for k in ("eval_examples", "test_accuracy", "test_f1", "test_mcc",
+                                          "test_majority_accuracy", "test_examples")},
         }
         for stage, run in (("stage1", s1d), ("stage2", r)):
             for c in overrides:

@@ -106,14 +106,15 @@ def write_fake_study(root: str | Path, *, schedules: dict | None = None, seeds=r
                      effects: dict | None = None, sd: float = 1.0, seed_sd: float = 1.5,
                      base_accuracy: float = 80.0, majority_accuracy: float = 0.55,
                      diverged: set | None = None, degenerate: set | None = None,
-                     stage1_effects: dict | None = None, rng_seed: int = 0) -> list[Path]:
+                     stage1_effects: dict | None = None, rng_seed: int = 0, test_split: bool = False) -> list[Path]:
     """Write a whole fake study; return the metrics.json paths (pretrain first).
 
     ``effects``: schedule → accuracy shift in points; ``sd``: per-run noise SD in points;
     ``seed_sd``: SD of the per-seed effect shared by all schedules (the reason to pair);
     ``diverged``: {(schedule, seed)} whose fine-tuning diverged, or {(precision, seed)} with a stage-1
     precision, whose pre-training diverged; ``degenerate``: {(schedule, seed)} predicting the majority
-    class; ``stage1_effects``: stage-1 precision → mlm_accuracy shift in points.
+    class; ``stage1_effects``: stage-1 precision → mlm_accuracy shift in points; ``test_split``: the runs also
+    report a held-out test split (``test_accuracy`` ... ``test_examples``, docs/contracts.md), 1 point below dev.
     """
     import numpy as np
 
@@ -157,8 +158,11 @@ def write_fake_study(root: str | Path, *, schedules: dict | None = None, seeds=r
             acc = min(acc, 1.0)
             metrics = {"accuracy": acc, "f1": min(1.0, acc + 0.03), "mcc": 2 * acc - 1,
                        "majority_accuracy": majority_accuracy, "eval_loss": 0.5}
+            if test_split:
+                metrics.update({"test_accuracy": acc - 0.01, "test_f1": min(1.0, acc + 0.02), "test_mcc": 2 * acc - 1.02,
+                                "test_majority_accuracy": majority_accuracy, "test_examples": 2000})
             if status != "ok":
-                metrics.update({"accuracy": None, "f1": None, "mcc": None, "eval_loss": None,
+                metrics.update({"accuracy": None, "f1": None, "mcc": None, "eval_loss": None, "test_accuracy": None,
                                 "eval_note": f"{status}: no evaluation"})
             paths.append(write_stage(
                 root / "runs" / "finetune" / name / f"seed{s}", run_id=f"finetune-{name}-seed{s}",

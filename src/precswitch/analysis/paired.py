@@ -8,8 +8,17 @@ Classification of a contrast A − B (see :func:`classify`):
   0 (or ×1). ``within_margin`` notes a significant difference whose whole CI lies inside ±margin.
 * ``equivalent``: not significant, and the whole (1 − alpha) t CI lies inside (−margin, +margin) — which implies
   the TOST p-value < alpha/2 (TOST p is reported and also required < alpha).
+* ``identical``: every paired difference is exactly 0 (ties on every seed): a plain fact, ranked above
+  ``equivalent``, never weaker than what a single flipped example would get.
 * ``inconclusive``: neither.
 * ``insufficient data``: fewer than 2 pairs.
+
+Discrete metrics (an accuracy is k/N of N eval examples): a difference moves in steps of ``resolution``
+(100/N points). Each accuracy is rounded to that grid, so the differences carry a rounding variance of
+``resolution²/6`` (two uniform rounding errors of variance step²/12) that an observed SD of 0 hides. The t-test,
+its interval, TOST and the power figures use ``sd_eff = sqrt(sd² + resolution²/6)``: three equal differences
+get an interval of honest width (never ``[−0.05, −0.05]``), and a constant shift is never weaker evidence than
+the same shift with one seed one example off. The sequential path (:mod:`.sequential`) uses the same ``sd_eff``.
 
 Seeds needed (power analysis, statsmodels TTestPower checked against the exact power of the paired t-test):
 ``seeds_needed`` detect a margin-sized difference, ``seeds_needed_observed`` the observed difference, both with
@@ -51,13 +60,7 @@ def describe(x: Sequence[float], alpha: float = 0.05) -> dict:
     if n >= 2:
         sd = float(x.std(ddof=1))
         out["std"] = sd
-        if sd == 0:
-            # n equal values: no t interval. [min, max] = [v, v] covers the median with probability
-            # 1 − 2 · 0.5^n, a (1 − alpha) interval only from the sign test's minimum n on (6 at alpha 0.05),
-            # as in paired_contrast; below it there is none, not a point that reads as an exact mean
-            if n >= _sign_seeds(alpha, "two-sided"):
-                out["ci_low"] = out["ci_high"] = out["mean"]
-        else:
+        if sd > 0:  # n equal values: no interval, not a point that reads as an exact mean
             lo, hi = stats.t.interval(1 - alpha, n - 1, loc=x.mean(), scale=sd / math.sqrt(n))
             out["ci_low"], out["ci_high"] = float(lo), float(hi)
     return out
@@ -78,14 +81,84 @@ def describe_positive(x: Sequence[float], alpha: float = 0.05) -> dict:
     return out
 
 
+def describe_proportion(x: Sequence[float], examples: float | None = None, alpha: float = 0.05) -> dict:
+    """:func:`describe` of accuracies (fractions) whose interval stays inside [0, 1]: the seeds' t interval on the
+    logit scale, taken back (each accuracy k/N moved to (k + 0.5)/(N + 1) so 0 and 1 have a logit), and beside it
+    ``cp_low``/``cp_high``, the Clopper-Pearson interval of the seeds' pooled correct/examples (the eval set's own
+    sampling error: an interval even when every seed scored the same). ``examples``: N per run (None: no CP)."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    out = describe(x, alpha)
+    out["cp_low"] = out["cp_high"] = math.nan
+    n_ex = float(examples) if examples is not None and math.isfinite(float(examples)) and examples > 0 else None
+    if x.size >= 2 and math.isfinite(out["ci_low"]):
+        p = (x * n_ex + 0.5) / (n_ex + 1) if n_ex else np.clip(x, 1e-6, 1 - 1e-6)
+        lg = describe(np.log(p / (1 - p)), alpha)
+        if math.isfinite(lg["ci_low"]):
+            out["ci_low"], out["ci_high"] = (float(1 / (1 + math.exp(-v))) for v in (lg["ci_low"], lg["ci_high"]))
+    if n_ex and x.size:
+        k, total = int(round(float(np.sum(x * n_ex)))), int(round(n_ex * x.size))
+        ci = stats.binomtest(min(max(k, 0), total), total).proportion_ci(1 - alpha, method="exact")
+        out["cp_low"], out["cp_high"] = float(ci.low), float(ci.high)
+    return out
+
+
+def resolution_of(examples: Any, scale: float = 100.0) -> float | None:
+    """The step of a difference of accuracies in ``scale`` units: scale / the fewest eval examples of the runs
+    (``examples``: their counts); None when none is known."""
+    import numpy as np
+
+    n = np.asarray(examples, dtype=float).ravel() if examples is not None else np.array([])
+    n = n[np.isfinite(n) & (n > 0)]
+    return float(scale / n.min()) if n.size else None
+
+
+def effective_sd(d, resolution: float | None) -> float:
+    """The paired SD with the rounding variance of a grid of step ``resolution`` added (module docstring):
+    ``sqrt(sd² + resolution²/6)``; the SD alone when ``resolution`` is None."""
+    import numpy as np
+
+    d = np.asarray(d, dtype=float)
+    sd = float(d.std(ddof=1)) if d.size >= 2 else math.nan
+    if d.size >= 2 and sd <= 1e-9 * float(np.max(np.abs(d))):
+        # equal differences up to rounding: accuracies k/N give (k+1)/N − k/N that differ in the last bits,
+        # an SD of ~1e-15; such a spread is no measurement
+        sd = 0.0
+    if resolution is None:
+        return sd
+    return math.sqrt(sd * sd + resolution * resolution / 6.0)
+
+
+#: a stage-1 eval-loss difference is called negligible (verdict, summary.md) when its whole CI lies within
+#: ± this fraction of the baseline precision's mean eval loss. 0.1%: for a loss near 2 nats that is 0.002
+#: nats, a 0.1% change in perplexity, far below the seed-to-seed spread of a pre-training run. Paired seeds
+#: share data and masks, so such a tiny but consistent difference can be significant without mattering.
+NEGLIGIBLE_LOSS_FRACTION = 0.001
+
+
+def loss_negligible(lo: Any, hi: Any, base_loss: Any) -> bool:
+    """True when the whole CI [lo, hi] of a loss difference lies within ±NEGLIGIBLE_LOSS_FRACTION of the
+    baseline loss."""
+    try:
+        lo, hi, base_loss = float(lo), float(hi), float(base_loss)
+    except (TypeError, ValueError):
+        return False
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(base_loss)) or base_loss <= 0:
+        return False
+    return max(abs(lo), abs(hi)) < NEGLIGIBLE_LOSS_FRACTION * base_loss
+
+
 def _bootstrap_ci(d, alpha: float, n_boot: int, seed: int) -> tuple[float, float]:
     import numpy as np
     from scipy import stats
 
     if n_boot <= 0 or d.size < MIN_BOOTSTRAP_PAIRS:  # too few distinct resamples: no interval worth the name
         return math.nan, math.nan
-    if np.all(d == d[0]):
-        return float(d[0]), float(d[0])
+    if np.all(d == d[0]):  # every resample is the same value: no interval, not a point
+        return math.nan, math.nan
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -122,10 +195,13 @@ def _seeds_for_ci_inside(mean: float, sd: float, margin: float, alpha: float) ->
 def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "difference",
                     scale: float = 1.0, margin: float | None = None, alpha: float = 0.05,
                     power: float = 0.8, n_boot: int = 0, seed: int = 0,
-                    with_power: bool = True) -> dict:
+                    with_power: bool = True, resolution: float | None = None) -> dict:
     """Paired comparison of A and B (same-length arrays, element k = seed k; non-finite pairs dropped).
 
     kind "difference": d = (A − B) × scale; mean/CI/test on d (TOST vs ±margin when margin is given).
+    ``resolution``: the step of d (100/N points for accuracies of N examples; module docstring). None: unknown;
+    then, only when every d is equal and not 0, the smallest gap between the distinct values of A and B
+    (scaled) stands in for it, a conservative upper bound.
     kind "ratio": d = log(A / B); mean/CI reported back as ratios exp(·) (geometric-mean ratio), so the
     interval of a ratio of positive quantities never reaches 0.
     """
@@ -138,22 +214,25 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], *, kind: str = "diff
         "ci_high": math.nan, "boot_low": math.nan, "boot_high": math.nan, "p_t": math.nan,
         "p_wilcoxon": math.nan, "tost_p": math.nan, "mde": math.nan, "seeds_needed": math.nan,
         "seeds_needed_observed": math.nan, "seeds_needed_equivalence": math.nan,
-        "margin": margin if margin is not None else math.nan,
+        "margin": margin if margin is not None else math.nan, "identical": False, "resolution": math.nan,
     }
     if n:
         res["mean"] = float(d.mean())
     if n >= 2:
-        sd = float(d.std(ddof=1))
-        if sd <= 1e-9 * float(np.max(np.abs(d))):
-            # equal differences up to rounding: accuracies k/N give (k+1)/N − k/N that differ in the last bits,
-            # an SD of ~1e-15 and a t-test p of ~1e-27; such a spread is no measurement, the difference is exact
-            sd = 0.0
+        res["identical"] = bool(np.all(d == 0))
+        if kind == "ratio":
+            resolution = None
+        elif resolution is None and effective_sd(d, None) == 0 and not res["identical"]:
+            vals = np.unique(np.concatenate([a, b]) * scale)
+            resolution = float(np.min(np.diff(vals))) if vals.size > 1 else None
+        sd = effective_sd(d, resolution)
         res["sd"] = sd
-        res.update(_t_test(a, b, d, kind, scale, alpha))
+        res["resolution"] = resolution if resolution is not None else math.nan
+        res.update(_t_test(d, sd, alpha))
         res["p_wilcoxon"] = _wilcoxon(d)
         res["boot_low"], res["boot_high"] = _bootstrap_ci(d, alpha, n_boot, seed)
         if kind == "difference" and margin is not None and math.isfinite(margin):
-            res["tost_p"] = _tost(a * scale, b * scale, d, margin)
+            res["tost_p"] = _tost(d, sd, margin)
         if with_power and kind == "difference":
             res.update(power_analysis(sd, n, alpha, power, margin, observed=res["mean"]))
             if margin is not None and math.isfinite(margin):
@@ -177,28 +256,18 @@ def _paired_values(a, b, kind: str, scale: float):
     return a, b, (a - b) * scale
 
 
-def _t_test(a, b, d, kind: str, scale: float, alpha: float) -> dict:
-    """p_t and the (1 − alpha) interval: the paired t-test, or for equal differences the exact sign test.
-
-    Equal differences (common with discrete accuracies on a small eval set) leave the t statistic undefined.
-    Not p = 0: under the null such ties happen, so the exact sign test decides (2 · 0.5^n, two-sided). Its
-    interval is the order-statistic one, [min d, max d] = [mean, mean], a (1 − alpha) interval only from the
-    sign test's minimum n on (6 pairs at alpha 0.05); below that there is none, not a point."""
-    import numpy as np
+def _t_test(d, sd: float, alpha: float) -> dict:
+    """p_t and the (1 − alpha) interval of the paired t-test on the differences ``d`` with SD ``sd`` (the
+    effective SD, :func:`effective_sd`). An SD of 0 (equal differences, no resolution known) has no t statistic:
+    the exact sign test decides (2 · 0.5^n, two-sided; 1 for ties) and there is no interval, never a point."""
     from scipy import stats
 
     n, mean = int(d.size), float(d.mean())
-    if float(d.std(ddof=1)) <= 1e-9 * float(np.max(np.abs(d))):
-        out = {"p_t": 1.0 if mean == 0 else _sign_p(n, "two-sided")}
-        if n >= _sign_seeds(alpha, "two-sided"):
-            out["ci_low"] = out["ci_high"] = mean
-        return out
-    s = scale if kind == "difference" else 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tt = stats.ttest_rel(a * s, b * s)
-        ci = tt.confidence_interval(1 - alpha)
-    return {"p_t": float(tt.pvalue), "ci_low": float(ci.low), "ci_high": float(ci.high)}
+    if sd == 0:
+        return {"p_t": 1.0 if mean == 0 else _sign_p(n, "two-sided")}
+    se = sd / math.sqrt(n)
+    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * se
+    return {"p_t": float(2 * stats.t.sf(abs(mean) / se, n - 1)), "ci_low": mean - half, "ci_high": mean + half}
 
 
 def _wilcoxon(d) -> float:
@@ -215,17 +284,16 @@ def _wilcoxon(d) -> float:
             return math.nan
 
 
-def _tost(a, b, d, margin: float) -> float:
-    """TOST p against ±margin; for equal differences the exact sign tests against both bounds (0.5^n
-    when every pair lies inside)."""
-    import numpy as np
-    from statsmodels.stats.weightstats import ttost_paired
+def _tost(d, sd: float, margin: float) -> float:
+    """TOST p against ±margin: the larger of the two one-sided t-test p-values with SD ``sd``; for an SD of 0 the
+    exact sign tests against both bounds (0.5^n when every pair lies inside)."""
+    from scipy import stats
 
-    if float(d.std(ddof=1)) <= 1e-9 * float(np.max(np.abs(d))):
-        return _sign_p(int(d.size), "greater") if -margin < float(d.mean()) < margin else 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(ttost_paired(a, b, -margin, margin)[0])
+    n, mean = int(d.size), float(d.mean())
+    if sd == 0:
+        return _sign_p(n, "greater") if -margin < mean < margin else 1.0
+    se = sd / math.sqrt(n)
+    return float(max(stats.t.sf((mean + margin) / se, n - 1), stats.t.sf((margin - mean) / se, n - 1)))
 
 
 def _sign_p(n: int, alternative: str) -> float:
@@ -261,11 +329,11 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
     out = {"mde": math.nan, "seeds_needed": math.nan}
     if not math.isfinite(sd):
         return out
-    if observed is not None:
-        out["seeds_needed_observed"] = seeds_to_detect(abs(observed), sd, alpha, power)
     tp = TTestPower()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if observed is not None:
+            out["seeds_needed_observed"] = seeds_to_detect(abs(observed), sd, alpha, power)
         if n >= 2:
             if sd == 0:  # the sign test: any consistent difference once n reaches its minimum, none before
                 out["mde"] = 0.0 if n >= _sign_seeds(alpha, "two-sided") else math.inf
@@ -384,12 +452,18 @@ def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
     return [float(v) for v in out]
 
 
+#: the labels, strongest evidence of *no* difference first (identical, then equivalent)
+LABELS = ("better", "worse", "higher", "lower", "identical", "equivalent", "inconclusive", "insufficient data")
+
+
 def classify(row: dict, alpha: float, higher_is_better: bool | None = True) -> str:
-    """better | worse | equivalent | inconclusive | insufficient data (see module docstring)."""
+    """better | worse | identical | equivalent | inconclusive | insufficient data (see module docstring)."""
     n = row.get("n_pairs", 0) or 0
     mean = row.get("mean", math.nan)
     if n < 2 or not math.isfinite(mean):
         return "insufficient data"
+    if row.get("identical") is True:
+        return "identical"
     p = row.get("p_holm")
     if p is None or not math.isfinite(p):
         p = row.get("p_t", math.nan)

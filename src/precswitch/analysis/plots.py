@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import PrecswitchError
-from .stats import conf_level
+from .fmt import conf_level
 
-PLOT_NAMES = ("accuracy", "forest", "time_memory", "loss_curves", "loss_scale", "stage1", "switch_point",
-              "overflow")
 FP16_MAX = 65504.0
 FORMATS = ("png", "svg")
 FP16_PRECISIONS = ("amp_fp16", "pure_fp16")
@@ -244,10 +242,12 @@ def _legend(ax, coincide: list[list[str]], outside: bool = False, notes: Iterabl
 # Individual plots: each returns a matplotlib Figure
 # --------------------------------------------------------------------------------------------------
 def plot_accuracy(schedules, stats: dict, plt, sns):
-    from .stats import describe, mark_outcomes
+    from .paired import describe_proportion
+    from .stats import EXAMPLES_OF, mark_outcomes
 
+    metric = stats.get("accuracy_metric", "accuracy")
     df = mark_outcomes(schedules)
-    df["accuracy_pct"] = df["accuracy"].astype(float) * 100
+    df["accuracy_pct"] = df[metric].astype(float) * 100
     order = _schedule_order(df, stats.get("baseline"))
     alpha = stats.get("settings", {}).get("alpha", 0.05)
     # slanted long names (see _rotate_long_ticks) take ~0.085 in per character times sin/cos 30°: the figure
@@ -268,12 +268,14 @@ def plot_accuracy(schedules, stats: dict, plt, sns):
                   dodge=False, jitter=0.12, size=6, alpha=0.75, ax=ax, zorder=2)
     labelled = False  # the mean's legend entry goes on the first schedule that has a mean
     for i, s in enumerate(order):
-        d = describe(used.loc[used["schedule"] == s, "accuracy_pct"], alpha)
+        mine = used[used["schedule"] == s]
+        ex = mine[EXAMPLES_OF[metric]].astype(float).max() if EXAMPLES_OF[metric] in mine else None
+        d = {k: v if k == "n" else v * 100 for k, v in describe_proportion(mine[metric].astype(float), ex, alpha).items()}
         if d["n"]:
             lo, hi = d["ci_low"], d["ci_high"]
             yerr = [[d["mean"] - lo], [hi - d["mean"]]] if math.isfinite(lo) else None
             ax.errorbar(i + 0.3, d["mean"], yerr=yerr, fmt="D", color="black", capsize=5, ms=6, zorder=3,
-                        label=None if labelled else f"mean, {conf_level(alpha)}% t CI")
+                        label=None if labelled else f"mean, {conf_level(alpha)}% CI (logit scale)")
             labelled = True
     maj = df["majority_accuracy"].astype(float).dropna() if "majority_accuracy" in df else None
     if maj is not None and not maj.empty:
@@ -284,7 +286,7 @@ def plot_accuracy(schedules, stats: dict, plt, sns):
         _note(ax, "no schedule has a usable run")
     _rotate_long_ticks(ax, order, 1.4)
     ax.set_xlabel("schedule (pre-train → fine-tune precision)")
-    ax.set_ylabel("fine-tuned accuracy on the eval split (%)")
+    ax.set_ylabel(f"fine-tuned accuracy on the {'test' if metric == 'test_accuracy' else 'eval'} split (%)")
     ax.set_title("Accuracy per schedule (each dot = one seed)")
     if ax.get_legend_handles_labels()[0]:
         if outside:
@@ -818,38 +820,24 @@ def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
             raise PrecswitchError(f"plots input not found: {p}")
     targets = _targets(out_dir, outputs)
     from .aggregate import STEP_COLUMNS, STEP_RUN_COLUMNS
-    from .stats import _read_table
+    from .aggregate import read_table
 
-    runs = _by_spec(_read_table(runs_path))
-    schedules = _by_spec(_read_table(schedules_path), "stage1_precision", "stage1_spec")
+    runs = _by_spec(read_table(runs_path))
+    schedules = _by_spec(read_table(schedules_path), "stage1_precision", "stage1_spec")
     with open(stats_path, encoding="utf-8") as f:
         stats = json.load(f)
     plt, sns = _setup()
     if steps_path is not None:
-        steps = _read_table(steps_path)
+        steps = read_table(steps_path)
     else:
         steps = pd.DataFrame(columns=list(STEP_RUN_COLUMNS) + list(STEP_COLUMNS) + ["regular"])
     steps = _by_spec(steps.assign(scales_loss=_scales_loss(steps)))
+    tables = Tables(runs, schedules, steps, stats, activations_path)
     written: list[Path] = []
-    for name in PLOT_NAMES:
+    for name, draw in PLOTS.items():
         if name not in targets:
             continue
-        if name == "accuracy":
-            fig = plot_accuracy(schedules, stats, plt, sns)
-        elif name == "forest":
-            fig = plot_forest(stats, plt, sns)
-        elif name == "time_memory":
-            fig = plot_time_memory(runs, plt, sns, schedules)
-        elif name == "loss_curves":
-            fig = plot_loss_curves(runs, schedules, steps, stats, plt, sns)
-        elif name == "loss_scale":
-            fig = plot_loss_scale(steps, plt, sns)
-        elif name == "switch_point":
-            fig = plot_switch_point(schedules, stats, plt, sns)
-        elif name == "overflow":
-            fig = plot_overflow(stage1_activations(activations_path), plt, sns)
-        else:
-            fig = plot_stage1(runs, stats, plt, sns)
+        fig = draw(tables, plt, sns)
         for path in targets[name]:
             _save(fig, path)
             written.append(path)
@@ -857,16 +845,38 @@ def make_plots(runs_path, schedules_path, stats_path, out_dir=None,
     return written
 
 
+class Tables:
+    """What the plots draw from: the aggregate tables and stats.json (activations read when a plot asks)."""
+
+    def __init__(self, runs, schedules, steps, stats: dict, activations_path=None):
+        self.runs, self.schedules, self.steps, self.stats = runs, schedules, steps, stats
+        self.activations_path = activations_path
+
+
+#: every plot by its file stem, in drawing order: a function of the tables (and matplotlib, seaborn)
+PLOTS = {
+    "accuracy": lambda t, plt, sns: plot_accuracy(t.schedules, t.stats, plt, sns),
+    "forest": lambda t, plt, sns: plot_forest(t.stats, plt, sns),
+    "time_memory": lambda t, plt, sns: plot_time_memory(t.runs, plt, sns, t.schedules),
+    "loss_curves": lambda t, plt, sns: plot_loss_curves(t.runs, t.schedules, t.steps, t.stats, plt, sns),
+    "loss_scale": lambda t, plt, sns: plot_loss_scale(t.steps, plt, sns),
+    "stage1": lambda t, plt, sns: plot_stage1(t.runs, t.stats, plt, sns),
+    "switch_point": lambda t, plt, sns: plot_switch_point(t.schedules, t.stats, plt, sns),
+    "overflow": lambda t, plt, sns: plot_overflow(stage1_activations(t.activations_path), plt, sns),
+}
+PLOT_NAMES = tuple(PLOTS)
+
+
 def stage1_activations(activations_path):
     """The stage-1 rows of an activations table (columns ``layer, max_abs, spec, seed, status``, ``spec``
     falling back to the precision), or an empty frame when no table is given."""
     import pandas as pd
 
-    from .stats import _read_table
+    from .aggregate import read_table
 
     if activations_path is None:
         return pd.DataFrame(columns=["layer", "max_abs", "spec", "seed", "status"])
-    acts = _read_table(activations_path)
+    acts = read_table(activations_path)
     acts = acts[acts["stage"] == "pretrain"] if "stage" in acts else acts
     spec = acts["spec"] if "spec" in acts else pd.Series(None, index=acts.index, dtype=object)
     if "precision" in acts:

@@ -5,7 +5,8 @@ in points of accuracy). After every look (a batch of new seeds) the comparison's
 is computed; it is
 
 * ``different`` once the interval excludes 0,
-* ``equivalent`` once it lies inside ``(-margin, +margin)``,
+* ``equivalent`` once it lies inside ``(-margin, +margin)``; ``identical`` instead when every pair so far is an
+  exact tie (the fixed design's label for the same data, :mod:`.paired`),
 * ``inconclusive`` when the maximum number of seeds is reached first (said so, never rounded to a call),
 * ``continue`` otherwise: the comparison's two schedules get the next seeds.
 
@@ -20,7 +21,8 @@ nonnegative martingale, so by Ville's inequality P(sup_n E_n(mu) >= 1/alpha) <= 
 every interval of the sequence with probability >= 1 - alpha, however many looks are taken and whenever
 one stops. Both calls (``different``, ``equivalent``) therefore err with probability <= alpha. ``E_n`` grows
 with ``|t|``, so the set is ``mean +- radius(n) * s / sqrt(n)`` with a closed-form ``radius`` (no root
-finding). docs/sequential.md gives the reasons for this method, its assumptions and the simulation proof.
+finding). The SD is the fixed design's effective SD (:func:`.paired.effective_sd`: the rounding variance of an
+accuracy's grid added), so equal differences get an interval of honest width, never a point. docs/sequential.md gives the reasons for this method, its assumptions and the simulation proof.
 
 Torch-free: numpy, pandas and scipy (statsmodels for the fixed design's sample size).
 """
@@ -38,9 +40,9 @@ import pandas as pd
 DEFAULT_G = 1.4
 
 #: The labels a look can give, in the order they are checked.
-DECISIONS = ("different", "equivalent", "inconclusive", "continue")
+DECISIONS = ("different", "identical", "equivalent", "inconclusive", "continue")
 #: Labels that end a comparison.
-SETTLED = ("different", "equivalent", "inconclusive")
+SETTLED = ("different", "identical", "equivalent", "inconclusive")
 
 
 def radius(n, alpha: float = 0.05, g: float = DEFAULT_G):
@@ -74,35 +76,41 @@ def e_value(d: Sequence[float], mu0: float = 0.0, g: float = DEFAULT_G) -> float
     return k ** -0.5 * ((1.0 + t2 / nu) / (1.0 + t2 / (nu * k))) ** ((nu + 1) / 2)
 
 
-def _mean_se(d: np.ndarray) -> tuple[float, float]:
+def _mean_se(d: np.ndarray, resolution: float | None = None) -> tuple[float, float]:
+    from .paired import effective_sd
+
     n = d.size
     mean = float(d.mean()) if n else math.nan
-    se = float(d.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.inf
+    se = effective_sd(d, resolution) / math.sqrt(n) if n >= 2 else math.inf
     return mean, se
 
 
-def confidence_sequence(d: Sequence[float], alpha: float = 0.05, g: float = DEFAULT_G) -> tuple[float, float]:
+def confidence_sequence(d: Sequence[float], alpha: float = 0.05, g: float = DEFAULT_G,
+                        resolution: float | None = None) -> tuple[float, float]:
     """``(lo, hi)`` of the confidence sequence after the paired differences ``d`` (NaN = a failed pair,
-    dropped). ``(-inf, inf)`` until it is finite (at alpha 0.05 and g 1.4: from 5 pairs on)."""
+    dropped; ``resolution``: the step of a difference, :func:`.paired.effective_sd`). ``(-inf, inf)`` until it
+    is finite (at alpha 0.05 and g 1.4: from 5 pairs on) and when the SD is 0 (no interval, never a point)."""
     d = np.asarray(d, dtype=float)
     d = d[np.isfinite(d)]
-    mean, se = _mean_se(d)
+    mean, se = _mean_se(d, resolution)
     half = float(radius(d.size, alpha, g)) * se if d.size >= 2 else math.inf
-    if not math.isfinite(half):
+    if not math.isfinite(half) or half == 0:
         return -math.inf, math.inf
     return mean - half, mean + half
 
 
-def _label(lo, hi, margin: float, at_max):
-    """Vectorised decision of looks with intervals ``[lo, hi]`` (``at_max``: no seeds left after it)."""
+def _label(lo, hi, margin: float, at_max, tied=False):
+    """Vectorised decision of looks with intervals ``[lo, hi]`` (``at_max``: no seeds left after it; ``tied``:
+    every pair so far is an exact tie, so a settled look says ``identical``)."""
     lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    equiv, at_max, tied = (lo > -margin) & (hi < margin), np.asarray(at_max, dtype=bool), np.asarray(tied, dtype=bool)
     return np.select(
-        [(lo > 0) | (hi < 0), (lo > -margin) & (hi < margin), np.asarray(at_max, dtype=bool)],
-        ["different", "equivalent", "inconclusive"], default="continue")
+        [(lo > 0) | (hi < 0), tied & (equiv | at_max), equiv, at_max],
+        ["different", "identical", "equivalent", "inconclusive"], default="continue")
 
 
 def decide(d: Sequence[float], margin: float, alpha: float = 0.05, max_seeds: int = 20,
-           g: float = DEFAULT_G, seeds_run: int | None = None) -> dict:
+           g: float = DEFAULT_G, seeds_run: int | None = None, resolution: float | None = None) -> dict:
     """One look at a comparison: its estimate, interval and decision.
 
     ``d``: the paired differences so far; NaN entries are seeds whose pair failed (either side not ``ok``):
@@ -112,8 +120,8 @@ def decide(d: Sequence[float], margin: float, alpha: float = 0.05, max_seeds: in
     d = np.asarray(d, dtype=float)
     seeds = d.size if seeds_run is None else int(seeds_run)
     pairs = d[np.isfinite(d)]
-    lo, hi = confidence_sequence(pairs, alpha, g)
-    decision = str(_label(lo, hi, margin, seeds >= max_seeds))
+    lo, hi = confidence_sequence(pairs, alpha, g, resolution)
+    decision = str(_label(lo, hi, margin, seeds >= max_seeds, pairs.size >= 2 and bool(np.all(pairs == 0))))
     mean = float(pairs.mean()) if pairs.size else math.nan
     return {"seeds": seeds, "n": int(pairs.size), "mean": mean, "lo": lo, "hi": hi, "decision": decision}
 
@@ -128,7 +136,7 @@ def looks(start: int = 3, step: int = 1, max_seeds: int = 20) -> list[int]:
 
 
 def path(d_by_seed: Mapping[int, float] | pd.Series, margin: float, alpha: float = 0.05, start: int = 3,
-         step: int = 1, max_seeds: int = 20, g: float = DEFAULT_G) -> pd.DataFrame:
+         step: int = 1, max_seeds: int = 20, g: float = DEFAULT_G, resolution: float | None = None) -> pd.DataFrame:
     """One row per look (seeds, n, mean, lo, hi, decision), up to the look that settled the comparison.
 
     ``d_by_seed``: the difference of every seed run, in seed order (NaN where the pair failed; see
@@ -141,7 +149,7 @@ def path(d_by_seed: Mapping[int, float] | pd.Series, margin: float, alpha: float
     for k in looks(start, step, max_seeds):
         if k > len(s):
             break
-        row = decide(s.to_numpy()[:k], margin, alpha, max_seeds, g)
+        row = decide(s.to_numpy()[:k], margin, alpha, max_seeds, g, resolution=resolution)
         rows.append(row)
         if row["decision"] in SETTLED:
             break
@@ -264,10 +272,15 @@ TABLE_COLUMNS = ["comparison", "a", "b", "look", "seeds", "n", "mean", "lo", "hi
 def comparison_path(schedules: pd.DataFrame, a: str, b: str, design: Mapping) -> pd.DataFrame:
     """:func:`path` of comparison ``a`` vs ``b`` of a sequential study (``design``: precswitch.study's
     ``sequential_design``): the pairs in the order of the design's seeds, looks at its start, step, max_seeds."""
+    from .paired import resolution_of
+
     d = paired_differences(schedules, a, b)
     order = [s for s in design["seeds"] if s in d.index]
     d = d.reindex(order).reset_index(drop=True)
-    p = path(d, design["margin"], design["alpha"], design["start"], design["step"], design["max_seeds"])
+    rows = schedules[schedules["schedule"].isin([a, b])]
+    res = resolution_of(rows["eval_examples"]) if "eval_examples" in rows else None
+    p = path(d, design["margin"], design["alpha"], design["start"], design["step"], design["max_seeds"],
+             resolution=res)
     p.insert(0, "look", range(len(p)))
     return p
 
@@ -321,7 +334,7 @@ def _fixed_design(last, sd: float, design: Mapping) -> int | None:
     power, alpha, margin = design["power"], design["alpha"], design["margin"]
     if last["decision"] == "different":
         n = fixed_seeds(float(last["mean"]), sd, power, alpha)
-    elif last["decision"] == "equivalent":
+    elif last["decision"] in ("equivalent", "identical"):
         n = fixed_equivalence_seeds(float(last["mean"]), sd, margin, power, alpha)
     else:
         n = fixed_seeds(margin, sd, power, alpha)
@@ -344,8 +357,12 @@ def savings(schedules: pd.DataFrame, table: pd.DataFrame, design: Mapping) -> di
     rows = []
     for a, b in design["comparisons"]:
         last = table[(table["a"] == a) & (table["b"] == b)].iloc[-1]
+        from .paired import effective_sd, resolution_of
+
         d = paired_differences(schedules, a, b).dropna()
-        sd = float(d.std(ddof=1)) if d.size >= 2 else math.nan
+        rows_ab = schedules[schedules["schedule"].isin([a, b])]
+        res = resolution_of(rows_ab["eval_examples"]) if "eval_examples" in rows_ab else None
+        sd = effective_sd(d.to_numpy(), res) if d.size >= 2 else math.nan
         fixed = _fixed_design(last, sd, design)
         per_seed = seed_seconds([a, b])
         saved = None if fixed is None else fixed - int(last["seeds"])

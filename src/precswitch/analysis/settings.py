@@ -39,6 +39,10 @@ def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> di
         settings[key] = _number(key, settings[key], whole)
     _check_ranges(settings)
     settings["baseline"] = str(settings["baseline"])
+    control = settings.get("positive_control")
+    if control is not None and str(control) == settings["baseline"]:
+        raise PrecswitchError(f"analysis setting 'positive_control' ({control}) is the baseline: name a schedule "
+                              "known to be worse than it")
     return settings
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
-from .fmt import conf_level, diff, fmt_p, md_table, num, with_ci
-from .paired import (MIN_BOOTSTRAP_PAIRS, classify, describe, describe_positive, holm, paired_contrast,
-                     power_analysis, within_margin)
+from .memory import schedule_tensor_bytes
+from .paired import (MIN_BOOTSTRAP_PAIRS, classify, describe, describe_positive, describe_proportion, holm,
+                     paired_contrast, power_analysis, resolution_of, within_margin)
 
 FAILURE_RULE = (
     "Runs that diverged or were skipped (in either stage), or have no finite accuracy, are failed: "
@@ -60,6 +60,9 @@ SCHEDULE_METRICS = [
     Metric("accuracy", "accuracy", "difference", "fraction", "points", 1.0, True, True),
     Metric("f1", "F1", "difference", "fraction", "points", 1.0, True, True),
     Metric("mcc", "MCC", "difference", "-1..1", "MCC x 100", 1.0, True, False),
+    Metric("test_accuracy", "test accuracy", "difference", "fraction", "points", 1.0, True, True),
+    Metric("test_f1", "test F1", "difference", "fraction", "points", 1.0, True, True),
+    Metric("test_mcc", "test MCC", "difference", "-1..1", "MCC x 100", 1.0, True, False),
     Metric("stage1_train_seconds", "stage-1 train time", "ratio", "s", "ratio", 1.0, False),
     Metric("stage2_train_seconds", "stage-2 train time", "ratio", "s", "ratio", 1.0, False),
     Metric("total_train_seconds", "total train time", "ratio", "s", "ratio", 1.0, False),
@@ -99,16 +102,12 @@ RUN_COUNTERS = [
 PROVENANCE_COLUMNS = [
     "device", "device_name", "memory_kind", "torch_version", "transformers_version", "datasets_version",
     "cuda_version", "python_version", "threads", "git_commit", "hostname", "compile",
-    "model_parameters",
+    "model_parameters", "cpu_capability", "cpu_isa", "onednn_max_cpu_isa", "cpu_flags",
 ]
+#: accuracy metrics and the column with their eval set's size (an accuracy's step is 1 / that)
+EXAMPLES_OF = {"accuracy": "eval_examples", "test_accuracy": "test_examples", "mlm_accuracy": None}
 # (config_hash is not provenance of the study: it hashes each run's hyper-parameters, seed and run_id
 # included, so it differs between every two runs; it stays in runs.csv)
-
-#: a stage-1 eval-loss difference is called negligible (verdict, summary.md) when its whole CI lies within
-#: ± this fraction of the baseline precision's mean eval loss. 0.1%: for a loss near 2 nats that is 0.002
-#: nats, a 0.1% change in perplexity, far below the seed-to-seed spread of a pre-training run. Paired seeds
-#: share data and masks, so such a tiny but consistent difference can be significant without mattering.
-NEGLIGIBLE_LOSS_FRACTION = 0.001
 
 #: runs.csv columns with the 1-minute load average at the start and end of each run's training loop
 LOAD_COLUMNS = ("load_avg_1m_start", "load_avg_1m_end")
@@ -150,12 +149,17 @@ def _summary_rows(df, level: str, group_col: str, metrics: list[Metric], alpha: 
     for g, sub in df.groupby(group_col, sort=True, dropna=False):
         used = sub[sub["used"]]
         for m in metrics:
-            if m.column not in sub:
+            if m.column not in sub or not df[m.column].notna().any():
                 continue
             vals = used[m.column].astype(float) * m.scale
             if m.kind == "count":  # counters: over every run, failed included (they carry the cause)
                 vals = sub[m.column].astype(float) * m.scale
-            d = describe_positive(vals, alpha) if m.kind == "ratio" else describe(vals, alpha)
+            if m.kind == "ratio":
+                d = describe_positive(vals, alpha)
+            elif m.column in EXAMPLES_OF:
+                d = describe_proportion(vals, _examples(used, m.column), alpha)
+            else:
+                d = describe(vals, alpha)
             rows.append({"level": level, "group": g, "metric": m.column, "label": m.label, "unit": m.unit,
                          **counts.get(g, {}), **d, "sum": float(vals.sum(min_count=1))
                          if m.kind == "count" else math.nan})
@@ -196,7 +200,8 @@ def _contrast_rows(df, group_col: str, families: list[tuple[str, list[tuple[str,
                    settings: dict) -> list[dict]:
     """Paired contrasts, one row per (family, pair, metric), Holm-adjusted per metric (:func:`_holm_family`)."""
     rows = [_contrast_row(df, group_col, family, a, b, m, settings)
-            for family, pairs in families for m in metrics if m.column in df for a, b in pairs]
+            for family, pairs in families for m in metrics if m.column in df and df[m.column].notna().any()
+            for a, b in pairs]
     for m in metrics:
         _holm_family([r for r in rows if r["metric"] == m.column], m, settings)
     return rows
@@ -210,13 +215,24 @@ def _contrast_row(df, group_col: str, family: str, a: str, b: str, m: Metric, se
             for x, y in zip(xa, xb)]
     seeds = [sd for sd, k in zip(seeds, keep) if k]
     scale = 100.0 if m.delta_unit in ("points", "MCC x 100") else 1.0
+    ab = df[df[group_col].isin([a, b]) & df["used"]]
     r = paired_contrast(xa, xb, kind=m.kind, scale=scale, margin=settings["margin"] if m.margin else None,
                         alpha=settings["alpha"], power=settings["power"], n_boot=settings["bootstrap_resamples"],
-                        seed=settings["seed"])
+                        seed=settings["seed"], resolution=resolution_of(_examples(ab, m.column, all_=True), scale))
     r.update({"family": family, "contrast": f"{a} vs {b}", "a": a, "b": b, "metric": m.column, "label": m.label,
               "unit": m.delta_unit, "higher_is_better": m.higher_is_better,
               "seeds": " ".join(str(s) for s in seeds)})
     return r
+
+
+def _examples(df, metric: str, all_: bool = False):
+    """The eval-set sizes of an accuracy metric's runs (their counts, or the largest with ``all_`` False);
+    None when the table does not have them."""
+    col = EXAMPLES_OF.get(metric)
+    if not col or col not in df:
+        return None
+    v = df[col].astype(float)
+    return v.to_numpy() if all_ else (float(v.max()) if v.notna().any() else None)
 
 
 def _holm_family(mrows: list[dict], m: Metric, settings: dict) -> None:
@@ -288,7 +304,7 @@ DELTA_COLUMNS = [
     "family", "contrast", "a", "b", "metric", "label", "kind", "unit", "n_pairs", "mean", "sd",
     "ci_low", "ci_high", "boot_low", "boot_high", "p_t", "p_holm", "p_wilcoxon", "p_wilcoxon_holm",
     "margin", "tost_p", "within_margin", "mde", "seeds_needed", "seeds_needed_observed",
-    "seeds_needed_equivalence", "classification", "higher_is_better", "seeds",
+    "seeds_needed_equivalence", "classification", "higher_is_better", "seeds", "identical", "resolution",
 ]
 SUMMARY_COLUMNS = [
     "level", "group", "metric", "label", "unit", "n", "mean", "std", "ci_low", "ci_high", "min", "max",
@@ -446,6 +462,10 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
             f"{', '.join(available) if available else '(none)'} (set analysis setting 'baseline')"
         )
     alpha = settings["alpha"]
+    # the split the headline and its tests use (docs/contracts.md 3): test when every finished run has it
+    fin = sched[sched["used"]]
+    split = "test" if len(fin) and "test_accuracy" in fin and fin["test_accuracy"].notna().all() else "dev"
+    metric = "test_accuracy" if split == "test" else "accuracy"
     counts = _counts(sched, "schedule")
     summary_rows = _summary_rows(sched, "schedule", "schedule", SCHEDULE_METRICS + SCHEDULE_COUNTERS, alpha, counts)
     others = [s for s in available if s != baseline]
@@ -468,7 +488,9 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         "failure_rule": FAILURE_RULE,
         "provenance": _provenance(runs),
         "input_notes": input_notes(runs),
-        "schedules": {s: _schedule_info(sched, runs, s, counts[s], alpha) for s in available},
+        "split": split,
+        "accuracy_metric": metric,
+        "schedules": {s: _schedule_info(sched, runs, s, counts[s], alpha, metric) for s in available},
         "stage1_precisions": stage1_counts,
         "stage2_precisions": stage2_counts,
         "named_contrasts": [list(p) for p in named],
@@ -482,8 +504,28 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
         "load": _load_check(runs),
         "missing_contrasts": missing,
         "deltas": deltas.to_dict("records"),
+        "positive_control": positive_control(delta_rows, settings, available, metric),
     }
     return summary, deltas, _jsonable(stats)
+
+
+def positive_control(rows: list[dict], settings: dict, available: list, metric: str) -> dict | None:
+    """The study's positive control (``analysis.positive_control``, a schedule known to be worse than the
+    baseline): whether it was detected (its label against the baseline is *worse*), its difference, and the
+    minimal detectable difference of the study (the largest over the comparisons of the headline metric, at
+    the Holm-adjusted alpha, with ``power``); None when no control is set."""
+    name, base = settings.get("positive_control"), settings["baseline"]
+    if not name:
+        return None
+    row = next((r for r in rows if r["family"] == "vs_baseline" and r["metric"] == metric and r["a"] == name), None)
+    mdes = [r["mde"] for r in rows if r["metric"] == metric and r["family"] != "stage1"
+            and isinstance(r.get("mde"), float) and not math.isnan(r["mde"])]
+    return {"schedule": name, "baseline": base, "ran": name in available, "metric": metric,
+            "classification": row["classification"] if row else None,
+            "detected": bool(row and row["classification"] == "worse"),
+            "mean": row["mean"] if row else math.nan, "ci_low": row["ci_low"] if row else math.nan,
+            "ci_high": row["ci_high"] if row else math.nan, "n_pairs": row["n_pairs"] if row else 0,
+            "mde": max(mdes) if mdes else math.nan, "alpha": settings["alpha"], "power": settings["power"]}
 
 
 def _runs_used(runs):
@@ -547,7 +589,7 @@ def _stage1_summary(pre, alpha: float) -> dict:
     return out
 
 
-def _schedule_info(sched, runs, s: str, counts: dict, alpha: float) -> dict:
+def _schedule_info(sched, runs, s: str, counts: dict, alpha: float, metric: str = "accuracy") -> dict:
     """What the verdict needs of one schedule: its design (from the table's columns, never from its name),
     counts, failures, accuracy, numeric health and the bytes of its model and optimizer state."""
     import pandas as pd
@@ -557,6 +599,9 @@ def _schedule_info(sched, runs, s: str, counts: dict, alpha: float) -> dict:
     def total(col: str) -> float:
         return float(sub.get(col, pd.Series(dtype=float)).astype(float).sum(min_count=1))
 
+    def total_mean(df, col: str) -> float:
+        return float(df[col].astype(float).mean()) if col in df and df[col].notna().any() else math.nan
+
     return {
         **_design(sub),
         "has_stage1": _has_stage1(sub),
@@ -564,7 +609,11 @@ def _schedule_info(sched, runs, s: str, counts: dict, alpha: float) -> dict:
         "failed": [{"seed": _jsonable(r["seed"]), "outcome": r["outcome"], "reason": _failure_reason(r)}
                    for r in sub[~sub["used"]].to_dict("records")],
         "degenerate_seeds": [_jsonable(v) for v in sub.loc[sub["outcome"] == "degenerate", "seed"]],
-        "accuracy_points": describe(sub.loc[sub["used"], "accuracy"].astype(float) * 100, alpha),
+        # the headline accuracy (test split when the study has one) in %, its interval inside [0, 100]
+        "accuracy_points": {k: v * 100 if k not in ("n",) else v for k, v in describe_proportion(
+            sub.loc[sub["used"], metric].astype(float), _examples(sub[sub["used"]], metric), alpha).items()},
+        "majority_points": total_mean(sub, "test_majority_accuracy" if metric == "test_accuracy"
+                                      else "majority_accuracy") * 100,
         "skipped_steps": total("skipped_steps"),
         "stage1_skipped_steps": total("stage1_skipped_steps"),
         "stage2_skipped_steps": total("stage2_skipped_steps"),
@@ -576,7 +625,7 @@ def _schedule_info(sched, runs, s: str, counts: dict, alpha: float) -> dict:
         "sweep_at": _first(sub, "sweep_at"),
         # seeds other schedules have but this one lacks (no finetune metrics.json was given)
         "missing_seeds": [_jsonable(v) for v in sorted(set(sched["seed"]) - set(sub["seed"]), key=str)],
-        **{f"stage{k}_tensor_bytes": _tensor_bytes(sub, runs, k) for k in (1, 2)},
+        **{f"stage{k}_tensor_bytes": schedule_tensor_bytes(sub, runs, k) for k in (1, 2)},
         # the process peaks the tensor bytes are set beside (mean over the runs used)
         **{f"stage{k}_peak_memory_bytes": float(sub.loc[sub["used"], f"stage{k}_peak_memory_bytes"].astype(float).mean())
            if f"stage{k}_peak_memory_bytes" in sub else math.nan for k in (1, 2)},
@@ -599,155 +648,18 @@ def _design(sub) -> dict:
     return out
 
 
-#: bytes per element of a dtype name of the precision catalog
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def tensor_bytes_per_parameter(precision: str) -> int:
-    """Bytes each parameter holds during training in ``precision``: the weight and its gradient in the
-    catalog's param dtype, AdamW's two moments (torch keeps them in the param's dtype), and a Kahan
-    compensation buffer where the precision has one. fp32 and mixed precision: 16; pure 16-bit: 8."""
-    from ..catalog import spec
-
-    sp = spec(precision)
-    per = DTYPE_BYTES[sp.param_dtype]
-    return per * (4 + (sp.update_compensation == "kahan"))
-
-
-def _tensor_bytes(sub, runs, k: int) -> float:
-    """Model and optimizer-state bytes of the schedule's stage ``k``: its runs' parameter count (runs table,
-    ``model_parameters``) × :func:`tensor_bytes_per_parameter`, the larger of the two precisions of an in-stage
-    switch. NaN when the parameter count or the precision is unknown."""
-    import pandas as pd
-
-    ids, prec = sub.get(f"stage{k}_run_id"), _first(sub, f"stage{k}_precision")
-    if ids is None or prec is None or not {"run_id", "model_parameters"} <= set(runs.columns):
-        return math.nan
-    n = pd.to_numeric(runs.loc[runs["run_id"].isin(set(ids.dropna())), "model_parameters"], errors="coerce").max()
-    precs = [prec] + [p for p in [_first(sub, f"stage{k}_switch_to")] if p]
-    try:
-        per = max(tensor_bytes_per_parameter(str(p)) for p in precs)
-    except PrecswitchError:
-        return math.nan
-    return float(n * per) if math.isfinite(n) else math.nan
-
-
-#: decimals of a summary value, by its unit (fractions are shown in %)
-SUMMARY_DECIMALS = {"fraction": 2, "-1..1": 3, "nats": 3, "s": 2, "MiB": 1, "samples/s": 1}
-
-
-def _mean_ci(d: dict, unit: str) -> str:
-    scale = 100.0 if unit == "fraction" else 1.0
-    nd = SUMMARY_DECIMALS.get(unit, 2)
-    return with_ci(d.get("mean", math.nan) * scale, d.get("ci_low", math.nan) * scale,
-                   d.get("ci_high", math.nan) * scale, num, decimals=nd).replace("n/a", "–")
-
-
-def _summary_block(summary, level: str, title: str, metrics: list[Metric]) -> str:
-    sub = summary[summary["level"] == level]
-    if sub.empty:
-        return ""
-    header = ["group", "runs", "used", "failed", "degenerate"] + [
-        f"{m.label} ({'%' if m.unit == 'fraction' else m.unit})" for m in metrics]
-    rows = []
-    for g, gs in sub.groupby("group", sort=True):
-        first = gs.iloc[0]
-        r = [g, int(first["n_runs"]), int(first["n_used"]), int(first["n_failed"]), int(first["n_degenerate"])]
-        for m in metrics:
-            mm = gs[gs["metric"] == m.column]
-            d = mm.iloc[0].to_dict() if len(mm) else {}
-            r.append("–" if not d else num(d.get("sum"), 0).replace("n/a", "–") if m.kind == "count"
-                     else _mean_ci(d, m.unit))
-        rows.append(r)
-    return f"## {title}\n\n" + md_table(header, rows) + "\n"
-
-
-def stage1_difference_rows(deltas, summary, baseline: str) -> list[list[str]]:
-    """Per stage-1 comparison: eval-loss Δ [CI] in nats, Δ in % of B's loss, its label (``negligible`` when the
-    whole CI lies within ±NEGLIGIBLE_LOSS_FRACTION of B's loss), masked-token accuracy Δ [CI] and its label."""
-    st1 = deltas[deltas["family"] == "stage1"]
-
-    def loss_of(group):
-        bl = summary[(summary["level"] == "stage1") & (summary["group"] == group) & (summary["metric"] == "eval_loss")]
-        return float(bl["mean"].iloc[0]) if len(bl) else math.nan
-
-    rows = []
-    for (a, b), g in st1.groupby(["a", "b"], sort=False):
-        el, ma = (g[g["metric"] == k].iloc[0].to_dict() if (g["metric"] == k).any() else {}
-                  for k in ("eval_loss", "mlm_accuracy"))
-        n = (el or ma).get("n_pairs")
-        base = loss_of(b)
-        rel = el.get("mean", math.nan) / base * 100 if math.isfinite(base) and base > 0 else math.nan
-        lab = label(el) + ("; negligible" if el and loss_negligible(el.get("ci_low"), el.get("ci_high"), base) else "")
-        rows.append([a if b == baseline else f"{a} − {b}", int(n) if isinstance(n, (int, float)) and math.isfinite(n)
-                     else "–", with_ci(el.get("mean"), el.get("ci_low"), el.get("ci_high"), diff, unit="nats"),
-                     num(rel, 2, sign=True) + "%" if math.isfinite(rel) else "–", lab,
-                     with_ci(ma.get("mean"), ma.get("ci_low"), ma.get("ci_high")), label(ma)])
-    return rows
-
-
-def label(r: dict | None) -> str:
-    """'better (Holm p 0.031)' / 'inconclusive (Holm p 0.583)' / 'insufficient data' for a delta row."""
-    c = (r or {}).get("classification")
-    if not isinstance(c, str) or c == "insufficient data":
-        return "insufficient data" if r else "–"
-    return f"{c} (Holm p {fmt_p(r.get('p_holm'))})"
-
-
-def loss_negligible(lo: Any, hi: Any, base_loss: Any) -> bool:
-    """True when the whole CI [lo, hi] of a loss difference lies within ±NEGLIGIBLE_LOSS_FRACTION of the
-    baseline loss."""
-    try:
-        lo, hi, base_loss = float(lo), float(hi), float(base_loss)
-    except (TypeError, ValueError):
-        return False
-    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(base_loss)) or base_loss <= 0:
-        return False
-    return max(abs(lo), abs(hi)) < NEGLIGIBLE_LOSS_FRACTION * base_loss
-
-
-def render_summary_md(summary, settings: dict, deltas=None, stage1_baseline: str | None = None) -> str:
-    """summary.md: the summary tables; with ``deltas`` and ``stage1_baseline`` also the stage-1 paired
-    differences (the verdict's stage-1 table)."""
-    conf = conf_level(settings["alpha"])
-    out = ["# Summary per schedule and stage\n",
-           f"Mean [{conf}% CI] over the runs used (ok and degenerate; failed runs excluded and counted). Accuracy, "
-           "F1 and masked-token accuracy in %, times in seconds of the training loop, memory in MiB. Intervals of "
-           "times, throughputs and memory are t intervals on the log scale (they never reach below 0). "
-           "Differences between schedules, paired by seed, are in deltas.csv and the verdict.\n",
-           _summary_block(summary, "schedule", "Per schedule: accuracy",
-                          [m for m in SCHEDULE_METRICS if m.column in ("accuracy", "f1", "mcc")] + SCHEDULE_COUNTERS),
-           _summary_block(summary, "schedule", "Per schedule: time and memory",
-                          [m for m in SCHEDULE_METRICS if m.kind == "ratio"]),
-           _summary_block(summary, "stage1", "Stage 1 (pre-training) by precision", STAGE1_METRICS + RUN_COUNTERS),
-           _summary_block(summary, "stage2", "Stage 2 (fine-tuning) by precision (all schedules pooled; inits "
-                          "differ; a run whose stage 1 failed is counted as failed)", STAGE2_METRICS + RUN_COUNTERS)]
-    if deltas is not None and stage1_baseline and (deltas["family"] == "stage1").any():
-        out.append(f"## Stage 1: paired differences (against {stage1_baseline}, then the named contrasts' stage 1s)\n")
-        out.append(STAGE1_TABLE_NOTE.format(conf=conf, pct=NEGLIGIBLE_LOSS_FRACTION * 100) + "\n")
-        out.append(md_table(STAGE1_TABLE_HEADER, stage1_difference_rows(deltas, summary, stage1_baseline)) + "\n")
-    return "\n".join(x for x in out if x)
-
-
-STAGE1_TABLE_HEADER = ["stage 1", "pairs", "eval loss Δ (nats)", "Δ in % of B's loss", "eval loss label",
-                       "masked-token accuracy Δ (points)", "accuracy label"]
-STAGE1_TABLE_NOTE = ("A − B paired by seed (deltas.csv, family `stage1`): mean [unadjusted {conf}% t CI]; labels from "
-                     "the Holm-adjusted p over the stage-1 comparisons; *negligible*: the whole loss CI lies within "
-                     "±{pct:g}% of B's mean eval loss.")
-
-
 def run_stats(runs_path, schedules_path, settings: dict, out_dir=None, *, summary_csv=None,
               summary_md=None, deltas_csv=None, stats_json=None) -> dict:
     """Read the tables, compute, write summary.csv/.md, deltas.csv, stats.json (atomically)."""
-    import pandas as pd
 
     from ..io import atomic_write_json, atomic_write_text
+    from .aggregate import read_table
+    from .summary_md import render_summary_md
 
     for p in (runs_path, schedules_path):
         if not Path(p).is_file():
             raise PrecswitchError(f"input table not found: {p}")
-    runs = _read_table(runs_path)
-    schedules = _read_table(schedules_path)
+    runs, schedules = read_table(runs_path), read_table(schedules_path)
     if schedules.empty:
         raise PrecswitchError(f"{schedules_path} has no rows (no finetune runs were aggregated)")
     summary, deltas, stats = compute(runs, schedules, settings)
@@ -765,11 +677,6 @@ def run_stats(runs_path, schedules_path, settings: dict, out_dir=None, *, summar
                       render_summary_md(summary, settings, deltas, stats.get("stage1_baseline_precision")))
     atomic_write_text(target(deltas_csv, "deltas.csv"), deltas.to_csv(index=False))
     atomic_write_json(target(stats_json, "stats.json"), stats)
-    del pd
     return stats
 
 
-def _read_table(path):
-    from .aggregate import read_table
-
-    return read_table(path)

@@ -17,21 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
-from .fmt import conf_level, diff, finite, fmt_p, md_table, mib, num, ratio_ci, seeds, with_ci
+from .paired import NEGLIGIBLE_LOSS_FRACTION, loss_negligible
+from .fmt import conf_level, diff, finite, fmt_p, interval, md_table, mib, num, ratio_ci, seeds, with_ci
 
 #: below this many parameters the verdict calls the model tiny (the embedded default has ~1M; BERT-base 108M)
 TINY_MODEL_PARAMETERS = 10_000_000
 #: on a CPU, a memory difference counts as the precision's only when the model and optimizer state bytes of the
 #: two sides differ (in the same direction) by at least this share of the baseline side's process peak
 MATERIAL_SHARE = 0.05
-#: a stage-1 loss difference whose whole CI lies within ± this share of the other side's loss is negligible
-NEGLIGIBLE_LOSS_FRACTION = 0.001
 SIGNIFICANT = ("better", "worse", "higher", "lower")
+#: a schedule within this many equivalence margins of 100% accuracy, or of the majority class, gets a ceiling
+#: (floor) caveat: there a ±margin difference is a large share of its errors (of what it learnt)
+CEILING_MARGINS = 2.0
+#: provenance keys of the CPU instruction set (docs/contracts.md 5): runs of one study should share them
+CPU_KEYS = ("cpu_capability", "onednn_max_cpu_isa", "cpu_flags")
 
 
 def render(stats: dict, sequential: dict | None = None) -> str:
-    v = _View(stats)
-    sections = [_title(v), _headline(v), _answer(v), _sequential(sequential), _accuracy_details(v),
+    v = _View(stats, sequential)
+    sections = [_title(v), _headline(v), _answer(v), _control(v), _sequential(sequential), _accuracy_details(v),
                 _schedules_table(v), _cost_details(v), _memory_table(v), _stage1(v), _failures(v), _caveats(v),
                 _provenance(v)]
     return "\n\n".join(s for s in sections if s) + "\n"
@@ -40,8 +44,13 @@ def render(stats: dict, sequential: dict | None = None) -> str:
 class _View:
     """stats.json with the look-ups every section needs."""
 
-    def __init__(self, stats: dict):
+    def __init__(self, stats: dict, sequential: dict | None = None):
         self.stats = stats
+        #: the headline metric: test_accuracy when every finished run has the held-out split, else accuracy (dev)
+        self.acc = stats.get("accuracy_metric", "accuracy")
+        self.split = stats.get("split", "dev")
+        #: a sequential study: (a, b) → the comparison's last look (sequential.json)
+        self.seq = {(r["a"], r["b"]): r for r in (sequential or {}).get("comparisons", [])}
         s = stats.get("settings", {})
         self.margin, self.alpha, self.power = s.get("margin", 1.0), s.get("alpha", 0.05), s.get("power", 0.8)
         self.conf = conf_level(self.alpha)
@@ -112,6 +121,9 @@ def _scale(v: _View) -> str:
         size = f"{'tiny BERT' if max(sizes) < TINY_MODEL_PARAMETERS else 'BERT'} ({lo if lo == hi else f'{lo}-{hi}'} parameters)"
     where = "a CPU" if v.cpu else ", ".join(f"`{x}`" for x in v.prov.get("device_name", [])) or "an unknown device"
     n = len({x for i in v.info.values() for x in i.get("seeds", [])})
+    if v.seq:
+        used = sorted({int(r["seeds"]) for r in v.seq.values()})
+        return f"{size} on {where}, sequential seeds ({'-'.join(map(str, dict.fromkeys([used[0], used[-1]])))} per comparison)"
     return f"{size} on {where}, {n} seed{'s' if n != 1 else ''}"
 
 
@@ -126,10 +138,15 @@ def _isnum(x: Any) -> bool:
 def headline(v: _View) -> tuple[list[str], list[list[str]], str]:
     """The headline table (header, one row per comparison, the named contrasts first) and its note."""
     rows = [_headline_row(v, a, b, fam) for a, b, fam in v.comparisons()]
-    header = ["comparison", f"accuracy Δ (points) [{v.conf}% CI]", "accuracy", "time ratio", "time",
-              "memory ratio", "memory"]
-    note = (f"A − B paired by seed. Accuracy: *better/worse* = Holm-adjusted p < {v.alpha:g}; *equivalent* = the "
-            f"whole CI inside {_pm(v.margin)}; otherwise *inconclusive*. Time and memory: A / B, geometric mean "
+    split = "test split" if v.split == "test" else "dev split"
+    what = f"{v.conf}% confidence sequence" if v.seq else f"{v.conf}% CI"
+    header = ["comparison", f"{'test ' if v.split == 'test' else ''}accuracy Δ (points) [{what}]", "accuracy", "seeds",
+              "time ratio", "time", "memory ratio", "memory"]
+    rule = (f"each comparison's anytime-valid confidence sequence at the look it stopped: *better/worse* = it "
+            f"excludes 0; *equivalent* = inside {_pm(v.margin)}" if v.seq else
+            f"*better/worse* = Holm-adjusted p < {v.alpha:g}; *equivalent* = the whole CI inside {_pm(v.margin)}")
+    note = (f"A − B paired by seed, on the {split}. Accuracy: {rule}; *identical* = a tie on every seed; otherwise "
+            f"*inconclusive*. Time and memory: A / B, geometric mean "
             "of paired ratios; over both stages, or stage 2 alone (marked) when the two share their stage-1 runs or "
             "one has none; *n.s.* = not significant after Holm.")
     missing = [f"`{a}` vs `{b}`" for a, b in v.stats.get("missing_contrasts", [])]
@@ -152,10 +169,15 @@ def cost_rows(v: _View, a: str, b: str, family: str) -> tuple[dict | None, dict 
 
 
 def _headline_row(v: _View, a: str, b: str, family: str) -> list[str]:
-    acc = v.row(family, a, b, "accuracy")
+    acc = v.row(family, a, b, v.acc)
     t, m, stage2 = cost_rows(v, a, b, family)
     mark = " (stage 2)" if stage2 else ""
-    return [f"`{a}` vs `{b}`", with_ci(*_mci(acc)), accuracy_label(v, acc, a, b),
+    sq = v.seq.get((a, b))
+    if sq is not None:
+        cells = [_seq_estimate(sq), sequential_label(v, sq, acc, a, b), str(sq["seeds"])]
+    else:
+        cells = [with_ci(*_mci(acc)), accuracy_label(v, acc, a, b), seeds((acc or {}).get("n_pairs"))]
+    return [f"`{a}` vs `{b}`" + (" (positive control)" if a == _control_name(v) else ""), *cells,
             ratio_ci(t) + (mark if t else ""), time_label(t), ratio_ci(m) + (mark if m else ""),
             memory_label(v, m, a, b, stage2)]
 
@@ -165,12 +187,35 @@ def _mci(r: dict | None) -> tuple:
     return r.get("mean"), r.get("ci_low"), r.get("ci_high")
 
 
+def _seq_estimate(r: dict) -> str:
+    if not finite(r.get("mean")):
+        return "no pairs"
+    return f"{diff(r['mean'])} [{diff(r['lo']) if finite(r.get('lo')) else '−∞'}, " \
+           f"{diff(r['hi']) if finite(r.get('hi')) else '+∞'}]"
+
+
+def sequential_label(v: _View, sq: dict, r: dict | None, a: str, b: str) -> str:
+    """A sequential comparison's decision as the fixed design's words: *different* → better/worse by its sign."""
+    c = sq.get("decision")
+    if c == "different":
+        c = "better" if sq["mean"] > 0 else "worse"
+    elif c == "continue":
+        c = "open (more seeds needed)"
+    return accuracy_label(v, {**(r or {}), "classification": c, "n_pairs": sq.get("n", 2)}, a, b)
+
+
+def _control_name(v: _View) -> str | None:
+    return (v.stats.get("positive_control") or {}).get("schedule")
+
+
 def accuracy_label(v: _View, r: dict | None, a: str, b: str) -> str:
     c = (r or {}).get("classification")
     if not isinstance(c, str) or c == "insufficient data":
         return "not judged (< 2 pairs)"
     if all(_all_degenerate(v.info.get(x, {})) for x in (a, b)):
         return f"{c}, not informative (majority class only)"
+    if c == "identical":
+        return "identical on every seed"
     if c in ("better", "worse") and r.get("within_margin"):
         return f"{c}, within ±{v.margin:g}"
     return c
@@ -192,8 +237,12 @@ def memory_label(v: _View, r: dict | None, a: str, b: str, stage2: bool) -> str:
     if r.get("classification") not in SIGNIFICANT:
         return "n.s."
     if not memory_explained(v, a, b, r["mean"], stage2):
-        return "runtime footprint, not the precision"
+        return UNEXPLAINED
     return "saved" if r["mean"] < 1 else "more"
+
+
+#: a memory difference whose direction or size the weight and optimizer bytes do not account for
+UNEXPLAINED = "not explained by weight and optimizer bytes"
 
 
 def tensor_bytes(v: _View, s: str, stage2: bool) -> float:
@@ -232,13 +281,17 @@ def _answer(v: _View) -> str:
     if not comps:
         return f"Only `{v.baseline}` ran: add schedules to the config to compare it with something."
     parts = [_finding(v, a, b, fam) for a, b, fam in comps]
-    out = [f"At this scale ({_scale(v)}): " + "; ".join(parts) + "."]
+    out = [f"At this scale ({_scale(v)}), on the {v.split} split: " + "; ".join(parts) + "."]
+    pc = v.stats.get("positive_control") or {}
+    if pc and pc.get("ran") and not control_detected(v):
+        out.insert(0, f"**The study is not sensitive enough to answer**: it did not detect its positive control "
+                      f"`{pc['schedule']}` (see Positive control).")
     costs = []
     saved = [f"`{a}`" for a, b, fam in comps if memory_label(v, cost_rows(v, a, b, fam)[1], a, b,
-                                                            cost_rows(v, a, b, fam)[2]) == "runtime footprint, not the precision"]
+                                                            cost_rows(v, a, b, fam)[2]) == UNEXPLAINED]
     if saved:
-        costs.append(f"the memory differences of {', '.join(dict.fromkeys(saved))} are the runtime's footprint, "
-                     "not the precision's (the model and optimizer state explain too little of them: see Memory)")
+        costs.append(f"the weight and optimizer bytes do not explain the memory differences of "
+                     f"{', '.join(dict.fromkeys(saved))} (see Memory)")
     load = v.stats.get("load") or {}
     if v.cpu and (load.get("n_oversubscribed") or 0) > 0:
         costs.append(f"the time ratios are unreliable: {load['n_oversubscribed']} of {load.get('n_runs_checked')} "
@@ -250,13 +303,19 @@ def _answer(v: _View) -> str:
 
 
 def _finding(v: _View, a: str, b: str, family: str) -> str:
-    r = v.row(family, a, b, "accuracy")
+    r = v.row(family, a, b, v.acc)
     c = (r or {}).get("classification")
-    if c in ("better", "worse"):
+    if (a, b) in v.seq:
+        sq = v.seq[(a, b)]
+        c = {"different": "better" if (sq.get("mean") or 0) > 0 else "worse"}.get(sq["decision"], sq["decision"])
+        r = {**(r or {}), "mean": sq.get("mean")}
+    if c == "identical":
+        s = f"`{a}` and `{b}` tie on every seed"
+    elif c in ("better", "worse"):
         s = f"`{a}` is {'more' if c == 'better' else 'less'} accurate than `{b}` ({diff(r['mean'])} points)"
     elif c == "equivalent":
         s = f"`{a}` matches `{b}` within {_pm(v.margin)}"
-    elif c == "inconclusive":
+    elif c in ("inconclusive", "continue"):
         s = f"`{a}` vs `{b}` is inconclusive"
     else:
         s = f"`{a}` vs `{b}` cannot be judged (fewer than 2 paired seeds)"
@@ -269,7 +328,7 @@ def _finding(v: _View, a: str, b: str, family: str) -> str:
 def _accuracy_details(v: _View) -> str:
     rows = []
     for a, b, fam in v.comparisons():
-        r = v.row(fam, a, b, "accuracy") or {}
+        r = v.row(fam, a, b, v.acc) or {}
         rows.append([f"`{a}` vs `{b}`", seeds(r.get("n_pairs")), with_ci(*_mci(r)),
                      with_ci(r.get("mean"), r.get("boot_low"), r.get("boot_high")) if finite(r.get("boot_low")) else "–",
                      fmt_p(r.get("p_holm")), fmt_p(r.get("p_wilcoxon_holm")), fmt_p(r.get("tost_p")),
@@ -284,7 +343,7 @@ def _accuracy_details(v: _View) -> str:
             f"*{v.margin:g}-point Δ* = pairs that detect a margin-sized difference; *CI in margin* = pairs that would "
             f"put the CI inside ±{v.margin:g} if the observed mean and SD held (n/a when the mean is outside). "
             "*Detectable Δ*: the smallest difference these pairs detect with that power.")
-    return "## Accuracy tests\n\n" + md_table(header, rows) + "\n\n" + note
+    return f"## Accuracy tests ({v.split} split)\n\n" + md_table(header, rows) + "\n\n" + note
 
 
 def _schedules_table(v: _View) -> str:
@@ -297,10 +356,11 @@ def _schedules_table(v: _View) -> str:
         rows.append([f"`{s}`", v.stage(s, 1), v.stage(s, 2), _overrides(i), f"{i.get('n_used')}/{i.get('n_runs')}",
                      i.get("n_failed", 0), i.get("n_degenerate", 0),
                      with_ci(acc.get("mean"), acc.get("ci_low"), acc.get("ci_high"), num),
-                     num(acc.get("std"), 2), num(i.get("stage1_skipped_steps"), 0), num(i.get("stage2_skipped_steps"), 0),
+                     interval(acc.get("cp_low"), acc.get("cp_high"), num) or "–", num(acc.get("std"), 2), num(i.get("stage1_skipped_steps"), 0), num(i.get("stage2_skipped_steps"), 0),
                      num(i.get("nonfinite_losses"), 0)])
     header = ["schedule", "stage 1", "stage 2", "overrides", "used/runs", "failed", "degenerate",
-              f"accuracy % [{v.conf}% CI]", "seed SD", "skipped steps 1", "skipped steps 2", "non-finite losses"]
+              f"{v.split} accuracy % [{v.conf}% CI over seeds, logit scale]", "eval-set CI (Clopper-Pearson, pooled)",
+              "seed SD", "skipped steps 1", "skipped steps 2", "non-finite losses"]
     return "## Schedules\n\n" + md_table(header, rows)
 
 
@@ -368,7 +428,7 @@ def _stage1(v: _View) -> str:
                           for m in ("eval_loss", "mlm_accuracy", "train_seconds", "peak_memory_bytes"))
         base = ((summary.get(b) or {}).get("eval_loss") or {}).get("mean")
         n = next((r.get("n_pairs") for r in (el, ma, ts, pm) if r and finite(r.get("mean"))), 0)
-        lab = _short(el) + ("; negligible" if el and _negligible(el, base) else "")
+        lab = _short(el) + ("; negligible" if el and loss_negligible(el.get("ci_low"), el.get("ci_high"), base) else "")
         rows.append([f"`{a}` vs `{b}`", seeds(n), with_ci(*_mci(el), diff, unit="nats"), lab,
                      with_ci(*_mci(ma)), _short(ma), ratio_ci(ts), ratio_ci(pm)])
     header = ["stage 1", "pairs", "eval loss Δ (nats)", "loss", "masked-token acc. Δ (points)", "acc.",
@@ -382,12 +442,6 @@ def _stage1(v: _View) -> str:
 def _short(r: dict | None) -> str:
     c = (r or {}).get("classification")
     return c if isinstance(c, str) else "–"
-
-
-def _negligible(el: dict, base: Any) -> bool:
-    lo, hi = el.get("ci_low"), el.get("ci_high")
-    return finite(lo) and finite(hi) and finite(base) and base > 0 and \
-        max(abs(lo), abs(hi)) < NEGLIGIBLE_LOSS_FRACTION * base
 
 
 def _failures(v: _View) -> str:
@@ -407,13 +461,88 @@ def _failures(v: _View) -> str:
 
 # ------------------------------------------------------------------------------------------------ caveats
 def _caveats(v: _View) -> str:
-    cav = [c for c in (_cpu_caveat(v), _gpu_caveat(v), _scale_caveat(v), _load_caveat(v), _bootstrap_caveat(v),
-                       _wilcoxon_caveat(v)) if c]
+    cav = [c for c in (_split_caveat(v), _cpu_caveat(v), _isa_caveat(v), _gpu_caveat(v), _scale_caveat(v),
+                       _load_caveat(v), _bootstrap_caveat(v), _wilcoxon_caveat(v)) if c]
+    cav += _ceiling_caveats(v)
     cav += _input_caveats(v)
     cav += [f"The runs do not share one {k} ({', '.join(v.prov[k])}): timings and results may not be comparable."
             for k in ("device", "device_name", "torch_version", "transformers_version", "git_commit", "threads",
                       "compile") if len(v.prov.get(k, [])) > 1]
     return "## Caveats\n\n" + "\n".join(f"- {c}" for c in cav) if cav else ""
+
+
+def _split_caveat(v: _View) -> str:
+    if v.split == "test":
+        return ""
+    return ("Reported on the dev split, the split the recipe was tuned on (no run has a held-out `test` split): "
+            "the numbers may flatter every schedule alike.")
+
+
+def _isa_caveat(v: _View) -> str:
+    mixed = [f"{k} ({', '.join(v.prov[k])})" for k in CPU_KEYS if len(v.prov.get(k, [])) > 1]
+    if not mixed:
+        return ""
+    return ("The runs ran at different CPU instruction sets: " + "; ".join(mixed) + ". oneDNN and ATen pick other "
+            "kernels at each, so values differ in the last digits and bf16/fp16 times are not comparable; "
+            "pin `cpu_isa` (config/README.md).")
+
+
+def ceiling(v: _View, s: str) -> str | None:
+    """'ceiling' / 'floor' when schedule ``s``'s mean accuracy is within CEILING_MARGINS margins of 100% or of
+    the majority class; None otherwise."""
+    acc = v.info.get(s, {}).get("accuracy_points", {})
+    mean, maj = acc.get("mean"), v.info.get(s, {}).get("majority_points")
+    room = CEILING_MARGINS * v.margin
+    if finite(mean) and 100 - mean < room:
+        return "ceiling"
+    if finite(mean) and finite(maj) and mean - maj < room:
+        return "floor"
+    return None
+
+
+def _ceiling_caveats(v: _View) -> list[str]:
+    out, floor = [], []
+    for s in sorted(v.info):
+        where, acc = ceiling(v, s), v.info[s].get("accuracy_points", {})
+        if where == "ceiling":
+            err = 100 - acc["mean"]
+            allows = f"{(err + v.margin) / err:.0f}×" if err > 0 else "any multiple of"
+            out.append(f"`{s}` is at the ceiling ({num(acc['mean'])}%, within {CEILING_MARGINS:g} margins of 100%): "
+                       f"the {_pm(v.margin)} margin allows {allows} its error rate; a precision effect has little "
+                       "room to show, and *equivalent* says less than it seems.")
+        elif where == "floor":
+            floor.append(f"`{s}` ({num(acc['mean'])}% against {num(v.info[s]['majority_points'])}%)")
+    if floor:
+        out.append(f"Near the floor, within {CEILING_MARGINS:g} margins of the majority class: {', '.join(floor)}: "
+                   "they learnt little, and their comparisons say little about the precision.")
+    return out
+
+
+def control_detected(v: _View) -> bool:
+    """The positive control is detected: its label against the baseline is *worse* (in a sequential study, the
+    decision it stopped with is *different*, below 0)."""
+    pc = v.stats.get("positive_control") or {}
+    sq = v.seq.get((pc.get("schedule"), pc.get("baseline")))
+    if sq is not None:
+        return sq.get("decision") == "different" and (sq.get("mean") or 0) < 0
+    return bool(pc.get("detected"))
+
+
+def _control(v: _View) -> str:
+    """The positive control's line: detected or not, its difference, and the study's minimal detectable difference."""
+    pc = v.stats.get("positive_control")
+    if not pc:
+        return ""
+    name = f"`{pc['schedule']}`"
+    if not pc.get("ran"):
+        return f"**Positive control** {name}: not run (no finished runs): the study's sensitivity is untested."
+    found = "detected" if control_detected(v) else "not detected"
+    mde = (f"{num(pc.get('mde'))} points" if finite(pc.get("mde")) else
+           "none at these seeds" if pc.get("mde") == math.inf else "n/a")
+    return (f"**Positive control** {name} vs `{pc['baseline']}`: **{found}** ({pc.get('classification')}, "
+            f"{with_ci(pc.get('mean'), pc.get('ci_low'), pc.get('ci_high'))} points, {seeds(pc.get('n_pairs'))} "
+            f"pairs). Minimal detectable difference at these seeds: {mde} (largest over the comparisons; alpha "
+            f"{pc.get('alpha'):g} Holm-adjusted, power {pc.get('power'):g}).")
 
 
 def _input_caveats(v: _View) -> list[str]:
@@ -477,7 +606,7 @@ def _wilcoxon_caveat(v: _View) -> str:
     from .paired import _sign_seeds
 
     w_min = int(_sign_seeds(v.alpha, "two-sided"))
-    small = sorted({f"`{r['a']}` vs `{r['b']}`" for r in v.deltas if r.get("metric") == "accuracy"
+    small = sorted({f"`{r['a']}` vs `{r['b']}`" for r in v.deltas if r.get("metric") == v.acc
                     and r.get("family") != "stage1" and (r.get("n_pairs") or 0) < w_min})
     if not small:
         return ""
@@ -497,14 +626,16 @@ def _provenance(v: _View) -> str:
     items += [("git commit", pv("git_commit")), ("threads", pv("threads")), ("memory measured as", pv("memory_kind")),
               ("runs per schedule", "/".join(map(str, n_per))), ("baseline", f"`{v.baseline}`"),
               ("alpha", f"{v.alpha:g} (paired t-tests, Holm-adjusted per metric)"),
-              ("equivalence margin", f"{_pm(v.margin)} of accuracy")]
+              ("equivalence margin", f"{_pm(v.margin)} of accuracy"),
+              ("reported split", v.split)]
+    items += [(k.replace("_", " "), pv(k)) for k in ("cpu_isa",) + CPU_KEYS if v.prov.get(k)]
     return "## Holds for\n\n" + md_table(["", ""], [[k, x] for k, x in items])
 
 
-def render_front(stats: dict) -> str:
+def render_front(stats: dict, sequential: dict | None = None) -> str:
     """The answer for the report's landing page in reStructuredText (workflow/report/workflow.rst includes it): the
     title by design, the headline table, the answer sentences and the table's note, as at the top of verdict.md."""
-    v = _View(stats)
+    v = _View(stats, sequential)
     text, scale = title(v)
     header, rows, note = headline(v)
     # `name` is inline code in Markdown; the same with reST's default role set to literal (reset at the end)
@@ -514,7 +645,7 @@ def render_front(stats: dict) -> str:
         csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([header, *rows])
         out += [".. csv-table::", "   :header-rows: 1", "   :widths: auto", "   :class: headline", ""]
         out += ["   " + line for line in buf.getvalue().splitlines()] + [""]
-    out += [_answer(v), "", note if rows else "", "", ".. default-role::", ""]
+    out += [_answer(v), "", _control(v), "", note if rows else "", "", ".. default-role::", ""]
     return "\n".join(out)
 
 
@@ -577,6 +708,6 @@ def write_verdict(stats_path: str | os.PathLike, out_path: str | os.PathLike,
     sequential = json.loads(Path(sequential_path).read_text(encoding="utf-8")) if sequential_path else None
     text = render(stats, sequential)
     if front_path is not None:
-        atomic_write_text(front_path, render_front(stats))
+        atomic_write_text(front_path, render_front(stats, sequential))
     atomic_write_text(out_path, text)
     return text
