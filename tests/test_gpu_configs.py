@@ -152,28 +152,6 @@ def local_standins(tmp_path: Path, name: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_dry_run_with_local_standins(tmp_path, name):
-    cfgfile = local_standins(tmp_path, name)
-    r = snakemake(tmp_path, cfgfile, "all")
-    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
-    c = job_counts(r.stdout)
-    assert (c["pretrain"], c["finetune"], c["tokenizer"], c["prepare"]) == (60, 80, 1, 2)
-    assert "fetch" not in c  # nothing from the hub: no download job is pulled in
-    # the fetch rule still validates local paths when asked for
-    r = snakemake(tmp_path, cfgfile, f"{load(name)['results_dir']}/data/fetch-manifest.json")
-    assert r.returncode == 0 and job_counts(r.stdout) == {"fetch": 1}
-    if name == "bert-base-mrpc.yaml":
-        assert str(tmp_path / "models" / "tiny-bert") in r.stdout
-
-
-def _fetch_registered() -> bool:
-    from precswitch import cli
-
-    return "precswitch.fetch" in cli.COMMAND_MODULES
-
-
-@pytest.mark.skipif(not _fetch_registered(), reason="precswitch.fetch not yet in cli.COMMAND_MODULES")
 def test_fetch_rule_runs_local_and_fails_clearly_offline(tmp_path):
     cfgfile = local_standins(tmp_path, "bert-base-mrpc.yaml")
     res = load("bert-base-mrpc.yaml")["results_dir"]
