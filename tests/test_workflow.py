@@ -157,27 +157,6 @@ def test_finetune_only_schedule_and_replaced_schedules(tmp_path):
     assert counts["pretrain"] == 1 and counts["finetune"] == 2, counts
 
 
-def test_last_configfile_schedules_map_is_the_studys(tmp_path):
-    """--configfile A B, both with a schedules map: B's map is the study's, not the union of both
-    (Snakemake merges the files' dicts key by key); the files' other keys still merge."""
-    a = write_config(tmp_path / "a.yaml", {
-        "schedules": {"a1": {"pretrain": "fp32", "finetune": "fp32"}, "a2": {"pretrain": "amp_bf16", "finetune": "fp32"}},
-        "seeds": [3, 4], "analysis": {"baseline": "a1"}})
-    b = write_config(tmp_path / "b.yaml", {"schedules": {"b1": {"finetune": "fp32"}}, "analysis": {"baseline": "b1"}})
-    proc = snakemake(tmp_path, "-n", "--printshellcmds", "--configfile", a, b)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    counts = job_counts(out)
-    assert counts.get("pretrain", 0) == 0 and counts["finetune"] == 2, counts  # b1 x seeds 3, 4 (from a.yaml)
-    assert "runs/finetune/b1/seed4/" in out and "/a1/" not in out and "/a2/" not in out
-    # --config schedules=... replaces both files' maps (not the other way round)
-    proc = snakemake(tmp_path, "-n", "--configfile", a, b, "--config", "schedules={c1: {finetune: amp_bf16}}",
-                     "analysis={baseline: c1}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    assert job_counts(out)["finetune"] == 2 and "runs/finetune/c1/seed3/" in out and "/b1/" not in out, out[-3000:]
-
-
 def test_gpu_resource_only_off_cpu(tmp_path, plan):
     out = plan("default")
     assert "gpu=0" in out and "gpu=1" not in out
