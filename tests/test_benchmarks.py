@@ -120,24 +120,6 @@ def test_precision_throughput_medians_ratio_energy_and_memory(monkeypatch, tmp_p
     assert "median of 3 processes" in out
 
 
-def test_precision_throughput_failed_run_and_metrics_out(monkeypatch, tmp_path, capsys):
-    """A run whose process fails is a '-' row with its reason; the others go on. --metrics-out holds every
-    run's metrics.json (the failed one as a failed record)."""
-    err = subprocess.CalledProcessError(1, ["x"], "", "Traceback\nRuntimeError: no bf16 here\n")
-    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)] * 2, ("mlm", "amp_bf16"): [err, err],
-             ("mlm", "pure_bf16"): [_pt_metrics(30, 3000, 50, None)] * 2}
-    out_json = tmp_path / "all.json"
-    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "2", "--objectives", "mlm", "--precisions",
-                                           "fp32,amp_bf16,pure_bf16", "--metrics-out", str(out_json)])
-    out = capsys.readouterr().out
-    assert _row(out, "mlm", "amp_bf16")[3:9] == ["-"] * 5 + ["failed"]
-    assert "exit 1: RuntimeError: no bf16 here" in out
-    assert _row(out, "mlm", "pure_bf16")[3:6] == ["30.00", "3000", "3.00x"]
-    every = json.loads(out_json.read_text())
-    assert [r["precision"] for r in every] == ["fp32", "fp32", "amp_bf16", "amp_bf16", "pure_bf16", "pure_bf16"]
-    assert [r["status"] for r in every] == ["ok", "ok", "failed", "failed", "ok", "ok"]
-
-
 # ================================================================== engine_vs_trainer.py
 def test_engine_vs_trainer_medians_ratio_and_verdict(monkeypatch, capsys):
     """Per row: median engine steps/s and median Trainer steps/s over the repeats, their ratio; the verdict

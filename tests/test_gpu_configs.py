@@ -1,13 +1,11 @@
-"""The GPU study configs: schema-valid, what the issue asks for, and a Snakemake dry run of each (as
-written, with hub names, and with local stand-ins for the model and data), plus the fetch rule of
-workflow/rules/download.smk. Nothing is downloaded and nothing trains."""
+"""The GPU study configs: schema-valid, what the issue asks for, and a Snakemake dry run of each as written
+(hub names), plus the fetch rule on local stand-ins. Nothing is downloaded and nothing trains."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 import yaml
 
 from test_fetch import make_tiny_model
+from workflow_helpers import job_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -83,19 +82,8 @@ def test_bert_small_specifics():
 
 
 # ------------------------------------------------------------------ dry runs
-def wrapper(tmp_path: Path) -> Path:
-    """A Snakefile = the project's Snakefile + download.smk (until the Snakefile includes it)."""
-    text = (ROOT / "Snakefile").read_text()
-    lines = [f'include: "{ROOT / "Snakefile"}"']
-    if "download.smk" not in text:
-        lines.append(f'include: "{ROOT / "workflow" / "rules" / "download.smk"}"')
-    sf = tmp_path / "Snakefile"
-    sf.write_text("\n".join(lines) + "\n")
-    return sf
-
-
 def snakemake(tmp_path: Path, configfile: Path, *targets: str, dry: bool = True, env: dict | None = None):
-    cmd = [SNAKEMAKE, "-s", str(wrapper(tmp_path)), "--directory", str(tmp_path), f"--configfile={configfile}",
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), f"--configfile={configfile}",
            "--cores", "1", "-p"]
     if dry:
         cmd.append("-n")
@@ -104,16 +92,6 @@ def snakemake(tmp_path: Path, configfile: Path, *targets: str, dry: bool = True,
     e.update(env or {})
     e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=e)
-
-
-def job_counts(stdout: str) -> dict[str, int]:
-    counts = {}
-    block = stdout.split("Job stats:", 1)[1].split("Reasons:", 1)[0] if "Job stats:" in stdout else ""
-    for line in block.splitlines():
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if m and m.group(1) != "total":
-            counts[m.group(1)] = int(m.group(2))
-    return counts
 
 
 @pytest.mark.parametrize("name", CONFIGS)
