@@ -334,16 +334,12 @@ def test_device_scripts_parse(script):
 
 def test_count_ops_grows_by_one_layers_ops_per_layer_and_ignores_widths_batch_and_length(gc):
     """An eager step's aten ops: the same number more for each added layer; the same count at any width, batch
-    and sequence length (what lets gpu_hours count a narrowed copy); autocast's casts add ops; tf32 is fp32's step."""
+    and sequence length (what lets gpu_hours count a narrowed copy)."""
     tiny = dict(gc.QUICK, num_hidden_layers=1)
     c = {n: gc.count_ops({**tiny, "num_hidden_layers": n}, "fp32", mlm=True) for n in (1, 2, 3)}
     assert c[3] - c[2] == c[2] - c[1] > 20  # a layer: its matmuls, norms, dropouts, adds, their backward
     wide = {**tiny, "num_hidden_layers": 2, "hidden_size": 96, "num_attention_heads": 3, "intermediate_size": 200}
     assert gc.count_ops(wide, "fp32", mlm=True, batch=3, seq=24, width=None) == c[2]
-    assert gc.count_ops({**tiny, "num_hidden_layers": 2}, "fp32", mlm=True, width=None) == c[2]
-    amp = gc.count_ops({**tiny, "num_hidden_layers": 2}, "amp_bf16", mlm=True)
-    assert amp > c[2]  # autocast's casts
-    assert gc.count_ops({**tiny, "num_hidden_layers": 2}, "tf32", mlm=True) == c[2]
     with pytest.raises(gc.PrecswitchError, match="fp8"):
         gc.count_ops(tiny, "fp8", mlm=True)
 
