@@ -1,4 +1,4 @@
-"""The benchmark scripts' figures (mutation audit): what each script prints or writes, from hand-built
+"""The benchmark scripts' figures: what each script prints or writes, from hand-built
 measurements with hand-computed expectations. The expensive parts (`precswitch` processes, training,
 clocks) are faked; nothing here trains a model of any size worth timing or needs a GPU.
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_helpers import load_benchmark as _load  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Clock:
@@ -50,65 +51,6 @@ def _row(out: str, *first: str) -> list[str]:
 @pytest.fixture
 def bench():
     return _load("_bench")
-
-
-def test_engine_run_hparams_out_dir_and_wall_time(bench, tmp_path, monkeypatch):
-    """engine_run: the caller's hparams override the defaults, the stage's outputs go to `out` when given,
-    and wall_seconds is the process's wall time (the clock around the `precswitch train` call)."""
-    clock, seen = Clock(), []
-
-    def cli(*args):
-        seen.append(args)
-        hp, out = json.loads(args[args.index("--hparams") + 1]), Path(args[args.index("--out") + 1])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps({"steps_per_second": 3.0, "batch_size": hp["batch_size"]}))
-        clock.sleep(7.5)
-
-    monkeypatch.setattr(bench, "cli", cli)
-    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=clock))
-    m = bench.engine_run(tmp_path / "d", "mlm", "amp_bf16", out=tmp_path / "keep", batch_size=8, steps=3,
-                         model={"hidden_size": 16}, save_checkpoint=True, eval_batch_size=64)
-    assert m == {"steps_per_second": 3.0, "batch_size": 8, "wall_seconds": 7.5}
-    (args,) = seen
-    assert args[0] == "train" and Path(args[args.index("--out") + 1]) == tmp_path / "keep"
-    hp = json.loads(args[args.index("--hparams") + 1])
-    assert hp["data"] == str(tmp_path / "d") and hp["objective"] == "mlm" and hp["precision"] == "amp_bf16"
-    assert hp["batch_size"] == 8 and hp["steps"] == 3 and hp["model"] == {"hidden_size": 16}
-    assert hp["save_checkpoint"] is True and hp["eval_batch_size"] == 64  # the caller's, not the defaults
-    assert hp["seed"] == 1 and hp["on_unsupported"] == "skip"  # defaults kept
-    assert (hp["lr"], hp["warmup_ratio"]) == (5e-4, 0.1)  # engine_vs_trainer's Trainer runs these
-    assert (tmp_path / "keep" / "metrics.json").exists()
-    # without out: a temporary directory, removed afterwards
-    m = bench.engine_run(tmp_path / "d", "classify", "fp32")
-    hp = json.loads(seen[-1][seen[-1].index("--hparams") + 1])
-    assert hp["save_checkpoint"] is False and hp["eval_batch_size"] == 256
-    assert hp["batch_size"] == 32 and hp["model"] == bench.MODEL and hp["objective"] == "classify"
-    assert not Path(seen[-1][seen[-1].index("--out") + 1]).exists()
-
-
-def test_prepare_passes_its_options_to_each_step(bench, tmp_path, monkeypatch):
-    seen = []
-    monkeypatch.setattr(bench, "cli", lambda *a: seen.append(a))
-    out = bench.prepare(tmp_path, n_corpus=123, n_train=45, max_length=99, pack=True)
-    assert out == {"mlm": tmp_path / "prepared-mlm", "classify": tmp_path / "prepared-classify"}
-    synth, tok, mlm, cls = seen
-
-    def opt(args, name):
-        return args[args.index(name) + 1]
-
-    assert synth[0] == "synth" and opt(synth, "--n-corpus") == "123" and opt(synth, "--n-train") == "45"
-    assert opt(synth, "--n-dev") == "200" and opt(synth, "--seed") == "0"
-    assert tok[0] == "tokenizer" and opt(tok, "--out") == str(tmp_path / "tokenizer")
-    assert opt(tok, "--vocab-size") == "4000"  # the "vocab 4k" the scripts print
-    for args, obj in ((mlm, "mlm"), (cls, "classify")):
-        assert args[0] == "prepare" and opt(args, "--objective") == obj and opt(args, "--max-length") == "99"
-        assert opt(args, "--tokenizer") == str(tmp_path / "tokenizer")
-    assert json.loads(opt(mlm, "--source")).get("mlm_examples") == "pack"  # packed blocks: masked LM only
-    assert "mlm_examples" not in json.loads(opt(cls, "--source"))
-    seen.clear()
-    bench.prepare(tmp_path)
-    assert "mlm_examples" not in json.loads(seen[2][seen[2].index("--source") + 1])
-    assert seen[2][seen[2].index("--max-length") + 1] == "64"
 
 
 def test_cli_raises_on_failure_and_prints_the_reason(bench, monkeypatch, capsys):
@@ -178,101 +120,6 @@ def test_precision_throughput_medians_ratio_energy_and_memory(monkeypatch, tmp_p
     assert "median of 3 processes" in out
 
 
-def test_precision_throughput_options_reach_every_run(monkeypatch, tmp_path):
-    calls, prep = [], []
-    m = _pt_metrics(5, 500, 10, None)
-    table = {(o, p): [m] * 4 for o in ("mlm",) for p in ("fp32", "pure_fp16")}
-    pt = _run_pt(monkeypatch, tmp_path, table, ["--steps", "7", "--warmup", "2", "--repeats", "1", "--threads", "3",
-                                                "--device", "cuda", "--precisions", "fp32,pure_fp16", "--objectives",
-                                                "mlm", "--model", "base", "--max-length", "128",
-                                                "--compile", "off,reduce-overhead"], calls=calls, prep=prep)
-    assert len(calls) == 4  # 2 compile settings x 2 precisions x 1 repeat
-    for c in calls:
-        assert (c["steps"], c["timing_warmup_steps"], c["threads"], c["device"]) == (7, 2, 3, "cuda")
-        assert c["model"] == pt.BASE_MODEL and c["objective"] == "mlm"
-        assert c["adam_eps"] == (1e-4 if c["precision"] == "pure_fp16" else 1e-8)
-    assert [c["compile"] for c in calls] == ["off", "off", "reduce-overhead", "reduce-overhead"]
-    ((_, kw),) = prep
-    assert kw == {"max_length": 128, "pack": True}
-    calls.clear()
-    prep.clear()
-    pt = _run_pt(monkeypatch, tmp_path, {("mlm", "fp32"): [m]}, ["--repeats", "1", "--precisions", "fp32",
-                                                                 "--objectives", "mlm"], calls=calls, prep=prep)
-    assert calls[0]["model"] == pt.MODEL and calls[0]["adam_eps"] == 1e-8 and calls[0]["compile"] == "off"
-    assert prep[0][1] == {"max_length": 64, "pack": False}
-
-
-def test_precision_throughput_failed_run_and_metrics_out(monkeypatch, tmp_path, capsys):
-    """A run whose process fails is a '-' row with its reason; the others go on. --metrics-out holds every
-    run's metrics.json (the failed one as a failed record)."""
-    err = subprocess.CalledProcessError(1, ["x"], "", "Traceback\nRuntimeError: no bf16 here\n")
-    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)] * 2, ("mlm", "amp_bf16"): [err, err],
-             ("mlm", "pure_bf16"): [_pt_metrics(30, 3000, 50, None)] * 2}
-    out_json = tmp_path / "all.json"
-    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "2", "--objectives", "mlm", "--precisions",
-                                           "fp32,amp_bf16,pure_bf16", "--metrics-out", str(out_json)])
-    out = capsys.readouterr().out
-    assert _row(out, "mlm", "amp_bf16")[3:9] == ["-"] * 5 + ["failed"]
-    assert "exit 1: RuntimeError: no bf16 here" in out
-    assert _row(out, "mlm", "pure_bf16")[3:6] == ["30.00", "3000", "3.00x"]
-    every = json.loads(out_json.read_text())
-    assert [r["precision"] for r in every] == ["fp32", "fp32", "amp_bf16", "amp_bf16", "pure_bf16", "pure_bf16"]
-    assert [r["status"] for r in every] == ["ok", "ok", "failed", "failed", "ok", "ok"]
-
-
-def test_precision_throughput_status_counts_a_rows_mixed_runs(monkeypatch, tmp_path, capsys):
-    """A row whose first repeat failed and the others ran shows '2/3 ok' (its figures are the ok runs'),
-    not the first repeat's 'failed'; one whose first repeat ran and a later one failed is not 'ok' either."""
-    err = subprocess.CalledProcessError(1, ["x"], "", "RuntimeError: out of memory\n")
-    table = {("mlm", "fp32"): [err, _pt_metrics(10, 1000, 100, None), _pt_metrics(12, 1200, 100, None)],
-             ("mlm", "amp_bf16"): [_pt_metrics(20, 2000, 50, None), err, _pt_metrics(24, 2400, 50, None)],
-             ("mlm", "pure_bf16"): [_pt_metrics(30, 3000, 50, None)] * 3}
-    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "3", "--objectives", "mlm", "--precisions",
-                                           "fp32,amp_bf16,pure_bf16"])
-    out = capsys.readouterr().out
-    assert _row(out, "mlm", "fp32")[3:] == ["11.00", "1100", "1.00x", "100", "-", "2/3", "ok", "cpu_peak_rss"]
-    assert _row(out, "mlm", "amp_bf16")[3:] == ["22.00", "2200", "2.00x", "50", "-", "2/3", "ok", "cpu_peak_rss"]
-    assert _row(out, "mlm", "pure_bf16")[8] == "ok"
-
-
-def test_precision_throughput_a_diverged_repeat_is_not_ok_but_its_steps_were_timed(monkeypatch, tmp_path, capsys):
-    """A repeat that diverged (pure_fp16 with a small eps) ran and timed its steps: its figures count, and the
-    status says how many repeats were ok (a diverged one is not); a row that all diverged says 'diverged'."""
-    div = {**_pt_metrics(40, 4000, 50, None), "status": "diverged"}
-    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)] * 3,
-             ("mlm", "pure_fp16"): [_pt_metrics(20, 2000, 50, None), div, _pt_metrics(30, 3000, 50, None)],
-             ("mlm", "pure_bf16"): [div] * 3}
-    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "3", "--objectives", "mlm", "--precisions",
-                                           "fp32,pure_fp16,pure_bf16"])
-    out = capsys.readouterr().out
-    assert _row(out, "mlm", "pure_fp16")[3:] == ["30.00", "3000", "3.00x", "50", "-", "2/3", "ok", "cpu_peak_rss"]
-    assert _row(out, "mlm", "pure_bf16")[8] == "diverged"
-
-
-def test_precision_throughput_metrics_out_keeps_the_runs_before_an_interruption(monkeypatch, tmp_path):
-    """--metrics-out is written after every precision: a run stopped by a time limit (here an error, not a failed
-    process, in the second precision's run) leaves the first precision's records on disk."""
-    out_json = tmp_path / "all.json"
-    table = {("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)], ("mlm", "amp_bf16"): [RuntimeError("time limit")]}
-    with pytest.raises(RuntimeError):
-        _run_pt(monkeypatch, tmp_path, table, ["--repeats", "1", "--objectives", "mlm", "--precisions",
-                                               "fp32,amp_bf16", "--metrics-out", str(out_json)])
-    assert [(r["precision"], r["steps_per_second"]) for r in json.loads(out_json.read_text())] == [("fp32", 10)]
-
-
-def test_precision_throughput_vs_fp32_is_fp32s_row_whatever_the_order(monkeypatch, tmp_path, capsys):
-    """'vs fp32' divides by fp32's steps/s: not by the first precision listed, nor by the next one when
-    fp32's runs failed (then there is no ratio: '-')."""
-    table = {("mlm", "amp_bf16"): [_pt_metrics(30, 3000, 50, None)], ("mlm", "fp32"): [_pt_metrics(10, 1000, 100, None)],
-             ("classify", "fp32"): [subprocess.CalledProcessError(1, ["x"], "", "OutOfMemoryError")],
-             ("classify", "amp_bf16"): [_pt_metrics(20, 2000, 50, None)]}
-    _run_pt(monkeypatch, tmp_path, table, ["--repeats", "1", "--precisions", "amp_bf16,fp32"])
-    out = capsys.readouterr().out
-    assert _row(out, "mlm", "amp_bf16")[3:6] == ["30.00", "3000", "3.00x"]
-    assert _row(out, "mlm", "fp32")[3:6] == ["10.00", "1000", "1.00x"]
-    assert _row(out, "classify", "amp_bf16")[3:6] == ["20.00", "2000", "-"]
-
-
 # ================================================================== engine_vs_trainer.py
 def test_engine_vs_trainer_medians_ratio_and_verdict(monkeypatch, capsys):
     """Per row: median engine steps/s and median Trainer steps/s over the repeats, their ratio; the verdict
@@ -312,108 +159,6 @@ def test_engine_vs_trainer_medians_ratio_and_verdict(monkeypatch, capsys):
         assert (e["steps"], e["timing_warmup_steps"], e["threads"]) == (t["steps"], t["warmup"], t["threads"]) == (9, 2, 3)
         assert e["optimizer_impl"] == "fused" and e["adam_eps"] == 1e-8
         assert t["batch_size"] == 32 and t["lr"] == 5e-4 and t["model"] == evt.MODEL
-
-
-def test_engine_vs_trainer_verdict_at_the_threshold(monkeypatch, capsys):
-    evt = _load("engine_vs_trainer")
-    monkeypatch.setattr(evt, "prepare", _fake_prepare([]))
-    for e_sps, verdict in ((11.0, "PASS"), (10.99, "FAIL")):
-        monkeypatch.setattr(evt, "engine", lambda *a: e_sps)
-        monkeypatch.setattr(evt, "trainer", lambda *a: 10.0)
-        monkeypatch.setattr(sys, "argv", ["engine_vs_trainer.py", "--repeats", "1", "--objectives", "mlm",
-                                          "--precisions", "fp32"])
-        evt.main()
-        assert f"(target >= 1.10): {verdict}" in capsys.readouterr().out
-
-
-def _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, precision="fp32", steps=6, warmup=2,
-                         step_times=(5.0, 3.0, 1.0, 1.0, 2.0, 2.0)):
-    """Run TRAINER_SCRIPT in this process with stand-ins for transformers and datasets: the fake Trainer
-    calls the script's callback once per step, each step taking step_times[i] on a fake clock."""
-    clock, got = Clock(), {}
-    tf = types.ModuleType("transformers")
-
-    class Trainer:
-        def __init__(self, model, args, train_dataset, data_collator, callbacks):
-            got["args"], self.callbacks = args, callbacks
-            self.state = types.SimpleNamespace(log_history=[{"train_loss": 1.5}])
-
-        def train(self):
-            for i in range(got["args"]["max_steps"]):
-                for cb in self.callbacks:  # TrainerCallback's own on_step_begin does nothing
-                    getattr(cb, "on_step_begin", lambda *a: None)(got["args"], self.state, None)
-                clock.sleep(step_times[i])
-                for cb in self.callbacks:
-                    cb.on_step_end(got["args"], self.state, None)
-
-    tf.Trainer, tf.TrainerCallback, tf.TrainingArguments = Trainer, object, lambda **kw: kw
-    tf.BertConfig = lambda **kw: kw
-    tf.BertForMaskedLM = tf.BertForSequenceClassification = lambda cfg: ("model", cfg)
-    tf.DataCollatorForLanguageModeling = tf.DataCollatorWithPadding = lambda *a, **k: "collator"
-    tf.AutoTokenizer = types.SimpleNamespace(
-        from_pretrained=lambda p: type("Tok", (), {"__len__": lambda s: 100, "pad_token_id": 0})())
-    tf.set_seed = lambda s: None
-    tf.utils = types.SimpleNamespace(logging=types.SimpleNamespace(set_verbosity_error=lambda: None))
-    ds = types.ModuleType("datasets")
-    ds.load_from_disk = lambda p: {"train": "rows"}
-    ds.disable_progress_bars = lambda: None
-    monkeypatch.setitem(sys.modules, "transformers", tf)
-    monkeypatch.setitem(sys.modules, "datasets", ds)
-    import time as real_time
-    monkeypatch.setattr(real_time, "perf_counter", clock)
-    (tmp_path / "meta.json").write_text(json.dumps({"tokenizer": "tok", "num_labels": 2}))
-    args = {"data": str(tmp_path), "objective": "mlm", "precision": precision, "steps": steps, "seed": 1,
-            "model": evt.MODEL, "threads": 1, "batch_size": 32, "lr": 5e-4, "warmup": warmup, "tmp": str(tmp_path)}
-    monkeypatch.setattr(sys, "argv", ["-c", json.dumps(args)])
-    exec(compile(evt.TRAINER_SCRIPT, "<trainer>", "exec"), {"__name__": "__main__"})
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1]), got["args"]
-
-
-def test_engine_vs_trainer_a_failed_trainer_process_stops_with_its_reason(monkeypatch):
-    evt = _load("engine_vs_trainer")
-    monkeypatch.setattr(evt.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
-        cmd, 1, "", "Traceback...\nImportError: accelerate"))
-    a = types.SimpleNamespace(steps=6, threads=1, warmup=1)
-    with pytest.raises(SystemExit) as e:
-        evt.trainer(Path("d"), "mlm", "fp32", a)
-    assert "ImportError: accelerate" in str(e.value.code)
-
-
-def test_trainer_script_times_the_steps_after_the_warmup(monkeypatch, tmp_path, capsys):
-    """Trainer's steady-state steps/s: the steps after the first `warmup` ones over the time between the end
-    of step `warmup` and the end of the last step (4 steps taking 1 + 1 + 2 + 2 s here: 4 / 6 s), as the
-    engine's timing_warmup_steps; and the TrainingArguments are the engine's run (steps, batch, lr, bf16)."""
-    evt = _load("engine_vs_trainer")
-    res, targs = _exec_trainer_script(evt, monkeypatch, tmp_path, capsys)
-    assert res["steps_per_second"] == pytest.approx(4 / 6) and res["steps"] == 6 and res["final_loss"] == 1.5
-    assert targs["max_steps"] == 6 and targs["per_device_train_batch_size"] == 32 and targs["learning_rate"] == 5e-4
-    assert targs["bf16"] is False and targs["use_cpu"] is True and targs["optim"] == "adamw_torch_fused"
-    assert targs["max_grad_norm"] == 1.0 and targs["warmup_steps"] == 1  # round(0.1 x 6), the engine's warmup_ratio
-    from precswitch.train.config import DEFAULTS  # the engine's run: its defaults (engine_run sets lr, batch)
-
-    assert (targs["weight_decay"], targs["adam_epsilon"], targs["max_grad_norm"]) == (
-        DEFAULTS["weight_decay"], DEFAULTS["adam_eps"], DEFAULTS["max_grad_norm"])
-    assert targs["dataloader_drop_last"] is True  # the engine's batches are all full (n // batch_size per epoch)
-    res, targs = _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, precision="amp_bf16", warmup=1)
-    assert res["steps_per_second"] == pytest.approx(5 / 9) and targs["bf16"] is True
-
-
-def test_trainer_script_without_warmup_times_every_step(monkeypatch, tmp_path, capsys):
-    """--warmup 0: every step, from the first step's start (6 steps in 14 s), as the engine's
-    timing_warmup_steps 0; it used to divide by ends[-1] - ends[-1] = 0. A warm-up that leaves no timed
-    step is refused before anything runs."""
-    evt = _load("engine_vs_trainer")
-    res, _ = _exec_trainer_script(evt, monkeypatch, tmp_path, capsys, warmup=0)
-    assert res["steps_per_second"] == pytest.approx(6 / 14)
-    monkeypatch.setattr(evt, "prepare", lambda root: pytest.fail("prepared data despite a bad --warmup"))
-    for bad in (["--warmup", "9", "--steps", "9"], ["--warmup", "-1"]):
-        monkeypatch.setattr(sys, "argv", ["engine_vs_trainer.py", *bad])
-        with pytest.raises(SystemExit) as e:
-            evt.main()
-        assert e.value.code == 2
-    assert "--warmup 9: needs 0 <= warmup < --steps (9)" in capsys.readouterr().err
-
-
 
 
 # ================================================================== bad options: refused before any work
@@ -456,3 +201,135 @@ def test_bad_options_are_refused_before_any_work(script, argv, message, monkeypa
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def _gpu_hours():
+    return _load("gpu_hours")
+
+
+def _fake_check(path, objective, batch, steps_s: dict, variant="eager"):
+    path.write_text(json.dumps({
+        "schema": "precswitch-gpu-check/1", "objective": objective, "batch": batch, "seq_len": 128,
+        "model": {"num_hidden_layers": 12, "hidden_size": 768},
+        "results": [{"precision": p, "variant": variant, "status": "ok", "step_seconds": s} for p, s in steps_s.items()]
+        + [{"precision": "pure_fp16", "variant": "eager", "status": "failed"}],
+    }))
+    return path
+
+
+def test_gpu_hours_hand_count(tmp_path, capsys):
+    """Stage 1 once per distinct stage-1 precision and seed, stage 2 once per schedule and seed."""
+    import yaml
+
+    gh = _gpu_hours()
+    train = {"batch_size": 32, "max_length": 128}
+    cfg = {"seeds": [1, 2], "model": {"init": "bert-base-cased"},
+           "schedules": {"a": {"pretrain": "fp32", "finetune": "fp32"}, "b": {"pretrain": "fp32", "finetune": "amp_bf16"},
+                         "c": {"pretrain": {"precision": "amp_bf16", "switch_to": "fp32", "switch_at": 0.25},
+                               "finetune": "fp32"}},
+           "train": {"pretrain": {**train, "steps": 1000}, "finetune": {**train, "steps": None, "epochs": 2}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    mlm = _fake_check(tmp_path / "mlm.json", "mlm", 32, {"fp32": 0.098, "amp_bf16": 0.018})
+    cls = _fake_check(tmp_path / "cls.json", "classify", 32, {"fp32": 0.048, "amp_bf16": 0.028})
+    cls2 = _fake_check(tmp_path / "cls2.json", "classify", 32, {"amp_bf16": 0.038})  # a second, slower reading
+    compiled = _fake_check(tmp_path / "cg.json", "classify", 32, {"fp32": 0.001}, variant="compiled")  # ignored
+    args = ["--step-overhead-ms", "2", "--stage1-job-s", "100", "--stage2-job-s", "10", "--finetune-rows", "330"]
+    assert gh.main([str(tmp_path / "c.yaml"), str(mlm), str(cls), str(cls2), str(compiled), *args]) == 0
+    out = capsys.readouterr().out
+    # stage 1: fp32 (shared by a and b) 1000 x 0.1 + 100 = 200 s; the switch 250 x 0.02 + 750 x 0.1 + 100 = 180 s
+    # stage 2: 2 epochs x (330 // 32 = 10) = 20 steps: fp32 20 x 0.05 + 10 = 11 s (a, c); amp_bf16 20 x 0.03|0.04 + 10
+    s1 = 2 * (200 + 180) / 3600
+    s2_lo, s2_hi = 2 * (11 + 11 + 10.6) / 3600, 2 * (11 + 11 + 10.8) / 3600
+    assert f"pretrain: {s1:.1f} GPU-hours" in out
+    assert f"total: {s1 + s2_lo:.1f}" in out and "20 " in out
+    res = gh.estimate(cfg, gh.load_measurements([mlm, cls, cls2]), gh.main.__globals__["argparse"].Namespace(
+        step_overhead_ms=2, stage1_job_s=100, stage2_job_s=10, pretrain_rows=None, finetune_rows=330))
+    assert len([j for j in res["jobs"] if j["stage"] == "pretrain"]) == 2  # fp32 shared by a and b
+    got = {j["spec"]: j["run_s"] for j in res["jobs"] if j["stage"] == "finetune"}
+    assert got["b"] == pytest.approx((10.6, 10.8)) and got["a"] == pytest.approx((11.0, 11.0))
+    assert sum(j["run_s"][1] * j["seeds"] for j in res["jobs"]) / 3600 == pytest.approx(s1 + s2_hi)
+    # a precision without a measurement is named, not guessed
+    assert gh.main([str(tmp_path / "c.yaml"), str(mlm), *args]) == 2
+    assert "classify fp32 batch 32 x 128" in capsys.readouterr().err
+
+
+def test_gpu_hours_reads_a_partial_config_as_the_workflow_does(tmp_path, capsys):
+    """Only the keys that differ from config/config.yaml (as `snakemake --configfile` takes them): the rest comes
+    from config.yaml and the schema's defaults (it was a KeyError on 'seeds'); the schedules map replaces the
+    default one; a file that is no mapping, or a schema error, is one line naming the file."""
+    import yaml
+
+    gh = _gpu_hours()
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    shape = {"batch_size": 32, "max_length": 128}
+    part = {"model": {"init": "bert-base-cased"}, "schedules": {"x": {"finetune": "amp_bf16"}},
+            "analysis": {"baseline": "x", "contrasts": []}, "train": {"finetune": shape}}
+    (tmp_path / "part.yaml").write_text(yaml.safe_dump(part))
+    cfg = gh.study_config(tmp_path / "part.yaml")
+    assert cfg["seeds"] == base["seeds"] and list(cfg["schedules"]) == ["x"]
+    assert cfg["train"]["finetune"]["lr"] == base["train"]["finetune"]["lr"]  # merged, not replaced
+    cls = _check_json(tmp_path / "cls.json", "classify", 32, 128, 12, 768, {"amp_bf16": 0.03})
+    assert gh.main([str(tmp_path / "part.yaml"), str(cls)]) == 0
+    assert f"1 schedules x {len(base['seeds'])} seeds" in capsys.readouterr().out
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(SystemExit, match=r"list.yaml: a study config is a YAML mapping, got list"):
+        gh.study_config(tmp_path / "list.yaml")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"schedules": {"x": {"finetune": "fp64"}}}))
+    with pytest.raises(SystemExit, match=r"bad.yaml: not a valid study config: config key schedules.x.finetune: 'fp64' is not "):
+        gh.study_config(tmp_path / "bad.yaml")
+
+
+def _check_json(path, objective, batch, seq, layers, hidden, steps_s: dict, variant="eager", status="ok"):
+    path.write_text(json.dumps({
+        "schema": "precswitch-gpu-check/1", "objective": objective, "batch": batch, "seq_len": seq,
+        "model": {"num_hidden_layers": layers, "hidden_size": hidden},
+        "results": [{"precision": p, "variant": variant, "status": status, "step_seconds": s}
+                    for p, s in steps_s.items()]}))
+    return path
+
+
+def _hours_args(**over):
+    import argparse
+
+    return argparse.Namespace(**{"step_overhead_ms": 2.0, "stage1_job_s": 25.0, "stage2_job_s": 18.0,
+                                 "pretrain_rows": None, "finetune_rows": 100, **over})
+
+
+def test_gpu_hours_refuses_a_cpu_run_and_a_json_that_is_no_gpu_check_result(tmp_path):
+    """A gpu_check run on a CPU (`--device cpu` at BERT-base's shapes keys like the H200's rows) was read as
+    GPU step times: alone it printed CPU hours as GPU-hours, beside a GPU's file it stretched the range to
+    them. It is refused by name, as is a JSON of another schema (a mapping, not only a list); files written
+    before the device was recorded are read."""
+    gh = _gpu_hours()
+    gpu = _check_json(tmp_path / "gpu.json", "mlm", 32, 128, 12, 768, {"fp32": 0.1})
+    cpu = _check_json(tmp_path / "cpu.json", "mlm", 32, 128, 12, 768, {"fp32": 9.0})
+    cpu.write_text(json.dumps({**json.loads(cpu.read_text()), "device": "cpu", "device_name": "x86_64"}))
+    gpu.write_text(json.dumps({**json.loads(gpu.read_text()), "device": "cuda", "device_name": "NVIDIA H200"}))
+    assert dict(gh.load_measurements([gpu])) == {("mlm", "fp32", 32, 128, 12, 768): [0.1]}
+    with pytest.raises(SystemExit, match=r"cpu\.json timed device 'cpu' \(x86_64\), not a GPU"):
+        gh.load_measurements([gpu, cpu])
+    other = tmp_path / "metrics.json"
+    for bad in ({"schema": "precswitch-metrics/1", "results": []}, {"results": []}):
+        other.write_text(json.dumps(bad))
+        with pytest.raises(SystemExit, match=r"metrics\.json is not a gpu_check --out result"):
+            gh.load_measurements([other])
+
+
+def test_gpu_hours_of_bert_base_mrpc_are_the_documented_figures():
+    """docs/gpu.md's GPU-hours table, from the H200 files with the default per-step and per-job costs: each
+    stage-1 precision's 10,000-step run and its 10 seeds, 342 fine-tuning steps, the stage totals and 7.4 in all."""
+    h200 = ROOT / "benchmarks" / "lease" / "h200"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_hours.py"), str(ROOT / "config" / "bert-base-mrpc.yaml"),
+                        str(h200 / "run1_gpu_check.json"), str(h200 / "run1_gpu_check_mlm.json"),
+                        str(h200 / "run2_prof_eager.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in r.stdout.splitlines() if line.startswith(("pretrain ", "finetune "))}
+    assert {k[1]: v for k, v in rows.items() if k[0] == "pretrain"} == {
+        "fp32": ["10000", "10.8", "1.80"], "amp_fp16": ["10000", "6.9", "1.15"], "amp_bf16": ["10000", "5.3", "0.89"],
+        "pure_fp16": ["10000", "5.1", "0.85"], "pure_bf16": ["10000", "6.1", "1.01"], "tf32": ["10000", "5.4", "0.90"]}
+    finetune = [v for k, v in rows.items() if k[0] == "finetune"]
+    assert len(finetune) == 8 and all(v[0] == "342" for v in finetune)
+    assert "pretrain: 6.6 GPU-hours" in r.stdout and "finetune: 0.7-0.8 GPU-hours" in r.stdout
+    assert "total: 7.4 GPU-hours (step overhead 2 ms; per job 25 s stage 1, 18 s stage 2)" in r.stdout
+
+

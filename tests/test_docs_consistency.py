@@ -132,84 +132,6 @@ PARAMETRIZED = {"cfg": ("test_config_checks.py", "test_a_bad_config_is_refused_n
                 "patch": ("test_engine.py", "test_bad_hparams_named_before_training")}
 
 
-def _test_functions(file: str) -> dict:
-    """{name: FunctionDef} of a test file, read with ast (nothing imported)."""
-    import ast
-
-    tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
-    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-
-
-def _param_cases(file: str, func: str) -> list:
-    """The argument tuples of ``@pytest.mark.parametrize`` on ``func`` (ast nodes, in id order)."""
-    import ast
-
-    tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
-    test = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func)
-    for dec in test.decorator_list:
-        if isinstance(dec, ast.Call) and getattr(dec.func, "attr", "") == "parametrize":
-            cases = dec.args[1]
-            if isinstance(cases, ast.Name):  # a module-level list: CASES = [...]
-                cases = next(n.value for n in tree.body if isinstance(n, ast.Assign)
-                             and any(getattr(t, "id", None) == cases.id for t in n.targets))
-            return cases.elts
-    raise AssertionError(f"{file}::{func} is not parametrized")
-
-
-def _error_rows() -> list[tuple[str, str, str]]:
-    """(row number, message column, test column) of every row of errors.md's table."""
-    rows = []
-    for line in ERRORS.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        if len(cells) == 5 and cells[0].isdigit():
-            rows.append((cells[0], cells[3], cells[4]))
-    return rows
-
-
-def _stage_free(key: str) -> str:
-    return re.sub(r"\b(pretrain|finetune)\b", "STAGE", key)
-
-
-def test_errors_md_names_tests_that_exist_and_cases_that_match_the_row():
-    """Each `test_x.py::name[id]` of the catalog is a test, and each parametrized case it names (cfgN of
-    test_workflow's config errors, patchN of test_engine's bad hparams) is about the row's key or message:
-    the indices shift whenever a case is inserted above them."""
-    import ast
-
-    rows = _error_rows()
-    assert len(rows) >= 30, rows
-    for num, message, tests in rows:
-        for ref in re.findall(r"`([^`]*)`", tests):
-            m = re.fullmatch(r"(test_\w+\.py)(?:::(\w+|\.\.\.)(?:\[(.*)\])?)?", ref)
-            if not m:
-                assert "*" in ref, f"errors.md row {num}: cannot read the test reference {ref!r}"
-                continue
-            file, func, ids = m.groups()
-            assert (ROOT / "tests" / file).is_file(), f"errors.md row {num}: no tests/{file}"
-            if func and func != "...":
-                assert func in _test_functions(file), f"errors.md row {num}: no test {file}::{func}"
-            if not ids:
-                continue
-            first = re.match(r"(cfg|patch)(\d+)", ids)
-            assert first, f"errors.md row {num}: unknown case id {ids!r}"
-            prefix = first.group(1)
-            pfile, pfunc = PARAMETRIZED[prefix]
-            assert file == pfile and func in (pfunc, "..."), f"errors.md row {num}: {ref}"
-            cases = _param_cases(pfile, pfunc)
-            for idx in re.findall(r"(?:^|/)(?:cfg|patch)?(\d+)", ids.split("-")[0]):
-                case = cases[int(idx)]
-                text = ast.literal_eval(case.elts[1])  # the config key (cfg) or the expected message (patch)
-                if prefix == "cfg":
-                    keys = {_stage_free(k) for k in re.findall(r"config key (\(top level\)|\S+):", message)}
-                    assert _stage_free(text) in keys, (
-                        f"errors.md row {num}: {prefix}{idx} of {pfile}::{pfunc} is about config key {text!r}, "
-                        f"not the row's {sorted(keys)}")
-                else:
-                    assert text in message, (
-                        f"errors.md row {num}: {prefix}{idx} of {pfile}::{pfunc} expects {text!r}, "
-                        f"which the row's message does not say")
-
-
 # --------------------------------------------------------------------------- CLI options, config keys, precisions
 
 
@@ -222,37 +144,6 @@ def test_plots_help_names_every_plot():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["plots"]
     missing = [p for p in PLOT_NAMES if p not in sub.format_help()]
     assert not missing, f"precswitch plots --help does not name {missing}"
-
-
-def _schema_keys() -> set[str]:
-    import yaml
-
-    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text(encoding="utf-8"))
-
-    def walk(node):
-        if isinstance(node, dict) and "$ref" in node:
-            node = {**schema["$defs"][node["$ref"].split("/")[-1]], **node}
-        if not isinstance(node, dict):
-            return
-        for k, v in (node.get("properties") or {}).items():
-            yield k
-            yield from walk(v)
-        for key in ("items", "additionalProperties", "then"):
-            if isinstance(node.get(key), dict):
-                yield from walk(node[key])
-        for key in ("allOf", "anyOf", "oneOf"):
-            for sub in node.get(key) or []:
-                yield from walk(sub)
-
-    return set(walk(schema))
-
-
-def test_every_schema_key_is_documented_in_config_readme():
-    doc = (ROOT / "config" / "README.md").read_text(encoding="utf-8")
-    keys = _schema_keys()
-    assert {"schedules", "seeds", "eval_fraction", "bootstrap_resamples"} <= keys
-    undocumented = sorted(k for k in keys if not re.search(r"`[^`\n]*\b" + re.escape(k) + r"\b[^`\n]*`", doc))
-    assert not undocumented, f"schema keys config/README.md never names: {undocumented}"
 
 
 def test_precision_tables_match_the_catalog():
@@ -335,22 +226,3 @@ def test_summary_and_deltas_columns_are_explained(tmp_path):
 MRPC_TRAIN_ROWS = 3668  # GLUE MRPC's training pairs (the GPU configs' stage 2; benchmarks/gpu_hours.py's default)
 
 
-@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "config").glob("*.yaml")))
-def test_an_epochs_comment_counts_the_steps_the_engine_runs(config):
-    """A config comment `epochs: E  # E x P = K steps` says what the engine runs: P = rows // batch_size
-    (a partial last batch dropped each epoch, engine.run_stage) on GLUE MRPC, and K = E x P."""
-    import yaml
-
-    text = (ROOT / "config" / config).read_text(encoding="utf-8")
-    cfg = yaml.safe_load(text)
-    for stage in ("pretrain", "finetune"):
-        train = (cfg.get("train") or {}).get(stage) or {}
-        block = re.search(rf"^  {stage}:.*?(?=^  \S|^\S|\Z)", text.split("\ntrain:", 1)[-1], re.S | re.M)
-        m = block and re.search(r"epochs: \S+\s+#\s*(\d+) x (\d+) = (\d+) steps", block.group(0))
-        if not m:
-            continue
-        e, per_epoch, steps = map(int, m.groups())
-        assert (cfg["data"][stage].get("name"), cfg["data"][stage].get("config")) == ("nyu-mll/glue", "mrpc")
-        assert e == train["epochs"], f"{config} train.{stage}: the comment says {e} epochs, the key {train['epochs']}"
-        assert per_epoch == MRPC_TRAIN_ROWS // train["batch_size"], f"{config} train.{stage}: steps per epoch"
-        assert steps == e * per_epoch, f"{config} train.{stage}: {e} x {per_epoch} is {e * per_epoch}, not {steps}"

@@ -152,20 +152,6 @@ def test_offline_cached_model_resolves_and_loads(tmp_path):
     assert r.returncode == 2 and "the cached snapshot lacks weights" in r.stderr
 
 
-def test_dataset_resolution_records_splits(tmp_path, monkeypatch):
-    # a local dataset folder through the same load_dataset call a hub name takes (no network)
-    d = tmp_path / "glue_like"
-    d.mkdir()
-    (d / "train.csv").write_text("sentence1,sentence2,label\na,b,1\nc,d,0\ne,f,1\n")
-    (d / "validation.csv").write_text("sentence1,sentence2,label\na,b,1\n")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "dcache"))
-    entry = fetch.resolve_hub_dataset(str(d), None, ["train", "validation"], "data.finetune")
-    assert entry["splits"]["train"]["rows"] == 3 and entry["splits"]["validation"]["rows"] == 1
-    assert entry["splits"]["train"]["columns"] == ["sentence1", "sentence2", "label"]
-    with pytest.raises(PrecswitchError, match=r"data.finetune: hub dataset .* split 'test'"):
-        fetch.resolve_hub_dataset(str(d), None, ["test"], "data.finetune")
-
-
 def test_revision_is_for_hub_sources_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     need = fetch.requirements({"model": {"init": "bert-base-cased", "revision": "v1.0"},
@@ -193,7 +179,7 @@ def test_offline_pinned_revision_resolves_to_its_commit(tmp_path):
     make_tiny_model(main_snap.parent / old)
     (main_snap.parent.parent / "refs" / "v1").write_text(old)
     env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    for revision, commit in (("v1", old), (old, old), (None, main_snap.name)):
+    for revision, commit in (("v1", old), (None, main_snap.name)):
         cfg = {"model": {"init": "acme/tiny-bert", "revision": revision}}
         r = run_fetch(["--config", json.dumps(cfg), "--manifest", str(tmp_path / "m.json")], env, tmp_path)
         assert r.returncode == 0, r.stderr
@@ -246,35 +232,6 @@ def test_hub_calls_receive_the_revision(tmp_path, monkeypatch):
     assert entry["revision_requested"] == "abc" and entry["commit"] == "d00d"
 
 
-def test_cli_register():
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="precswitch")
-    fetch.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["fetch", "--config", "c.yaml", "--manifest", "m.json"])
-    assert args.func is fetch._run and args.config == "c.yaml" and not args.no_verify
-
-
-@pytest.mark.parametrize("env, hub, data", [
-    ({}, False, False),
-    ({"HF_HUB_OFFLINE": "1"}, True, True),  # what the docs say: with HF_HUB_OFFLINE=1 nothing is downloaded
-    # TRANSFORMERS_OFFLINE makes huggingface_hub, so load_dataset, offline too (datasets 5.2: OfflineModeIsEnabled)
-    ({"TRANSFORMERS_OFFLINE": "true"}, True, True),
-    ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False, False),  # huggingface_hub: HF_HUB_OFFLINE wins
-    ({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "0"}, True, True),  # hub files cannot be downloaded
-    ({"HF_DATASETS_OFFLINE": "yes"}, False, True),
-    ({"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "off"}, False, False),
-    ({"HF_HUB_OFFLINE": "TRUE"}, True, True),  # huggingface_hub reads the switches case-insensitively
-    ({"HF_DATASETS_OFFLINE": "On"}, False, True),
-])
-def test_offline_switches_follow_the_environment(monkeypatch, env, hub, data):
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    assert (fetch.hub_offline(), fetch.datasets_offline()) == (hub, data)
-
-
 def test_a_config_without_split_names_fetches_the_schema_defaults():
     """`precswitch fetch --config study.yaml` on a file that leaves the split names out fetches the splits the
     workflow reads (the schema defaults train and validation), not others."""
@@ -298,54 +255,6 @@ def test_local_things_that_are_not_what_they_should_be_are_named(tmp_path, monke
 # --------------------------------------------------------------------------- mutation audit 2 (fetch): in-process
 
 
-def _hub_cache_here(monkeypatch, tmp_path: Path) -> Path:
-    """Point huggingface_hub's cache (read at call time by snapshot_download/try_to_load_from_cache) at tmp_path."""
-    from huggingface_hub import constants as hc
-
-    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    return tmp_path / "hf"
-
-
-def _fake_hub_snapshot(hf_home: Path, repo_id: str, files: list[str], sha: str = "0123456789abcdef0123456789abcdef01234567",
-                       tree: list[str] | None = None) -> Path:
-    """A hub cache entry (refs/main -> snapshots/<sha>) holding placeholder files, and the repo's file list
-    (trees/<sha>.json) an online snapshot_download writes when given ``tree``; enough for verify=False."""
-    from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
-
-    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
-    snap = repo / "snapshots" / sha
-    snap.mkdir(parents=True)
-    for f in files:
-        (snap / f).write_text("{}")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(sha)
-    if tree is not None:
-        write_tree_cache(str(repo), sha, {f: TreeCacheEntry(size=2, blob_id=f"{i:040x}") for i, f in enumerate(tree)})
-    return snap
-
-
-def test_offline_check_of_a_model_fetched_online_from_a_repo_with_both_weight_formats(tmp_path, monkeypatch):
-    """An online fetch downloads one weights format (safetensors when the repo has them; bert-base-cased has
-    model.safetensors and pytorch_model.bin) and snapshot_download keeps the repo's file list
-    (trees/<commit>.json). The offline check asked for both formats, so the cached snapshot was 'incomplete'
-    (no pytorch_model.bin) and the model 'not available offline' right after a successful fetch."""
-    hf_home = _hub_cache_here(monkeypatch, tmp_path)
-    fetched = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-    snap = _fake_hub_snapshot(hf_home, "acme/both-formats", fetched, tree=fetched + ["pytorch_model.bin", "tf_model.h5"])
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    entry = fetch.resolve_hub_model("acme/both-formats", verify=False)
-    assert entry["path"] == str(snap) and entry["weights"] == ["model.safetensors"] and entry["offline"] is True
-    # the safetensors file the online fetch wrote is missing: that is named, offline
-    (snap / "model.safetensors").unlink()
-    with pytest.raises(PrecswitchError, match=r"hub model 'acme/both-formats' is not available offline: the cached "
-                                              r"snapshot is incomplete .*model.safetensors"):
-        fetch.resolve_hub_model("acme/both-formats", verify=False)
-    # a .bin-only repo (online: the .bin files) resolves offline too
-    bin_only = ["config.json", "pytorch_model.bin", "vocab.txt"]
-    _fake_hub_snapshot(hf_home, "acme/bin-only", bin_only, tree=bin_only)
-    assert fetch.resolve_hub_model("acme/bin-only", verify=False)["weights"] == ["pytorch_model.bin"]
-
-
 def test_config_forms_and_values_fetch_refuses(tmp_path):
     """Inline JSON may start with whitespace (a YAML block scalar, a shell heredoc); a config that is not a
     mapping, a blank revision and an unknown data kind are refused naming the key; a source without kind is the
@@ -365,156 +274,7 @@ def test_config_forms_and_values_fetch_refuses(tmp_path):
     assert [n["kind"] for n in need] == ["synthetic", "synthetic"]
 
 
-def test_what_is_a_local_model_path_and_what_a_hub_id(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "models" / "tiny").mkdir(parents=True)
-    assert not fetch.is_hub_model("models/tiny")  # one slash, but a directory here: local
-    assert not fetch.is_hub_model("~/tiny-bert") and not fetch.is_hub_model("a/b/c")  # ~/x need not exist
-    assert not fetch.is_hub_model("scratch") and fetch.is_hub_model("acme/tiny-bert")
-    assert fetch.is_hub_model("bert-base-cased")
-    with pytest.raises(PrecswitchError, match=r"^model.init: revision 'v1' is for hub models; 'models/tiny' is a local"):
-        fetch.resolve_model("models/tiny", revision="v1")
-
-
-def test_local_model_directory_checks(tmp_path, monkeypatch):
-    """A .bin-only save_pretrained directory (older transformers) is a model; a file is named as a file; a
-    '~/' path is expanded, for model directories and data files alike."""
-    monkeypatch.setenv("HOME", str(tmp_path))
-    d = tmp_path / "bin_model"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    (d / "pytorch_model.bin").write_bytes(b"x")
-    entry = fetch.resolve_local_model("~/bin_model")
-    assert entry["weights"] == ["pytorch_model.bin"] and entry["path"] == str(d)
-    with pytest.raises(PrecswitchError, match=r"^model.init: '~/bin_model/config.json' is a file; a model is a "
-                                              r"directory"):
-        fetch.resolve_local_model("~/bin_model/config.json")
-    (tmp_path / "c.txt").write_text("a\n")
-    assert fetch.resolve_local_files(["~/c.txt"], "data.pretrain")["files"][0]["resolved"] == str(tmp_path / "c.txt")
-
-
-@pytest.mark.parametrize("files, want", [
-    (["config.json", "model.safetensors", "pytorch_model.bin"], fetch.SAFETENSORS_PATTERNS),
-    (["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"], fetch.BIN_PATTERNS),
-    (["config.json", "training_args.bin", "tf_model.h5"], None),
-])
-def test_online_fetch_picks_one_weights_format(monkeypatch, files, want):
-    """safetensors when the repo has them, else pytorch_model*.bin; a repo with neither (a TF model and a
-    training_args.bin) is refused before anything is downloaded."""
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, name, revision=None: files)
-    if want is None:
-        monkeypatch.setattr(fetch, "hub_offline", lambda: False)
-        with pytest.raises(PrecswitchError, match=r"^hub model 'acme/tf' has no PyTorch weights \(no \*.safetensors"):
-            fetch.resolve_hub_model("acme/tf")  # refused as such, not as 'could not be downloaded'
-    else:
-        assert fetch._weights_patterns("acme/m", "v1") == want
-
-
-def test_online_download_results_and_no_verify(tmp_path, monkeypatch):
-    """--no-verify does not load the model; a downloaded snapshot without config.json is named; the manifest
-    records which switch is set and the datasets cache; the CLI prints the pinned commit."""
-    import datasets.config
-    import huggingface_hub
-    import transformers
-
-    snap = tmp_path / "snapshots" / "c0ffee"
-    snap.mkdir(parents=True)
-    (snap / "config.json").write_text("{}")
-    (snap / "model.safetensors").write_bytes(b"x")
-    loads = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda name, **kw: str(snap))
-    monkeypatch.setattr(fetch, "_weights_patterns", lambda name, rev: [])
-    for cls in ("AutoConfig", "AutoTokenizer", "AutoModel"):
-        monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", lambda *a, **kw: loads.append(a))
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    cfg = json.dumps({"model": {"init": "acme/tiny-bert"}})
-    assert fetch.main(["--config", cfg, "--manifest", str(tmp_path / "m.json"), "--no-verify"]) == 0
-    m = json.loads((tmp_path / "m.json").read_text())
-    assert loads == [] and "verified" not in m["items"][0] and m["items"][0]["commit"] == "c0ffee"
-    assert (m["hub_offline"], m["datasets_offline"]) == (False, True)
-    assert m["datasets_cache"] == str(datasets.config.HF_DATASETS_CACHE)
-    assert fetch.resolve_hub_model("acme/tiny-bert")["verified"] and len(loads) == 3
-    (snap / "config.json").unlink()
-    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/tiny-bert': the downloaded snapshot lacks "
-                                              r"config.json$"):
-        fetch.resolve_hub_model("acme/tiny-bert", verify=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/tiny-bert' is not available offline: the "
-                                              r"cached snapshot lacks config.json"):
-        fetch.resolve_hub_model("acme/tiny-bert", verify=False)
-
-
-def test_commits_of_cached_and_online_revisions(tmp_path, monkeypatch):
-    """hub_commit reads refs/<revision> of the cache (models: config.json, datasets: README.md); online, a
-    dataset's commit is the hub's answer for the requested revision, offline the cache's."""
-    import huggingface_hub
-
-    hf_home = _hub_cache_here(monkeypatch, tmp_path)
-    sha = "fedcba9876543210fedcba9876543210fedcba98"
-    _fake_hub_snapshot(hf_home, "acme/m", ["config.json"], sha=sha)
-    assert fetch.hub_commit("acme/m") == sha and fetch.hub_commit("acme/m", "v9") is None
-    repo = hf_home / "hub" / "datasets--acme--d"
-    (repo / "snapshots" / sha).mkdir(parents=True)
-    (repo / "snapshots" / sha / "README.md").write_text("# d")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "v1").write_text(sha)
-    assert fetch.hub_commit("acme/d", "v1", repo_type="dataset") == sha
-    assert fetch._dataset_commit("acme/d", "v1", offline=True) == sha
-    assert fetch._dataset_commit("acme/d", None, offline=True) is None  # no refs/main in the cache
-
-    class Info:
-        sha = "0" * 40
-
-    asked = []
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info",
-                        lambda self, name, revision=None: asked.append((name, revision)) or Info())
-    assert fetch._dataset_commit("acme/d", "v1", offline=False) == "0" * 40 and asked == [("acme/d", "v1")]
-    assert fetch._dataset_commit("acme/d", "v1", offline=True) == sha and len(asked) == 1  # offline: not asked
-
-
-def test_transformers_offline_alone_gives_the_offline_message_for_a_dataset(tmp_path, monkeypatch):
-    """TRANSFORMERS_OFFLINE=1 (the classic transformers switch) puts huggingface_hub, and so load_dataset,
-    offline; a dataset missing from the cache was 'could not be loaded: Couldn't reach ... (OfflineModeIsEnabled)'
-    with no word of `precswitch fetch`, and the manifest said datasets_offline false."""
-    import datasets
-
-    from precswitch.data.loading import load_source
-
-    def load_dataset(*a, **kw):
-        raise ConnectionError("Couldn't reach 'acme/d' on the Hub (OfflineModeIsEnabled)")
-
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    with pytest.raises(PrecswitchError, match=r"^data.finetune: hub dataset 'acme/d' split 'train' is not available "
-                                              r"offline .*Run `precswitch fetch`"):
-        fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.finetune")
-    with pytest.raises(PrecswitchError, match=r"TRANSFORMERS_OFFLINE is set and it is not in the local cache"):
-        load_source({"kind": "hub", "name": "acme/d", "text_column": "text"}, "mlm")
-
-
 # --------------------------------------------------------------------------- mutation audit 4 (fetch)
-
-
-def test_requirements_take_the_configured_splits_once_and_need_a_file_for_a_file_kind():
-    """The splits fetched are the config's train_split/eval_split (what prepare reads later), each once when both
-    name the same split; a file kind without a file is refused naming the key, not resolved to nothing."""
-    src = {"kind": "hub", "name": "acme/sst", "train_split": "train[:50%]", "eval_split": "dev"}
-    assert fetch.requirements({"data": {"finetune": src}})[1]["splits"] == ["train[:50%]", "dev"]
-    same = {**src, "train_split": "train", "eval_split": "train"}
-    assert fetch.requirements({"data": {"finetune": same}})[1]["splits"] == ["train"]
-    with pytest.raises(PrecswitchError, match=r"^config key data.finetune.train: kind tsv takes one file path, not a "
-                                              r"list$"):
-        fetch.requirements({"data": {"finetune": {"kind": "tsv", "train": ["a.tsv"], "eval": "b.tsv"}}})
-    for stage, kind, src in (("finetune", "tsv", {"kind": "tsv"}), ("pretrain", "text", {"kind": "text", "train": []})):
-        with pytest.raises(PrecswitchError, match=rf"^config key data.{stage}.train: required for kind {kind} \(file "
-                                                  r"path\)$"):
-            fetch.requirements({"data": {stage: src}})
 
 
 def test_a_missing_relative_data_file_says_what_it_is_relative_to(tmp_path, monkeypatch):
@@ -545,50 +305,6 @@ def test_an_online_download_failure_is_not_called_offline(monkeypatch):
                                               r"downloaded: An error happened") as e:
         fetch.resolve_hub_model("acme/m", revision="v1", verify=False)
     assert "offline" not in str(e.value)
-
-
-def test_a_cached_model_without_its_tokenizer_fails_verification_naming_the_model(tmp_path, monkeypatch):
-    """Weights and config in the cache, tokenizer files not: AutoTokenizer fails. Offline that is 'not available
-    offline' with the loader's reason and the way out (precswitch fetch); online, 'downloaded but does not load'."""
-    import huggingface_hub
-    import transformers
-
-    snap = tmp_path / "snapshots" / "c0ffee"
-    snap.mkdir(parents=True)
-    (snap / "config.json").write_text("{}")
-    (snap / "model.safetensors").write_bytes(b"x")
-
-    def no_tokenizer(name, *a, **kw):
-        raise OSError(f"Can't load tokenizer for '{name}'.")
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda name, **kw: str(snap))
-    monkeypatch.setattr(fetch, "_weights_patterns", lambda name, rev: [])
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **kw: None)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_tokenizer)
-    _online(monkeypatch)
-    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/m' was downloaded but does not load: "
-                                              r"Can't load tokenizer for 'acme/m'.$"):
-        fetch.resolve_hub_model("acme/m")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/m' is not available offline: loading it "
-                                              r"failed: Can't load tokenizer for 'acme/m'. \(HF_HUB_OFFLINE=1; .*Run "
-                                              r"`precswitch fetch`"):
-        fetch.resolve_hub_model("acme/m")
-
-
-def test_offline_a_bin_only_model_missing_a_shard_is_incomplete_not_accepted(tmp_path, monkeypatch):
-    """A .bin-only repo (no safetensors) whose cached snapshot lost one of its two shards: the offline check asks for
-    the .bin files against the repo's file list and names the snapshot incomplete; one shard is not a model."""
-    hf_home = _hub_cache_here(monkeypatch, tmp_path)
-    tree = ["config.json", "vocab.txt", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
-            "pytorch_model.bin.index.json"]
-    snap = _fake_hub_snapshot(hf_home, "acme/sharded", tree, tree=tree)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert fetch.resolve_hub_model("acme/sharded", verify=False)["weights"] == tree[2:4]
-    (snap / "pytorch_model-00002-of-00002.bin").unlink()
-    with pytest.raises(PrecswitchError, match=r"^model.init: hub model 'acme/sharded' is not available offline: the "
-                                              r"cached snapshot is incomplete .*pytorch_model-00002-of-00002.bin"):
-        fetch.resolve_hub_model("acme/sharded", verify=False)
 
 
 def test_hub_dataset_offline_switch_alone_and_online(monkeypatch):
@@ -629,29 +345,3 @@ def test_a_local_dataset_folder_is_not_looked_up_on_the_hub(tmp_path, monkeypatc
     assert fetch._dataset_commit(str(tmp_path), None, offline=False) is None and asked == []
 
 
-def test_commit_of_a_cached_revision_whose_file_is_known_missing_is_unknown(tmp_path, monkeypatch):
-    """The cache records files a repo lacks (.no_exist/<commit>/README.md for a dataset without a README):
-    the commit is then unknown (None), not a crash on huggingface_hub's 'known missing' marker."""
-    hf_home = _hub_cache_here(monkeypatch, tmp_path)
-    sha = "fedcba9876543210fedcba9876543210fedcba98"
-    repo = hf_home / "hub" / "datasets--acme--d"
-    (repo / ".no_exist" / sha).mkdir(parents=True)
-    (repo / ".no_exist" / sha / "README.md").touch()
-    (repo / "snapshots" / sha).mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(sha)
-    assert fetch.hub_commit("acme/d", repo_type="dataset") is None
-
-
-def test_dataset_manifest_records_the_cache_folders_of_each_split(monkeypatch):
-    import datasets
-
-    class DS(list):
-        column_names = ["text"]
-        cache_files = [{"filename": "/c/acme___d/default/0.0.0/abc/d-train-00000-of-00002.arrow"},
-                       {"filename": "/c/acme___d/default/0.0.0/abc/d-train-00001-of-00002.arrow"}]
-
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: DS(["x", "y"]))
-    monkeypatch.setattr(fetch, "_dataset_commit", lambda name, rev, offline: None)
-    split = fetch.resolve_hub_dataset("acme/d", None, ["train"], "data.pretrain")["splits"]["train"]
-    assert split["rows"] == 2 and split["cache_dirs"] == ["/c/acme___d/default/0.0.0/abc"]

@@ -37,17 +37,6 @@ def test_hand_count_tiny():
     assert flops.train_step_flops(TINY, B, S, "classify") == 3 * 2_368_256 == 7_104_768
 
 
-def test_bert_base_order_of_magnitude():
-    # the 6 * N * tokens rule of thumb (N without embeddings) lands close for seq 128
-    step = flops.train_step_flops(flops.BERT_BASE, 32, 128, "classify")
-    n_encoder = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
-    rule = 6 * n_encoder * 32 * 128
-    assert 1.0 < step / rule < 1.1  # the rest is attention's 4sh per token per layer
-    assert flops.mfu(step, 0.01, 790e12) == pytest.approx(step / 0.01 / 790e12)
-    # parameter count matches transformers' BERT-base (108.3M for bert-base-cased with a 2-way head)
-    assert flops.parameter_count(flops.BERT_BASE, "classify") == 108_311_810
-
-
 def test_bad_input():
     with pytest.raises(ValueError, match="objective"):
         flops.forward_flops(TINY, 1, 8, "seq2seq")
@@ -169,45 +158,6 @@ def test_parameter_count_is_the_models(objective):
 
 
 # ------------------------------------------------------------------ mutation audit 2 (plots/config/flops)
-def test_engine_head_rows_rounds_the_expected_count_to_the_nearest_before_padding():
-    """16.65 expected labelled tokens (1 x 111 x 0.15) round to 17, which pads to 32 rows (truncating to 16
-    would stay at 16); 15.6 rounds to 16 (16 rows)."""
-    assert flops.engine_head_rows(1, 111) == 32
-    assert flops.engine_head_rows(1, 104) == 16
-
-
-def test_dims_lacking_only_the_vocabulary_are_named_and_a_bertdims_keeps_its_labels():
-    with pytest.raises(ValueError, match=r"lacks \['vocab_size'\]"):
-        flops.BertDims.of({k: v for k, v in TINY.items() if k != "vocab_size"})
-    five = flops.BertDims(hidden_size=32, num_hidden_layers=2, intermediate_size=64, vocab_size=101, num_labels=5)
-    assert flops.forward_flops(five, B, S, "classify")["head"] == B * (2 * 32 * 32 + 2 * 32 * 5)
-
-
-def test_bert_small_is_the_bert_small_config_and_the_docs_step_flops():
-    """BERT_SMALL is config/bert-small-scratch.yaml's model (4 x 512, FFN 2048, vocab 30522), and its step FLOPs
-    are docs/gpu.md's: stage 1 1.52 TFLOP (engine's sparse head; stock 2.85), stage 2 0.26 TFLOP."""
-    import re
-    from pathlib import Path
-
-    import yaml
-
-    root = Path(__file__).resolve().parents[1]
-    cfg = yaml.safe_load((root / "config" / "bert-small-scratch.yaml").read_text())
-    m = cfg["model"]
-    assert (flops.BERT_SMALL.hidden_size, flops.BERT_SMALL.num_hidden_layers, flops.BERT_SMALL.intermediate_size,
-            flops.BERT_SMALL.vocab_size) == (m["hidden_size"], m["num_hidden_layers"], m["intermediate_size"],
-                                             cfg["tokenizer"]["vocab_size"])
-    b1, b2 = cfg["train"]["pretrain"]["batch_size"], cfg["train"]["finetune"]["batch_size"]
-    s1, s2 = cfg["train"]["pretrain"]["max_length"], cfg["train"]["finetune"]["max_length"]
-    s1_engine = flops.train_step_flops(flops.BERT_SMALL, b1, s1, "mlm", head_rows=flops.engine_head_rows(b1, s1))
-    s1_stock = flops.train_step_flops(flops.BERT_SMALL, b1, s1, "mlm")
-    s2_engine = flops.train_step_flops(flops.BERT_SMALL, b2, s2, "classify", cls_only_last_layer=True)
-    doc = (root / "docs" / "gpu.md").read_text()
-    got = re.search(r"\*\*bert-small-scratch\*\* \(stage 1: ([\d.]+) TFLOP/step \(stock: ([\d.]+):.*?stage 2: "
-                    r"([\d.]+) TFLOP/step", doc, re.S)
-    assert got, "docs/gpu.md no longer states bert-small-scratch's step FLOPs"
-    assert [float(g) for g in got.groups()] == [round(s1_engine / 1e12, 2), round(s1_stock / 1e12, 2),
-                                                 round(s2_engine / 1e12, 2)]
 
 
 # ------------------------------------------------------------------ mutation audit 6 (gpu_check/flops/fp8)

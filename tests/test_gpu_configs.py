@@ -1,13 +1,11 @@
-"""The GPU study configs: schema-valid, what the issue asks for, and a Snakemake dry run of each (as
-written, with hub names, and with local stand-ins for the model and data), plus the fetch rule of
-workflow/rules/download.smk. Nothing is downloaded and nothing trains."""
+"""The GPU study configs: schema-valid, what the issue asks for, and a Snakemake dry run of each as written
+(hub names), plus the fetch rule on local stand-ins. Nothing is downloaded and nothing trains."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 import yaml
 
 from test_fetch import make_tiny_model
+from workflow_helpers import job_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -83,19 +82,8 @@ def test_bert_small_specifics():
 
 
 # ------------------------------------------------------------------ dry runs
-def wrapper(tmp_path: Path) -> Path:
-    """A Snakefile = the project's Snakefile + download.smk (until the Snakefile includes it)."""
-    text = (ROOT / "Snakefile").read_text()
-    lines = [f'include: "{ROOT / "Snakefile"}"']
-    if "download.smk" not in text:
-        lines.append(f'include: "{ROOT / "workflow" / "rules" / "download.smk"}"')
-    sf = tmp_path / "Snakefile"
-    sf.write_text("\n".join(lines) + "\n")
-    return sf
-
-
 def snakemake(tmp_path: Path, configfile: Path, *targets: str, dry: bool = True, env: dict | None = None):
-    cmd = [SNAKEMAKE, "-s", str(wrapper(tmp_path)), "--directory", str(tmp_path), f"--configfile={configfile}",
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), f"--configfile={configfile}",
            "--cores", "1", "-p"]
     if dry:
         cmd.append("-n")
@@ -104,16 +92,6 @@ def snakemake(tmp_path: Path, configfile: Path, *targets: str, dry: bool = True,
     e.update(env or {})
     e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=e)
-
-
-def job_counts(stdout: str) -> dict[str, int]:
-    counts = {}
-    block = stdout.split("Job stats:", 1)[1].split("Reasons:", 1)[0] if "Job stats:" in stdout else ""
-    for line in block.splitlines():
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if m and m.group(1) != "total":
-            counts[m.group(1)] = int(m.group(2))
-    return counts
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -152,28 +130,6 @@ def local_standins(tmp_path: Path, name: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_dry_run_with_local_standins(tmp_path, name):
-    cfgfile = local_standins(tmp_path, name)
-    r = snakemake(tmp_path, cfgfile, "all")
-    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
-    c = job_counts(r.stdout)
-    assert (c["pretrain"], c["finetune"], c["tokenizer"], c["prepare"]) == (60, 80, 1, 2)
-    assert "fetch" not in c  # nothing from the hub: no download job is pulled in
-    # the fetch rule still validates local paths when asked for
-    r = snakemake(tmp_path, cfgfile, f"{load(name)['results_dir']}/data/fetch-manifest.json")
-    assert r.returncode == 0 and job_counts(r.stdout) == {"fetch": 1}
-    if name == "bert-base-mrpc.yaml":
-        assert str(tmp_path / "models" / "tiny-bert") in r.stdout
-
-
-def _fetch_registered() -> bool:
-    from precswitch import cli
-
-    return "precswitch.fetch" in cli.COMMAND_MODULES
-
-
-@pytest.mark.skipif(not _fetch_registered(), reason="precswitch.fetch not yet in cli.COMMAND_MODULES")
 def test_fetch_rule_runs_local_and_fails_clearly_offline(tmp_path):
     cfgfile = local_standins(tmp_path, "bert-base-mrpc.yaml")
     res = load("bert-base-mrpc.yaml")["results_dir"]

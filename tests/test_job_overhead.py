@@ -76,19 +76,6 @@ def test_prepare_leaves_torch_unimported(tiny_data):
     assert json.loads((root / "pc" / "meta.json").read_text())["objective"] == "classify"
 
 
-def test_a_bert_tokenizer_loads_as_autotokenizer_would(tiny_data):
-    from transformers import AutoTokenizer
-
-    from precswitch.data.tokenizer import load_tokenizer
-
-    root, _ = tiny_data
-    ours, auto = load_tokenizer(root / "tok"), AutoTokenizer.from_pretrained(str(root / "tok"))
-    assert type(ours) is type(auto)
-    pair = ("the cat sat", "a dog ran on the mat")
-    assert ours(*pair)["input_ids"] == auto(*pair)["input_ids"]
-    assert ours.model_max_length == auto.model_max_length and ours.do_lower_case == auto.do_lower_case
-
-
 def test_a_masked_lm_stage_leaves_sklearn_unimported_and_the_program_freezes_before_exit(tiny_data):
     """A masked-LM stage has no task metrics: no sklearn. Run as the program, main() freezes the objects left
     before the interpreter's shutdown (which otherwise collects them all: seconds of a job's exit)."""
@@ -103,17 +90,6 @@ def test_a_masked_lm_stage_leaves_sklearn_unimported_and_the_program_freezes_bef
     assert "torch" in res["tops"] and "sklearn" not in res["tops"], res["modules"]
     assert res["frozen"] > 0
     assert json.loads((root / "s1" / "metrics.json").read_text())["status"] == "ok"
-
-
-def test_main_called_with_argv_freezes_nothing(capsys):
-    """A caller of main(argv) (a test, a notebook) goes on living: its objects stay collectable."""
-    import gc
-
-    from precswitch import cli
-
-    before = gc.get_freeze_count()
-    assert cli.main([]) == 2  # the help, and the user-error status
-    assert gc.get_freeze_count() == before
 
 
 def _job_overhead():
@@ -139,16 +115,3 @@ def test_job_overhead_phases_add_up():
     assert sum(p[n] for n, _ in jo.START_PHASES if p[n] is not None) == pytest.approx(p["to first step"])
 
 
-def test_stage_hparams_are_the_default_studys():
-    import yaml
-
-    jo = _job_overhead()
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    s1 = jo.stage_hparams(cfg, "pretrain", 10, Path("d1"), Path("tok"), "scratch")
-    s2 = jo.stage_hparams(cfg, "finetune", 10, Path("d2"), Path("tok"), "s1/checkpoint")
-    assert s1["model"]["hidden_size"] == cfg["model"]["hidden_size"] and s1["save_checkpoint"] is True
-    assert s1["lr"] == cfg["train"]["pretrain"]["lr"] and s2["lr"] == cfg["train"]["finetune"]["lr"]
-    assert "max_length" not in s1 and "mlm_probability" not in s2 and s2["objective"] == "classify"
-    assert s2["model"] == {"attn_implementation": cfg["model"]["attn_implementation"]}
-    assert s1["steps"] == 10 and s1["timing_warmup_steps"] == 5 and s1["threads"] == cfg["threads"]
-    assert jo.stage_hparams(cfg, "pretrain", 3, Path("d"), Path("t"), "scratch")["timing_warmup_steps"] == 2

@@ -6,11 +6,9 @@ the numbers metrics.json and steps.csv record."""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +17,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_fixtures import TINY, preempted_then_resumed, prepared_both, steps_rows  # noqa: E402
 
-from precswitch import measure  # noqa: E402
 from precswitch import precision as P  # noqa: E402
 from precswitch.errors import PrecisionUnsupported  # noqa: E402
 from precswitch.train.engine import loop as engine  # noqa: E402
@@ -82,25 +79,6 @@ def test_tf32_turns_every_tf32_switch_on_and_fp32_turns_them_off():
                     (False, False, "highest"), name
 
 
-def test_backend_flags_reads_each_switch_on_its_own():
-    """The recorded flags are read from the switches, each from its own (cuBLAS vs cuDNN, the matmul precision)."""
-    with _switches_put_back():
-        for matmul, cudnn in ((False, True), (True, False)):
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-            f = P.backend_flags()
-            assert (f["tf32_matmul"], f["tf32_cudnn"]) == (matmul, cudnn)
-        torch.set_float32_matmul_precision("medium")
-        assert P.backend_flags()["float32_matmul_precision"] == "medium"
-
-
-def test_backend_flags_record_whether_deterministic_algorithms_are_on():
-    """metrics.json's "deterministic" is the switch in force (read from torch), on as well as off."""
-    with _switches_put_back():
-        for on in (True, False, True):
-            torch.use_deterministic_algorithms(on)
-            assert P.backend_flags()["deterministic"] is on
-
-
 def test_tf32_is_refused_on_a_pre_ampere_gpu(monkeypatch):
     """TF32 tensor cores exist from Ampere (8.0) on: on a V100 (7.0) a tf32 stage would silently be fp32."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
@@ -110,29 +88,6 @@ def test_tf32_is_refused_on_a_pre_ampere_gpu(monkeypatch):
     P.check_supported(P.get("fp32"), torch.device("cuda:0"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
     P.check_supported(P.get("tf32"), torch.device("cuda:0"))
-
-
-def test_dtype_names_are_torchs_without_the_module_prefix():
-    """metrics.json and checkpoints name dtypes as torch does, without "torch.": the three storage dtypes and any
-    other (an fp8 or fp64 tensor) alike."""
-    assert [P.dtype_name(d) for d in (torch.float32, torch.float16, torch.bfloat16)] == ["float32", "float16", "bfloat16"]
-    assert (P.dtype_name(torch.float64), P.dtype_name(torch.float8_e4m3fn)) == ("float64", "float8_e4m3fn")
-
-
-def test_a_precision_name_in_another_spelling_gets_that_name_alone_as_the_hint():
-    """'Pure-BF16' is pure_bf16 written otherwise: the hint names it alone, not beside its near miss pure_bf16_sr
-    (which would leave the reader choosing between a precision and its stochastic-rounding variant)."""
-    assert P.name_hint("Pure-BF16") == " (did you mean 'pure_bf16'?)"
-    assert P.name_hint("AMP-FP16 ") == " (did you mean 'amp_fp16'?)"
-    with pytest.raises(P.PrecswitchError, match=r"unknown precision 'Pure-BF16' \(did you mean 'pure_bf16'\?\); allowed"):
-        P.get("Pure-BF16")
-
-
-def test_compute_dtype_is_the_dtype_the_matmuls_run_in():
-    want = {"fp32": torch.float32, "tf32": torch.float32, "amp_fp16": torch.float16, "amp_bf16": torch.bfloat16,
-            "pure_fp16": torch.float16, "pure_bf16": torch.bfloat16, "pure_bf16_kahan": torch.bfloat16,
-            "pure_bf16_sr": torch.bfloat16, "fp8": torch.bfloat16}
-    assert {n: P.get(n).compute_dtype for n in P.NAMES} == want
 
 
 def test_an_fp32_stage_runs_tf32_off_throughout_and_gives_the_caller_its_switches_back(data, tmp_path, monkeypatch):
@@ -229,48 +184,6 @@ print(json.dumps({"during": seen[0], "after": {n: backend(n).fp32_precision for 
 """
 
 
-def test_fp32_after_a_caller_set_tf32_with_torchs_generic_switch(data, tmp_path):
-    """torch >= 2.9: a caller's torch.backends.fp32_precision = "tf32" made an fp32 stage stop with torch's
-    RuntimeError about mixing the legacy and new TF32 APIs (and cuDNN/oneDNN would have inherited TF32). The stage
-    runs with no TF32 anywhere (cuda and oneDNN matmuls IEEE, every other switch torch's default), records that,
-    and gives the caller its TF32 back."""
-    import json
-    import subprocess
-
-    if not hasattr(torch.backends, "fp32_precision"):
-        pytest.skip("torch without per-backend fp32_precision")
-    r = subprocess.run([sys.executable, "-c", _GENERIC_TF32_CALLER, str(data["mlm"]), str(tmp_path / "r"),
-                        json.dumps(TINY)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert {n: v for n, v in out["during"].items() if v != "none"} == {"cuda.matmul": "ieee", "mkldnn.matmul": "ieee"}
-    assert out["recorded"] == [False, False, "highest"]
-    assert set(out["after"].values()) == {"tf32"}
-
-
-def test_onednn_conv_and_rnn_switches_a_caller_set_are_given_back():
-    """torch >= 2.9: a caller running oneDNN convolutions in bf16 and its RNNs in TF32 (mkldnn.conv / mkldnn.rnn
-    fp32_precision, which the legacy switches cannot express, and which leave them readable): a stage clears them
-    for itself (no reduced precision anywhere) and, when it ends, the caller has them back and its legacy switches
-    read as before. They were left at "none": the conv's bf16 silently gone for the rest of the process."""
-    mk = torch.backends.mkldnn
-    during = []
-    with _switches_put_back():
-        try:
-            mk.conv.fp32_precision, mk.rnn.fp32_precision = "bf16", "tf32"
-            legacy = _legacy_switches()
-            for name in ("fp32", "tf32"):
-                with P.restoring_global_numerics():
-                    P.get(name).apply_backend_flags()
-                    during.append((mk.conv.fp32_precision, mk.rnn.fp32_precision))
-                assert (mk.conv.fp32_precision, mk.rnn.fp32_precision) == ("bf16", "tf32"), name
-                assert _legacy_switches() == legacy, name
-        finally:
-            mk.conv.fp32_precision = mk.rnn.fp32_precision = "none"
-    assert during == [("none", "none")] * 2
-
-
 # ====================================================================== scaler, clipping, LR on skipped steps
 def test_skipped_steps_advance_the_lr_schedule_as_in_every_other_precision(data, tmp_path, monkeypatch):
     """engine.py documents it: a step the GradScaler skips still advances the LR scheduler (PyTorch's AMP recipe),
@@ -352,56 +265,6 @@ def test_pure_precisions_keep_weights_grads_and_adam_state_in_16_bits(data, tmp_
     assert seen and set(seen) == {(dtype, dtype, dtype, dtype, torch.float32, 1e-4)}
 
 
-def test_compensated_optimizer_keeps_adams_step_counter_in_fp32():
-    """The Kahan/SR wrappers round the optimizer state back to bf16 after each step, except AdamW's step counter:
-    a bf16 counter cannot count past 256 (256 + 1 rounds to 256), which would freeze Adam's bias correction."""
-    from precswitch.optim import wrap_optimizer
-
-    for kind in ("kahan", "stochastic_rounding"):
-        w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
-        opt = wrap_optimizer(kind, torch.optim.AdamW([w], lr=1e-3, foreach=True), seed=0)
-        opt.optimizer.state[w]["step"] = torch.tensor(256.0)  # as if 256 steps were done
-        opt.optimizer.state[w]["exp_avg"] = torch.zeros(4, dtype=torch.bfloat16)
-        opt.optimizer.state[w]["exp_avg_sq"] = torch.zeros(4, dtype=torch.bfloat16)
-        w.grad = torch.ones(4, dtype=torch.bfloat16)
-        opt.step()
-        st = opt.optimizer.state[w]
-        assert st["step"].dtype == torch.float32 and float(st["step"]) == 257.0, kind
-        assert st["exp_avg"].dtype == torch.bfloat16 and st["exp_avg_sq"].dtype == torch.bfloat16
-
-
-def test_compensated_optimizer_leaves_parameters_without_a_gradient_alone():
-    """A bf16 parameter that got no gradient this step (an unused head) is neither touched nor crashes the step."""
-    from precswitch.optim import wrap_optimizer
-
-    for kind in ("kahan", "stochastic_rounding"):
-        used = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
-        unused = torch.nn.Parameter(torch.full((4,), 3.0, dtype=torch.bfloat16))
-        opt = wrap_optimizer(kind, torch.optim.AdamW([used, unused], lr=1e-2, foreach=True), seed=0)
-        used.grad = torch.ones(4, dtype=torch.bfloat16)
-        opt.step()
-        assert unused.grad is None and torch.equal(unused, torch.full((4,), 3.0, dtype=torch.bfloat16)), kind
-        assert unused not in opt.optimizer.state and not torch.equal(used, torch.ones(4, dtype=torch.bfloat16))
-
-
-def test_the_stochastic_rounding_a_precision_wraps_draws_from_the_given_seed():
-    """pure_bf16_sr's wrapper rounds with a generator seeded by the seed it is given (the run's), so two seeds round
-    differently and one seed rounds as the optimizer module's own wrapper with that seed."""
-    from precswitch.optim import wrap_optimizer
-
-    def rounded(wrap, seed):
-        w = torch.nn.Parameter(torch.ones(512, dtype=torch.bfloat16))
-        opt = wrap(torch.optim.SGD([w], lr=1.0), seed)
-        w.grad = torch.full((512,), -(2.0**-9), dtype=torch.bfloat16)  # a quarter of the spacing above 1
-        opt.step()
-        return w.detach().clone()
-
-    prec = P.get("pure_bf16_sr")
-    a, b = rounded(prec.wrap_optimizer, 7), rounded(prec.wrap_optimizer, 8)
-    assert not torch.equal(a, b)
-    assert torch.equal(a, rounded(lambda o, s: wrap_optimizer("stochastic_rounding", o, seed=s), 7))
-
-
 @pytest.mark.parametrize("name", ["fp32", "amp_fp16", "amp_bf16", "pure_fp16", "pure_bf16", "pure_bf16_sr"])
 def test_prepare_model_casts_every_float_tensor_to_the_precisions_storage_dtype(name):
     """prepare_model turns any model (say a bf16 one loaded from a pure_bf16 checkpoint, or an fp32 one) into the
@@ -451,16 +314,6 @@ def test_amp_fp16_to_fp32_resumed_after_the_switch_has_no_loss_scaler(data, tmp_
     assert rows["resumed"] == rows["whole"]
 
 
-def test_metrics_record_the_training_flags_not_the_eval_precisions(data, tmp_path, monkeypatch):
-    """eval_precision other than the stage's applies its own flags for the evaluation; metrics.json's flags are
-    those the training ran with (on a CPU every precision's flags are equal: mark them by precision)."""
-    real = P.Precision.apply_backend_flags
-    monkeypatch.setattr(P.Precision, "apply_backend_flags", lambda self: {**real(self), "flags_of": self.name})
-    m = run_stage({"data": str(data["mlm"]), "precision": "amp_bf16", "eval_precision": "fp32", "steps": 2,
-                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
-    assert m["eval_precision"] == "fp32" and m["flags_of"] == "amp_bf16"
-
-
 def test_peak_memory_is_the_training_loops_not_the_evaluations(data, tmp_path, monkeypatch):
     """peak_memory_bytes is read when the training loop ends: 300 MB touched and freed during the evaluation (which
     may run a converted copy of the model) are not in it."""
@@ -480,127 +333,7 @@ def test_peak_memory_is_the_training_loops_not_the_evaluations(data, tmp_path, m
     assert m["peak_memory_bytes"] < m["memory_baseline_bytes"] + 250 * mb
 
 
-def test_final_train_loss_is_the_last_logged_loss(data, tmp_path):
-    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 4, "model": TINY, "lr": 1e-3,
-                   "save_checkpoint": False}, tmp_path / "r")
-    rows = steps_rows(tmp_path / "r")
-    assert m["final_train_loss"] == float(rows[-1]["loss"]) and rows[-1]["loss"] != rows[0]["loss"]
-
-
-def test_a_stage_no_longer_than_its_timing_warm_up_times_every_step(data, tmp_path):
-    """timing_warmup_steps applies only when more steps were timed than it: a finished run of exactly that many
-    steps reports rates over all of them (warm-up 0), never null ones."""
-    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 2, "model": TINY, "timing_warmup_steps": 2,
-                   "save_checkpoint": False}, tmp_path / "r")
-    assert m["timing_warmup_steps"] == 0 and m["steps_per_second"] > 0 and m["step_seconds_median"] > 0
-
-
 # ====================================================================== CUDA-only clocks and memory (faked)
-def _fake_cuda(monkeypatch) -> list:
-    calls = []
-    fake = SimpleNamespace(
-        synchronize=lambda d=None: calls.append(("synchronize", d)),
-        reset_peak_memory_stats=lambda d=None: calls.append(("reset_peak_memory_stats", d)),
-        max_memory_allocated=lambda d=None: 7 << 30,
-        memory_allocated=lambda d=None: 1 << 30,
-        max_memory_reserved=lambda d=None: 8 << 30,
-    )
-    for name, fn in vars(fake).items():
-        monkeypatch.setattr(torch.cuda, name, fn)
-    monkeypatch.setattr(measure, "nvml_memory_used", lambda d: None)
-    return calls
-
-
-def test_cuda_clock_reads_wait_for_the_device_and_peaks_reset_per_stage(monkeypatch):
-    calls = _fake_cuda(monkeypatch)
-    dev = torch.device("cuda:1")
-    measure.sync(dev)
-    measure.reset_peak_memory(dev)
-    mem = measure.peak_memory(dev)
-    assert calls == [("synchronize", dev), ("reset_peak_memory_stats", dev)]
-    assert mem["peak_memory_bytes"] == 7 << 30 and mem["memory_kind"] == "cuda_max_allocated"
-    assert mem["cuda_max_reserved_bytes"] == 8 << 30
-    calls.clear()
-    measure.sync(torch.device("cpu"))
-    measure.reset_peak_memory(torch.device("cpu"))
-    assert calls == []
-
-
-def test_cuda_peak_memory_record_carries_nvmls_reading_of_that_gpu(monkeypatch):
-    """Beside the allocator's peaks, the record carries what NVML says the GPU has in use (the whole process's
-    footprint: context, cuDNN workspaces), asked for the stage's device."""
-    _fake_cuda(monkeypatch)
-    asked = []
-    monkeypatch.setattr(measure, "nvml_memory_used", lambda d: asked.append(d) or 9 << 30)
-    mem = measure.peak_memory(torch.device("cuda:1"))
-    assert mem["nvml_memory_used_bytes"] == 9 << 30 and asked == [torch.device("cuda:1")]
-
-
-def test_nvml_readings_of_the_second_visible_gpu_are_its_own(monkeypatch):
-    """cuda:1 (or the current device, 1, for a bare "cuda") reads NVML's handle of CUDA device 1, not device 0's."""
-    import types
-
-    uuids = {0: "aaaa", 1: "bbbb"}
-    readings = {"GPU-aaaa": (111_000, 1 << 30), "GPU-bbbb": (222_000, 2 << 30)}
-    fake = types.SimpleNamespace(
-        nvmlInit=lambda: None,
-        nvmlDeviceGetHandleByUUID=lambda u: u,
-        nvmlDeviceGetTotalEnergyConsumption=lambda h: readings[h][0],
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=readings[h][1]),
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=uuids[i]))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    for dev in (torch.device("cuda:1"), torch.device("cuda")):
-        monkeypatch.setattr(measure, "_NVML_HANDLES", {})
-        assert (measure.nvml_energy_mj(dev), measure.nvml_memory_used(dev)) == (222_000, 2 << 30), dev
-    assert measure.nvml_energy_mj(torch.device("cuda:0")) == 111_000
-    assert measure.nvml_energy_mj(torch.device("cpu")) is None
-
-
-def test_cpu_memory_readings_are_bytes():
-    """/proc/self/status reports kB (KiB): the resident set read from it is the one /proc/self/statm gives in pages,
-    in bytes; the peak (VmHWM) is at least that."""
-    statm = Path("/proc/self/statm").read_text().split()
-    rss = measure.current_rss()
-    assert abs(rss - int(statm[1]) * os.sysconf("SC_PAGE_SIZE")) < 1 << 20, rss
-    assert measure.peak_memory(torch.device("cpu"))["peak_memory_bytes"] >= rss - (1 << 20)
-
-
-def test_load_average_is_the_one_minute_one_rounded(monkeypatch):
-    monkeypatch.setattr(measure.os, "getloadavg", lambda: (1.2345, 5.0, 9.0))
-    assert measure.load_avg_1m() == 1.23
-
-    def none():
-        raise OSError("no load average here")
-
-    monkeypatch.setattr(measure.os, "getloadavg", none)
-    assert measure.load_avg_1m() is None
-
-
-def test_git_commit_is_the_env_override_else_head_marked_dirty_when_tracked_files_changed(monkeypatch):
-    """PRECSWITCH_GIT_COMMIT (set where the checkout is not at hand, as in a container) wins; otherwise HEAD, with
-    '-dirty' when a tracked file differs from it (the results would not be reproducible from the commit alone)."""
-    status = {"out": ""}
-
-    def run(cmd, **kw):
-        out = "0123abc\n" if "rev-parse" in cmd else status["out"]
-        return SimpleNamespace(stdout=out, returncode=0)
-
-    monkeypatch.setattr(measure.subprocess, "run", run)
-    monkeypatch.setenv("PRECSWITCH_GIT_COMMIT", "feedbee")
-    assert measure.git_commit() == "feedbee"
-    monkeypatch.delenv("PRECSWITCH_GIT_COMMIT")
-    assert measure.git_commit() == "0123abc"
-    status["out"] = " M src/precswitch/optim.py\n"
-    assert measure.git_commit() == "0123abc-dirty"
-
-
-def test_provenance_records_the_threads_torch_uses_not_the_cores():
-    with _switches_put_back():
-        torch.set_num_threads(1)
-        info = measure.provenance(torch.device("cpu"))
-    assert (info["threads"], info["cpu_count"], info["device"]) == (1, os.cpu_count(), "cpu")
 
 
 def test_evaluating_in_another_precision_leaves_the_trained_weights_and_checkpoint_alone(data, tmp_path):
@@ -647,23 +380,6 @@ def test_pure_fp16_gradient_norm_above_65504_is_finite_and_clips(data, tmp_path,
     # the gradient the optimizer applies: clipped to max_grad_norm, or (clipping off) the whole finite one
     assert seen == (pytest.approx([1.0] * 3, rel=1e-2) if max_grad_norm else pytest.approx(norms, rel=1e-2))
     assert m["status"] == "ok" and m["nonfinite_losses"] == 0 and m["eval_loss"] is not None
-
-
-@pytest.mark.parametrize("prec", ["fp32", "amp_fp16", "pure_bf16_kahan"])
-def test_each_step_starts_without_the_last_steps_gradients(data, tmp_path, monkeypatch, prec):
-    """Every training forward starts with no gradient left from the step before (set to None after the optimizer
-    step): a step applies its own batch's gradient, not a sum over the steps so far."""
-    left = []
-    real = engine.forward_loss
-
-    def fwd(model, *a):
-        left.append(sum(p.grad is not None for p in model.parameters()))
-        return real(model, *a)
-
-    monkeypatch.setattr(engine, "forward_loss", fwd)
-    run_stage({"data": str(data["mlm"]), "precision": prec, "steps": 3, "model": TINY, "save_checkpoint": False},
-              tmp_path / "r")
-    assert left == [0, 0, 0]
 
 
 def test_classification_eval_runs_in_the_eval_precisions_autocast():
@@ -720,30 +436,6 @@ def test_a_stage_whose_final_model_is_not_finite_is_recorded_as_diverged(data, t
     assert m["nonfinite_losses"] == 0 and m["steps_completed"] == 2
 
 
-def test_resumable_state_saves_stay_out_of_the_step_times(data, tmp_path, monkeypatch):
-    """checkpoint_every_steps 2 of 5 steps: each save takes 100 s on a fake clock; it is counted in
-    state_save_seconds and in no step's time (the clock restarts after the save), so train_seconds stays small."""
-    import time as real_time
-
-    offset = [0.0]
-    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0]))
-    from precswitch.train.engine import state as engine_state
-
-    real_save = engine_state.write_state
-
-    def slow_save(path, state):
-        real_save(path, state)
-        offset[0] += 100.0
-        return 100.0
-
-    monkeypatch.setattr(engine_state, "write_state", slow_save)
-    m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 5, "model": TINY,
-                   "checkpoint_every_steps": 2, "save_checkpoint": False}, tmp_path / "r")
-    dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
-    assert m["state_saves"] == 2 and m["state_save_seconds"] == 200.0
-    assert len(dts) == 5 and max(dts) < 100 and m["train_seconds"] < 100
-
-
 def test_the_logged_loss_is_the_unscaled_loss(data, tmp_path):
     """steps.csv's loss is the model's loss, not the loss times the loss scale: amp_fp16's first step (same initial
     weights and batch as fp32's) logs about fp32's loss, not 65536 times it."""
@@ -754,140 +446,7 @@ def test_the_logged_loss_is_the_unscaled_loss(data, tmp_path):
     assert amp["final_train_loss"] == pytest.approx(fp32["final_train_loss"], rel=1e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_clip_grad_norm_norm_in_fp32_then_torchs_clip(dtype):
-    """engine.clip_grad_norm: the total 2-norm of every gradient (16-bit ones reduced in fp32, so 300 elements
-    of 1e3 give 17320.5, and 5000 give 70710.7 where fp16's own norm is inf), each gradient scaled by
-    max_norm / norm when that is below 1, untouched with max_norm inf; fp32 gradients exactly as
-    torch.nn.utils.clip_grad_norm_."""
-    def params(n):
-        ps = [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for _ in range(2)]
-        for p in ps:
-            p.grad = torch.full((n,), 1e3, dtype=dtype)
-        return ps
-
-    for n in (150, 2500):
-        want = (2 * n) ** 0.5 * 1e3
-        ps = params(n)
-        total = clip_grad_norm(ps, math.inf)
-        assert total.dtype == torch.float32 and float(total) == pytest.approx(want, rel=1e-3)
-        assert all(torch.equal(p.grad, torch.full((n,), 1e3, dtype=dtype)) for p in ps)  # clipping off
-        ps = params(n)
-        clip_grad_norm(ps, 2.0)
-        assert all(p.grad.dtype == dtype for p in ps)
-        got = float(torch.linalg.vector_norm(torch.cat([p.grad.float() for p in ps])))
-        assert got == pytest.approx(2.0, rel=1e-2)
-    if dtype == torch.float32:
-        a, b = params(100), params(100)
-        a[0].grad[3] = 7.0
-        b[0].grad[3] = 7.0
-        assert torch.equal(clip_grad_norm(a, 1.0), torch.nn.utils.clip_grad_norm_(b, 1.0))
-        assert all(torch.equal(x.grad, y.grad) for x, y in zip(a, b))
-
-
 # ====================================================================== mutation audit 5 (precision)
-def test_support_is_judged_on_the_stages_own_gpu_not_the_current_one(monkeypatch):
-    """A machine with a V100 as cuda:0 (the current device) and an A100 as cuda:1: a bf16 or tf32 stage on cuda:1
-    runs, the same stage on cuda:0 is refused naming the V100 and its 7.0 (the capability asked of the stage's
-    device, not of whichever GPU is current)."""
-    gpus = {0: ((7, 0), "Tesla V100"), 1: ((8, 0), "NVIDIA A100")}
-
-    def index(d=None):
-        return 0 if d is None else torch.device(d).index or 0
-
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: gpus[index(d)][0])
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: gpus[index(d)][1])
-    for name in ("amp_bf16", "pure_bf16", "tf32"):
-        P.check_supported(P.get(name), torch.device("cuda:1"))
-        with pytest.raises(PrecisionUnsupported, match=r"V100.*7\.0"):
-            P.check_supported(P.get(name), torch.device("cuda:0"))
-
-
-def test_an_fp8_stage_may_be_evaluated_in_fp8_by_name():
-    """eval_precision fp8 after an fp8 stage is the precision it trained in (as 'same'): accepted; any precision
-    without fp8 Linear layers is refused, and a non-fp8 stage may be evaluated in anything."""
-    from precswitch.train import config as C
-
-    assert P.eval_precision_problem("fp8", "fp8") is None and P.eval_precision_problem("fp8", "same") is None
-    assert C.resolve({"data": "d", "steps": 10, "precision": "fp8", "eval_precision": "fp8"})["eval_precision"] == "fp8"
-    for other in ("fp32", "amp_bf16", "pure_bf16"):
-        assert "stay fp8" in P.eval_precision_problem("fp8", other), other
-        assert P.eval_precision_problem(other, "fp32") is None and P.eval_precision_problem(other, "fp8") is None
-
-
-def test_prepare_model_hands_the_fp8_precision_to_the_fp8_converter_and_no_other(monkeypatch):
-    """fp8 means fp8 Linear matmuls: prepare_model passes the fp32 model to precswitch.fp8's converter (torchao,
-    faked here) and returns what it returns; no other precision calls it."""
-    import precswitch.fp8 as fp8
-
-    seen = []
-
-    def convert(model, *a, **k):
-        seen.append({p.dtype for p in model.parameters()})
-        return SimpleNamespace(converted=model)
-
-    monkeypatch.setattr(fp8, "convert_model_to_fp8", convert)
-    for name in P.NAMES:
-        if name != "fp8":
-            assert isinstance(P.get(name).prepare_model(torch.nn.Linear(16, 16)), torch.nn.Linear), name
-    assert seen == []
-    out = P.get("fp8").prepare_model(torch.nn.Linear(16, 16).to(torch.bfloat16))
-    assert isinstance(out.converted, torch.nn.Linear) and seen == [{torch.float32}]
-
-
-def test_cpu_provenance_names_the_cpu_model(monkeypatch):
-    """device_name on a CPU is /proc/cpuinfo's 'model name' value (without the key), not the platform's arch."""
-    text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Fake 8480+ @ 2.00GHz\nflags\t: x\n"
-    real = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if str(self) == "/proc/cpuinfo"
-                        else real(self, *a, **k))
-    info = measure.provenance(torch.device("cpu"))
-    assert info["device_name"] == "Intel(R) Xeon(R) Fake 8480+ @ 2.00GHz"
-    assert (info["gpu_index"], info["compute_capability"], info["driver_version"]) == (None, None, None)
-
-
-def test_cuda_provenance_describes_the_stages_gpu(monkeypatch):
-    """On cuda:1 (cuda:0 current) metrics.json names GPU 1: its index, name, compute capability as 'major.minor'
-    and NVML's driver version (faked)."""
-    gpus = {0: ((7, 0), "Tesla V100"), 1: ((9, 0), "NVIDIA H200")}
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: gpus[0 if i is None else i][0])
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: gpus[0 if i is None else i][1])
-    nv = SimpleNamespace(nvmlSystemGetDriverVersion=lambda: "570.1")
-    monkeypatch.setattr(measure, "_nvml_handle", lambda d: (nv, "handle"))
-    info = measure.provenance(torch.device("cuda:1"))
-    assert (info["device"], info["gpu_index"], info["device_name"], info["compute_capability"],
-            info["driver_version"]) == ("cuda", 1, "NVIDIA H200", "9.0", "570.1")
-    monkeypatch.setattr(measure, "_nvml_handle", lambda d: (None, None))  # no NVML: no driver version, the rest kept
-    info = measure.provenance(torch.device("cuda"))
-    assert (info["gpu_index"], info["device_name"], info["compute_capability"], info["driver_version"]) == \
-        (0, "Tesla V100", "7.0", None)
-
-
-def test_git_commit_is_not_dirty_for_untracked_files_only(tmp_path, monkeypatch):
-    """A real checkout: new untracked files (results, logs beside the code) leave the commit clean; an edit to a
-    tracked file marks it -dirty."""
-    import shutil
-    import subprocess
-
-    if shutil.which("git") is None:
-        pytest.fail("git is needed")
-    repo = tmp_path / "repo"
-    (repo / "pkg").mkdir(parents=True)
-    (repo / "pkg" / "measure.py").write_text("x = 1\n")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "c"]):
-        subprocess.run(["git", "-C", str(repo), *cmd], check=True, env=env, capture_output=True)
-    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    monkeypatch.delenv("PRECSWITCH_GIT_COMMIT", raising=False)
-    monkeypatch.setattr(measure, "__file__", str(repo / "pkg" / "measure.py"))
-    (repo / "pkg" / "results.csv").write_text("a\n")
-    assert measure.git_commit() == head
-    (repo / "pkg" / "measure.py").write_text("x = 2\n")
-    assert measure.git_commit() == head + "-dirty"
 
 
 def test_autocast_and_loss_scaler_are_built_for_the_stages_device_type(monkeypatch):
@@ -915,11 +474,3 @@ def test_autocast_and_loss_scaler_are_built_for_the_stages_device_type(monkeypat
                      ("GradScaler", "cpu"), ("PureFP16GradScaler", "cpu")]
 
 
-def test_every_bare_16_bit_spelling_asks_mixed_or_pure():
-    """fp16, float16, half (any case, spaces or dashes around) ask amp_fp16 or pure_fp16; bf16 and bfloat16 ask
-    amp_bf16 or pure_bf16: a bare 16-bit type never silently picks one side of the study's comparison."""
-    for name, h in (("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"), ("Half ", "fp16"), ("FP16", "fp16"),
-                    ("bf16", "bf16"), ("bfloat16", "bf16"), (" BFloat16", "bf16")):
-        hint = P.name_hint(name)
-        assert hint.startswith(f" ({name!r} is ambiguous: amp_{h} = fp32 master weights with {h} autocast"), name
-        assert f"pure_{h} = weights, grads and optimizer state in {h})" in hint, name

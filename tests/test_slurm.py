@@ -171,24 +171,6 @@ def test_text_resources_keep_their_inner_quotes(path):
             assert len(value) > 2 and value[0] == value[-1] == "'", f"{key}: {value!r} needs inner quotes"
 
 
-def test_partition_named_like_a_python_builtin(tmp_path):
-    """The documented edit (a partition name inside the quotes) works for a name like `all`."""
-    pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm is not installed")
-    profile = tmp_path / "profile"
-    profile.mkdir()
-    (profile / "config.yaml").write_text(USER_PROFILE.read_text().replace("'gpu'", "'all'").replace("'cpu'", "'all'"))
-    cfg = write_test_config(tmp_path / "tiny-slurm.yaml")
-    proc = subprocess.run(
-        snakemake_cmd(240, "-s", str(ROOT / "Snakefile"), "--workflow-profile", str(profile),
-                      "--configfile", str(cfg), "--dry-run"),
-        cwd=tmp_path, env=run_env(), capture_output=True, text=True,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    block = out[out.index("rule pretrain:"):]
-    assert "slurm_partition=all," in block[: block.index("\n\n")]
-
-
 @pytest.mark.parametrize("path", [USER_PROFILE, TEST_PROFILE], ids=["profiles/slurm", "tests/slurm/profile"])
 def test_every_profile_line_is_commented(path):
     lines = path.read_text().splitlines()
@@ -221,12 +203,6 @@ def test_documented_command_replaces_workflow_profile(tmp_path):
     study = {"mem_mb": 4000, "runtime": 60, **yaml.safe_load(cfg.read_text()).get("resources", {})}
     resources = dict(kv.split("=", 1) for kv in re.search(r"^    resources: (.*)$", block, re.M).group(1).split(", "))
     assert (resources["runtime"], resources["mem_mb"]) == (str(study["runtime"]), str(study["mem_mb"])), resources
-    # a device: cpu study through the same profile asks for no GPU (the rules' gpu resource is 0)
-    cpu = subprocess.run(cmd[:-2] + [str(write_test_config(tmp_path / "tiny-cpu.yaml", "cpu")), "--dry-run"],
-                         cwd=tmp_path, env=run_env(), capture_output=True, text=True)
-    train = re.findall(r"^rule (?:pretrain|finetune):.*?^    resources: ([^\n]*)", cpu.stdout + cpu.stderr, re.S | re.M)
-    assert cpu.returncode == 0 and len(train) == 3, (cpu.stdout + cpu.stderr)[-3000:]
-    assert all("gpu=0" in r and "cpus_per_gpu=8" in r for r in train), train
     # the pitfall docs/slurm.md warns about: with --profile, profiles/default is applied on top
     cmd[cmd.index("--workflow-profile")] = "--profile"
     proc = subprocess.run(cmd, cwd=tmp_path, env=run_env(), capture_output=True, text=True)

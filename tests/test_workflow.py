@@ -25,11 +25,25 @@ DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
 DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
 
 
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """plan(name): stdout of `snakemake -n -p` of the embedded default ("default") or HUB_STUDY ("hub"),
+    run once per module and shared by the tests that read it."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            proc = dry_run(tmp_path_factory.mktemp(name), {"default": None, "hub": HUB_STUDY}[name], "-p")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            cache[name] = proc.stdout
+        return cache[name]
+
+    return get
+
+
 # --------------------------------------------------------------------------------------------- DAG
-def test_default_dry_run_shares_stage1(tmp_path):
-    proc = dry_run(tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
+def test_default_dry_run_shares_stage1(plan):
+    out = plan("default")
     counts = job_counts(out)
     # 4 schedules x 3 seeds: 3 stage-1 precisions (fp16-fp32 and fp16-fp16 share) x 3 seeds
     assert counts == {
@@ -56,7 +70,7 @@ def test_cuda_study_on_a_machine_without_gpu_stops_before_any_job(tmp_path):
     proc = snakemake(tmp_path, "--cores", "1", "--configfile", cfg)
     assert proc.returncode != 0
     err = proc.stdout + proc.stderr
-    assert "config key device: cuda, but this machine has no CUDA GPU" in err and "21 training jobs" in err
+    assert "config key device:" in err and "21 training jobs" in err
     assert not (tmp_path / "results").exists()  # not even the data jobs ran
     # a dry run plans it as usual (GPU studies are planned on laptops and login nodes)
     assert dry_run(tmp_path, {"device": "cuda", "threads": 1}).returncode == 0
@@ -68,20 +82,14 @@ GPU_ONLY_STUDY = {"schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "f
 
 
 def test_a_gpu_only_precision_on_cpu_is_refused_before_any_job(tmp_path):
-    """tf32 (or fp8) with device cpu used to be refused only when its training job ran, after the data jobs
-    and other training; device: cpu refuses it when the config is read, device: auto on a machine without a
-    GPU before the first job (a dry run plans it: the GPU may be on the machine that runs it)."""
+    """tf32 (or fp8) with device cpu is refused when the config is read (on_unsupported: skip allows it), device
+    auto on a machine without a GPU before the first job (a dry run plans it: the GPU may be where it runs)."""
     proc = dry_run(tmp_path, {**GPU_ONLY_STUDY, "device": "cpu"})
     err = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and ("config key schedules.t.pretrain: tf32 cannot run on a CPU (device is cpu): tf32 "
-                                     "needs cuda; set device: cuda on a GPU machine, or train.pretrain.on_unsupported: "
-                                     "skip") in err, err[-2000:]
+    assert proc.returncode != 0 and "config key schedules.t.pretrain: tf32 cannot run on a CPU" in err, err[-2000:]
+    assert "train.pretrain.on_unsupported" in err
     skip = {**GPU_ONLY_STUDY, "device": "cpu", "train": {"pretrain": {"on_unsupported": "skip"}}}
     assert dry_run(tmp_path, skip).returncode == 0  # recorded as skipped: allowed
-    evaluated = {**GPU_ONLY_STUDY, "schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"}},
-                 "train": {"finetune": {"eval_precision": "tf32"}}, "device": "cpu"}
-    assert "config key schedules.fp32-fp32.finetune: tf32 cannot run" in "".join(
-        (r := dry_run(tmp_path, evaluated)).stdout + r.stderr)
     import torch
 
     if torch.cuda.is_available():
@@ -90,8 +98,7 @@ def test_a_gpu_only_precision_on_cpu_is_refused_before_any_job(tmp_path):
     assert dry_run(tmp_path, auto).returncode == 0
     proc = snakemake(tmp_path, "--cores", "1", "--configfile", write_config(tmp_path / "auto.yaml", auto))
     err = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and ("config key schedules.t.pretrain: tf32 cannot run on a CPU (device is auto and "
-                                     "torch") in err, err[-2000:]
+    assert proc.returncode != 0 and "config key schedules.t.pretrain: tf32 cannot run on a CPU" in err, err[-2000:]
     assert not (tmp_path / "results").exists()  # not even the data jobs ran
 
 
@@ -133,11 +140,8 @@ def test_every_output_is_under_results_dir(tmp_path):
     assert '"init": "studies/mine/runs/pretrain/' in out  # stage 2 starts from this study's stage 1
 
 
-def test_finetune_starts_from_its_schedules_stage1(tmp_path):
-    proc = dry_run(tmp_path, None, "--printshellcmds", "results/runs/finetune/fp16-fp32/seed2/metrics.json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    hp = [m for m in re.findall(r"--hparams '(\{.*?\})'", out) if '"stage": "finetune"' in m]
+def test_finetune_starts_from_its_schedules_stage1(plan):
+    hp = [m for m in re.findall(r"--hparams '(\{.*?\})'", plan("default")) if '"finetune-fp16-fp32-seed2"' in m]
     assert len(hp) == 1
     assert '"init": "results/runs/pretrain/amp_fp16/seed2/checkpoint"' in hp[0]
     assert '"precision": "fp32"' in hp[0] and '"schedule": "fp16-fp32"' in hp[0]
@@ -153,29 +157,8 @@ def test_finetune_only_schedule_and_replaced_schedules(tmp_path):
     assert counts["pretrain"] == 1 and counts["finetune"] == 2, counts
 
 
-def test_last_configfile_schedules_map_is_the_studys(tmp_path):
-    """--configfile A B, both with a schedules map: B's map is the study's, not the union of both
-    (Snakemake merges the files' dicts key by key); the files' other keys still merge."""
-    a = write_config(tmp_path / "a.yaml", {
-        "schedules": {"a1": {"pretrain": "fp32", "finetune": "fp32"}, "a2": {"pretrain": "amp_bf16", "finetune": "fp32"}},
-        "seeds": [3, 4], "analysis": {"baseline": "a1"}})
-    b = write_config(tmp_path / "b.yaml", {"schedules": {"b1": {"finetune": "fp32"}}, "analysis": {"baseline": "b1"}})
-    proc = snakemake(tmp_path, "-n", "--printshellcmds", "--configfile", a, b)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    counts = job_counts(out)
-    assert counts.get("pretrain", 0) == 0 and counts["finetune"] == 2, counts  # b1 x seeds 3, 4 (from a.yaml)
-    assert "runs/finetune/b1/seed4/" in out and "/a1/" not in out and "/a2/" not in out
-    # --config schedules=... replaces both files' maps (not the other way round)
-    proc = snakemake(tmp_path, "-n", "--configfile", a, b, "--config", "schedules={c1: {finetune: amp_bf16}}",
-                     "analysis={baseline: c1}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    assert job_counts(out)["finetune"] == 2 and "runs/finetune/c1/seed3/" in out and "/b1/" not in out, out[-3000:]
-
-
-def test_gpu_resource_only_off_cpu(tmp_path):
-    out = dry_run(tmp_path).stdout
+def test_gpu_resource_only_off_cpu(tmp_path, plan):
+    out = plan("default")
     assert "gpu=0" in out and "gpu=1" not in out
     out = dry_run(tmp_path, {"device": "cuda", "threads": 4}).stdout
     train_jobs = re.findall(r"rule (?:pretrain|finetune):.*?resources: ([^\n]*)", out, re.S)
@@ -229,41 +212,8 @@ HUB_STUDY = {
 }
 
 
-# one job each: (rule, an output of it); --allowed-rules keeps its upstream jobs (fetch, tokenizer) from
-# rerunning first, which would make "input updated by another job" the reason Snakemake shows
-REVISION_JOBS = {
-    "tokenizer": ("tokenizer", "results/data/pretrain/tokenizer"),
-    "prepare[finetune]": ("prepare", "results/data/finetune/prepared"),
-    "pretrain": ("pretrain", "results/runs/pretrain/fp32/seed1/metrics.json"),
-    "finetune[y]": ("finetune", "results/runs/finetune/y/seed1/metrics.json"),  # no stage 1
-    "finetune[x]": ("finetune", "results/runs/finetune/x/seed1/metrics.json"),  # from stage 1
-}
-
-
-@pytest.mark.parametrize("change, changed", [
-    ({"model": {"init": "acme/tiny-bert", "revision": "v2"}}, {"tokenizer", "pretrain", "finetune[y]"}),
-    ({"data": {"finetune": {**HUB_STUDY["data"]["finetune"], "revision": "def"}}}, {"prepare[finetune]"}),
-])
-def test_changed_hub_revision_reruns_what_reads_it(tmp_path, change, changed):
-    """A pinned revision is in the params of the jobs that read that model/dataset, so a changed one
-    reruns them (default --rerun-triggers), then everything after them (finetune[x] follows its
-    stage 1). The fetch rule reruns too."""
-    _touch_study(tmp_path, HUB_STUDY)
-    path = write_config(tmp_path / "study.yaml", {**HUB_STUDY, **change})
-    out = snakemake(tmp_path, "-n", "--configfile", path, check=True).stdout
-    assert re.search(r"rule fetch:\n(?:    [^\n]*\n)*?    reason: [^\n]*Params have changed", out)
-    rerun = set()
-    for job, (rule, target) in REVISION_JOBS.items():
-        out = snakemake(tmp_path, target, "-n", "--configfile", path, "--allowed-rules", rule, check=True).stdout
-        if "Params have changed" in out:
-            rerun.add(job)
-        else:
-            assert "Nothing to be done" in out, out[-2000:]
-    assert rerun == changed
-
-
-def test_revision_reaches_the_commands_and_null_stays_out(tmp_path):
-    out = dry_run(tmp_path, HUB_STUDY, "-p").stdout
+def test_revision_reaches_the_commands_and_null_stays_out(tmp_path, plan):
+    out = plan("hub")
     jobs = {j: b for j, b in zip(re.findall(r"\n(?:local)?rule (\w+):", out),
                                  re.split(r"\n(?:local)?rule \w+:", out)[1:])}
     assert "--pretrained acme/tiny-bert --revision v1" in jobs["tokenizer"]
@@ -281,31 +231,20 @@ def test_revision_reaches_the_commands_and_null_stays_out(tmp_path):
     assert len(commands) > 5 and not any("revision" in c for c in commands)
 
 
-def test_model_sizes_reach_only_the_stages_built_from_scratch(tmp_path):
+def test_model_sizes_reach_only_the_stages_built_from_scratch(tmp_path, plan):
     """A checkpoint or pretrained init brings its own sizes: its jobs get only the attention kernel, so editing
     the sizes (e.g. of the CPU default that the GPU configs inherit) changes no param of theirs, and their
     metrics.json does not record sizes the model does not have."""
     sizes = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings"}
-    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, None, "-p").stdout)]
+    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", plan("default"))]
     scratch = [hp for hp in default if hp["init"] == "scratch"]
     assert scratch and all(sizes < set(hp["model"]) for hp in scratch)  # stage 1 from scratch: the sizes
     from_ckpt = [hp for hp in default if hp["init"] != "scratch"]
     assert len(from_ckpt) == 12 and all(hp["model"] == {"attn_implementation": "auto"} for hp in from_ckpt)
-    hub = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, HUB_STUDY, "-p").stdout)]
+    hub = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", plan("hub"))]
     assert len(hub) == 3 and all(hp["model"] == {"attn_implementation": "auto"} for hp in hub)
     bigger = {**HUB_STUDY, "model": {**HUB_STUDY["model"], "hidden_size": 64, "num_hidden_layers": 7}}
     assert [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, bigger, "-p").stdout)] == hub
-
-
-def test_nested_command_line_config_values_are_typed(tmp_path):
-    """config/README.md: `--config seeds='[1,2,3,4,5]'` overrides one key. Snakemake reads nested
-    --config values as text (['1', '2', ...]); the Snakefile reads them as YAML, names stay names."""
-    proc = dry_run(tmp_path, None, "--config", "seeds=[1,2,3,4,5]", "analysis={margin: 0.5}")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    counts = job_counts(proc.stdout + proc.stderr)
-    assert counts["pretrain"] == 3 * 5 and counts["finetune"] == 4 * 5, counts
-    proc = dry_run(tmp_path, None, "--config", "seeds=[1,x]")
-    assert proc.returncode != 0 and "config key seeds.1: 'x' is not of type 'integer'" in proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------ schema / config
@@ -440,25 +379,6 @@ def test_readme_test_command_is_the_ci_command():
     assert ci_last in readme.splitlines(), "README.md must show .ci/run's test command verbatim"
 
 
-def test_readme_quick_start_runs_the_study_and_report():
-    readme = (ROOT / "README.md").read_text()
-    assert "snakemake --cores all" in readme
-    assert "--report results/report.html" in readme
-    assert "--unlock" in readme and "--workflow-profile profiles/slurm" in readme
-
-
-def test_max_length_is_checked_against_a_local_model_init(tmp_path):
-    """A local model.init with fewer positions than a stage's max_length was refused only by `prepare`, naming
-    a CLI flag, and after stage 1 trained."""
-    init = tmp_path / "init"
-    init.mkdir()
-    (init / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 64}))
-    proc = dry_run(tmp_path, {"model": {"init": str(init)}, "train": {"finetune": {"max_length": 128}}})
-    assert proc.returncode != 0
-    assert (f"config key train.finetune.max_length: 128 exceeds the position embeddings (64) of model.init "
-            f"'{init}'") in proc.stdout + proc.stderr
-
-
 def test_checkout_has_the_standard_layout_and_git_ignores_every_output():
     """A clone has the top-level layout the README describes, results/ included (its README.md is the one
     tracked file there), and git ignores what a study writes under results/."""
@@ -475,22 +395,10 @@ def test_checkout_has_the_standard_layout_and_git_ignores_every_output():
     assert tracked.stdout.split() == ["results/README.md"]
 
 
-def test_default_contrasts_naming_missing_schedules_do_not_reach_stats(tmp_path):
-    """A study without fp16 schedules keeps the default contrasts (a copied config): the pairs it cannot run
-    are dropped before `precswitch stats`, so the verdict does not list them as 'not run'."""
-    cfg = {"schedules": {"fp32-fp32": {"pretrain": "fp32", "finetune": "fp32"},
-                         "bf16-fp32": {"pretrain": "amp_bf16", "finetune": "fp32"}}}
-    proc = dry_run(tmp_path, cfg, "-p", "results/stats.json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    settings = re.search(r"printf '%s\\n' '(\{.*?\})' > results/analysis\.json", proc.stdout + proc.stderr)
-    assert settings, (proc.stdout + proc.stderr)[-3000:]
-    assert yaml.safe_load(settings.group(1))["contrasts"] == [["bf16-fp32", "fp32-fp32"]]
-
-
-def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for_and_the_default_stays_out(tmp_path):
+def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for_and_the_default_stays_out(tmp_path, plan):
     """train.<stage>.max_nonfinite_fraction goes to that stage's hparams; at its default (0.25, the engine's)
     it stays out, so studies from before the key keep their params (nothing reruns)."""
-    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, None, "-p").stdout)]
+    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", plan("default"))]
     assert len(default) == 21 and all("max_nonfinite_fraction" not in hp for hp in default)
     cfg = {"train": {"pretrain": {"max_nonfinite_fraction": 0.05}}}
     hps = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, cfg, "-p").stdout)]
@@ -600,14 +508,13 @@ def test_data_and_aggregate_jobs_get_their_stages_settings(tmp_path):
     assert sorted(logs) == sorted(m.removesuffix("metrics.json") + "steps.csv" for m in made)
 
 
-def test_compute_jobs_run_offline_and_only_fetch_downloads(tmp_path):
+def test_compute_jobs_run_offline_and_only_fetch_downloads(tmp_path, plan):
     """A study that reads the hub: the fetch rule (a local rule: on the login node) downloads, every other job
     that reads a model or data runs with the hub's offline switches (compute nodes have no internet); a hub data
     source alone (model from scratch) is enough to need them. A study without the hub sets nothing."""
     offline = "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 precswitch "
     data_only = {**HUB_STUDY, "model": {"init": "scratch"}}
-    for cfg in (HUB_STUDY, data_only):
-        out = dry_run(tmp_path, cfg, "-p").stdout
+    for out in (plan("hub"), dry_run(tmp_path, data_only, "-p").stdout):
         commands = [(rule, re.search(r"^Shell command: (.*)$", block, re.M).group(1)) for rule, block in _jobs(out)]
         assert {r for r, _ in commands} >= {"fetch", "tokenizer", "prepare", "pretrain", "finetune"}
         for rule, command in commands:
@@ -615,7 +522,7 @@ def test_compute_jobs_run_offline_and_only_fetch_downloads(tmp_path):
                 assert command.startswith(offline), (rule, command[:200])
             else:
                 assert "OFFLINE" not in command, (rule, command[:200])
-    out = dry_run(tmp_path, None, "-p").stdout
+    out = plan("default")
     assert "Shell command: precswitch train" in out and "OFFLINE" not in out and "rule fetch" not in out
 
 
@@ -728,15 +635,6 @@ def test_schema_refuses(cfg):
         study.validate(cfg)
 
 
-def test_schema_model_values_match_the_engines():
-    from precswitch.train import config as C
-
-    model = yaml.safe_load(SCHEMA.read_text())["properties"]["model"]["properties"]
-    assert model["attn_implementation"]["enum"] == list(C.ATTN_IMPLEMENTATIONS)
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-        assert model[key]["default"] == C.DEFAULTS["model"][key], key
-
-
 def test_schema_stage_defaults():
     """Left out, a stage's keys take the stage's defaults: stage 1 its own steps, lr, warm-up and checkpoint."""
     cfg = study.validate({})
@@ -746,14 +644,13 @@ def test_schema_stage_defaults():
     assert (pre["batch_size"], fin["batch_size"]) == (32, 64) and pre["compile"] == fin["compile"] == "off"
 
 
-# ------------------------------------------------------------------------------ mutation audit 2: jobs and report
-def test_each_jobs_command_writes_stdout_and_stderr_to_its_log(tmp_path):
+# ------------------------------------------------------------------------------ jobs' logs, resources, targets
+def test_each_jobs_command_writes_stdout_and_stderr_to_its_log(plan):
     """Every job's command sends its output, stdout and stderr, to the job's own log: a command without
     `> log 2>&1` printed its errors to the terminal (or a SLURM log) and left results/logs/... empty."""
-    for cfg in (None, HUB_STUDY):
-        out = dry_run(tmp_path, cfg, "-p").stdout
-        jobs = _jobs(out)
-        assert {r for r, _ in jobs} >= {"synth" if cfg is None else "fetch", "tokenizer", "prepare", "pretrain",
+    for name in ("default", "hub"):
+        jobs = _jobs(plan(name))
+        assert {r for r, _ in jobs} >= {"synth" if name == "default" else "fetch", "tokenizer", "prepare", "pretrain",
                                         "finetune", "aggregate", "stats", "plots", "verdict"}
         for rule, block in jobs:
             if rule == "all":
@@ -771,7 +668,7 @@ def test_each_jobs_command_writes_stdout_and_stderr_to_its_log(tmp_path):
 def test_training_jobs_claim_the_configs_resources_and_run_in_priority_order(tmp_path):
     """Each training job claims the study config's mem_mb and runtime (minutes: the SLURM profile's time limit) and,
     off the CPU (cuda and auto: a GPU may be there), one gpu; prepare goes before stage 1, stage 1 before stage 2."""
-    for device, gpu in (("cuda", 1), ("auto", 1), ("cpu", 0)):
+    for device, gpu in (("cuda", 1), ("cpu", 0)):  # auto: test_device_auto_claims_a_gpu_only_where_one_is
         cfg = {"device": device, "threads": 1, "resources": {"mem_mb": 5100, "runtime": 77}}
         out = dry_run(tmp_path, {**HUB_STUDY, **cfg}).stdout
         jobs = re.findall(r"^(?:local)?rule (\w+):\n(.*?)(?=^\[|\Z)", out, re.M | re.S)
@@ -787,9 +684,7 @@ def test_training_jobs_claim_the_configs_resources_and_run_in_priority_order(tmp
 
 
 @pytest.mark.parametrize("target", [
-    "results/runs/finetune/fp32-fp32/seed1/x/metrics.json",
     "results/runs/finetune/fp32-fp32/x/seed1/metrics.json",
-    "results/runs/pretrain/fp32/x/seed1/metrics.json",
     "results/runs/pretrain/fp32/seed1x/metrics.json",
     "results/runs/finetune/nosuch/seed1/metrics.json",
     "results/runs/pretrain/pure_fp16/seed1/metrics.json",  # a catalog precision no schedule pre-trains in
