@@ -4,8 +4,9 @@
 #      per machine; 2. preflight (benchmarks/lease/preflight.py, `snakemake -n`): versions, the carry's bounds, a
 #      datasets round trip, the run bit; any failure stops here, one line naming what to carry;
 #   3. stage 1 compiled only if LEASE_COMPILE=on, or =auto and a 30 s compile preflight passed (default off: eager);
-#   4. the pipeline (--keep-going) with the whole budget less what the report and the tars need; its results are
-#      tarred at once (no resume states, checkpoints or prepared data; checked under 16 MiB);
+#   4. the pipeline (--keep-going; --nolock: a cut run leaves no lock for the next call) with the whole budget less
+#      what the report and the tars need; its results are tarred at once
+#      (no resume states, checkpoints or prepared data; checked under 16 MiB);
 #   5. the report, then gpu_check and job_overhead only in what is left; the tar again at the end.
 # $OUT gets at most 6 files (the tool brings back 8 of 16 MiB): lease.log, results.tar.gz, compile_preflight.json,
 # gpu_check_mlm.json, gpu_check.json, job_overhead.json. The run's commit is LEASE_COMMIT (no .git travels).
@@ -22,10 +23,10 @@ exec > >(tee -a "$OUT/lease.log") 2>&1
 t0=$SECONDS
 BUDGET=${LEASE_BUDGET_S:-570}
 left() { echo $((BUDGET - (SECONDS - t0))); }
-# seconds a step may take keeping $1 back; 0 (skip it) under 10 s: never `timeout 0`, which means no limit
-limit() { local s=$(( $(left) - $1 )); (( s >= 10 )) && echo "$s" || echo 0; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}
+# seconds a step may take keeping $1 back; 0 (skip it) under 10 s: never `timeout 0`, which means no limit
+limit() { "$PY" benchmarks/lease/lease_time.py limit "$(left)" "$1"; }
 CONFIGS=(config/gpu-lease.yaml)
 RESULTS=results/gpu-lease
 if (( SMOKE )); then CONFIGS+=(benchmarks/lease/cpu-smoke.yaml); RESULTS=results/gpu-lease-smoke; fi
@@ -62,7 +63,7 @@ echo "# wheels at $((SECONDS - t0)) s"
 [[ -x workflow/scripts/precswitch ]] || chmod +x workflow/scripts/precswitch 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null || echo "# no nvidia-smi"
 "$PY" benchmarks/lease/preflight.py || { echo "# lease stopped by its preflight at $((SECONDS - t0)) s"; exit 3; }
-SMK=("$PY" -m snakemake --cores all --keep-going --rerun-incomplete --configfile "${CONFIGS[@]}")
+SMK=("$PY" -m snakemake --cores all --keep-going --rerun-incomplete --nolock --configfile "${CONFIGS[@]}")
 # 3. stage 1 eager unless compile is asked for and (auto) a 30 s compile preflight passed in this lease; the
 #    decision is kept in results/ so that a resuming call runs the same config (a changed one reruns jobs)
 OVERLAY=$RESULTS/lease-overlay.yaml

@@ -59,13 +59,14 @@ def main() -> int:
     try:
         import datasets
 
+        datasets.disable_progress_bars()
         with tempfile.TemporaryDirectory() as tmp:
             datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}).save_to_disk(tmp)
             back = datasets.load_from_disk(tmp)
             assert back["label"] == [0, 1] and back["text"] == ["a", "b"], back
     except Exception as e:  # noqa: BLE001
         bad.append(f"lease: datasets save/load round trip failed ({type(e).__name__}: {e}): "
-                   f"carry datasets' pyarrow/fsspec at the locked versions")
+                   f"carry what it names (benchmarks/lease/wheels.py)")
     run = ROOT / "workflow" / "scripts" / "precswitch"
     if not os.access(run, os.X_OK):
         bad.append(f"lease: {run.relative_to(ROOT)} is not executable (its run bit did not travel): chmod +x it "

@@ -15,15 +15,16 @@ VENV=${REHEARSAL_VENV:-.venv312}
 WORK=${REHEARSAL_DIR:-rehearsal}
 rm -rf "$WORK" && mkdir -p "$WORK"
 [[ -x $VENV/bin/python ]] || "$PY312" -m venv "$VENV"
+# the image's pinned versions, and every other image package the carry or the pipeline imports (pip's choice)
 image=$("$VENV/bin/python" -c "
 import sys; sys.path.insert(0, 'benchmarks/lease'); import wheels
-print(' '.join(f'{n}=={v}' for n, v in {**wheels.IMAGE_PINS, **wheels.ASSUMED}.items()))")
-"$VENV/bin/pip" install -q $image pandas scipy statsmodels scikit-learn matplotlib seaborn pyyaml pygments tqdm
+print(' '.join(f'{n}=={v}' for n, v in {**wheels.IMAGE_PINS, **wheels.ASSUMED}.items()), *wheels.image_needs())")
+"$VENV/bin/pip" install -q $image scipy statsmodels scikit-learn matplotlib seaborn pygments
 for carried in snakemake datasets jsonschema; do
   "$VENV/bin/python" -c "import $carried" 2>/dev/null && { echo "rehearse: $VENV has $carried: the image has not"; exit 2; }
 done
 [[ ${1:-} == --lock ]] && "$VENV/bin/python" benchmarks/lease/wheels.py lock
-rm -rf .whl && "$VENV/bin/python" benchmarks/lease/wheels.py download > "$WORK/wheels.txt"
+"$VENV/bin/python" benchmarks/lease/wheels.py download > "$WORK/wheels.txt"
 tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
 whl=$(du -cb .whl/*.whl | tail -1 | cut -f1)
 echo "carry: .whl $((whl / 1024)) KiB + tracked files $((tracked / 1024)) KiB = $(( (whl + tracked) / 1048576 )) MiB of 64" \

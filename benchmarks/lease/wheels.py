@@ -86,6 +86,18 @@ def unmet(lock: dict) -> list[str]:
     return out
 
 
+def image_needs(lock: dict | None = None) -> list[str]:
+    """The image's packages that the locked wheels require (for Python 3.12 on Linux), by name: what a stand-in for
+    the image must hold (benchmarks/lease/rehearse.sh)."""
+    from packaging.requirements import Requirement
+
+    lock = lock or read_lock()
+    locked = {w["name"] for w in lock["wheels"]}
+    names = {norm(Requirement(r).name) for w in lock["wheels"] for r in w["requires"]
+             if not Requirement(r).marker or Requirement(r).marker.evaluate({**ENV, "extra": ""})}
+    return sorted(names & image_packages() - locked)
+
+
 def _resolve() -> list[dict]:
     """pip's resolution of ROOTS under the image's versions, for this interpreter (must be 3.12): the report's
     packages that the image lacks, each {name, version, requires}."""
