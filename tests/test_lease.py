@@ -95,7 +95,7 @@ def test_a_lease_cut_off_mid_study_brings_back_its_results_without_states(tmp_pa
     $OUT still holds lease.log and results.tar.gz (the commit, logs; no checkpoint, resume state or data)."""
     out = tmp_path / "out"
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "PYTHON": sys.executable,
-           "HOME": str(tmp_path), "PRECSWITCH_SITE": str(tmp_path / "site"), "LEASE_BUDGET_S": "75",
+           "HOME": str(tmp_path), "PRECSWITCH_SITE": str(tmp_path / "site"), "LEASE_BUDGET_S": "120",
            "LEASE_COMMIT": "0123abc"}
     r = subprocess.run(["bash", str(LEASE / "gpu_lease.sh"), "--cpu-smoke"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)

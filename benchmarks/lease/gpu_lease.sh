@@ -76,7 +76,7 @@ if [[ ! -f $OVERLAY ]]; then
     echo "# compile preflight: $( [[ $mode == on ]] && echo passed || echo 'failed or over 30 s: stage 1 eager')"
   fi
   if [[ $mode == on ]]; then
-    printf 'train:\n  pretrain: {compile: reduce-overhead, timing_warmup_steps: 20}\nmodel: {attn_implementation: sdpa}\n' > "$OVERLAY"
+    printf 'train:\n  pretrain: {compile: reduce-overhead}\nmodel: {attn_implementation: sdpa}\n' > "$OVERLAY"
   else
     echo "{}" > "$OVERLAY"
   fi
