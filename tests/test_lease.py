@@ -91,6 +91,14 @@ def test_the_lease_config_inherits_the_default_task_and_restates_only_gpu_sizes(
     assert {s["on_unsupported"] for s in cfg["train"].values()} == {"skip"}
 
 
+def test_disk_of_a_gpu_config_counts_each_stage_1_checkpoint_in_its_dtype():
+    gh = _load("lease_time")._gpu_hours()
+    d = gh.disk_bytes(gh.study_config(ROOT / "config" / "bert-small-scratch.yaml"))
+    # fp32, amp_fp16, amp_bf16, tf32 checkpoints in fp32 (4 bytes), pure_fp16 and pure_bf16 in 16 bits; 10 seeds
+    assert d["checkpoints"] == d["parameters"] * (4 * 4 + 2 * 2) * 10
+    assert 28e6 < d["parameters"] < 30e6  # BERT-small with BERT's 30522-token vocabulary
+
+
 @pytest.mark.slow
 def test_a_lease_cut_off_mid_study_brings_back_its_results_without_states(tmp_path):
     """gpu_lease.sh --cpu-smoke with a budget far too short for the study: the pipeline is cut by its timeout, and

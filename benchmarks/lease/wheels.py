@@ -157,7 +157,9 @@ def main(argv: list[str]) -> int:
     elif cmd == "download":
         WHEELS.mkdir(exist_ok=True)
         rows = read_lock()["wheels"]
-        _pip_download([f"{w['name']}=={w['version']}" for w in rows], WHEELS)
+        fetch = [w for w in rows  # only what is missing or not the locked file
+                 if not (WHEELS / w["wheel"]).is_file() or (WHEELS / w["wheel"]).stat().st_size != w["bytes"]]
+        _pip_download([f"{w['name']}=={w['version']}" for w in fetch], WHEELS)
         for w in rows:
             if (WHEELS / w["wheel"]).stat().st_size != w["bytes"]:
                 raise SystemExit(f"wheels.py: {w['wheel']} is not the locked wheel ({w['bytes']} bytes)")
