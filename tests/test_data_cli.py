@@ -44,6 +44,7 @@ def test_synth_tokenizer_prepare_roundtrip(tmp_path, capsys):
         (["prepare", "--source", "{not json", "--objective", "mlm"], "--source: not valid JSON"),
         (["prepare", "--source", "@nowhere.json", "--objective", "mlm"], "neither a JSON object nor an existing file"),
         (["tokenizer", "--out", "@OUT@"], "--source is required unless --pretrained"),
+        (["tokenizer", "--out", "@OUT@", "--revision", "v1"], "--revision goes with --pretrained"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--n-train", "0"], "n_train must be >= 1"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--language", '{"colours": 3}'], "--language: unknown key"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--language", "[1, 2]"], "--language: unknown key(s) ['<not an object>']"),
