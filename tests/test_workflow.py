@@ -31,9 +31,9 @@ def test_default_dry_run_shares_stage1(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     counts = job_counts(out)
-    # 5 schedules x 3 seeds: 4 stage-1 runs (fp16-fp32 and fp16-fp16 share; the control's own) x 3 seeds
+    # 5 schedules x 3 seeds: 3 stage-1 precisions (fp16-fp32 and fp16-fp16 share; the control has none) x 3
     assert counts == {
-        "synth": 1, "tokenizer": 1, "prepare": 2, "pretrain": 12, "finetune": 15,
+        "synth": 1, "tokenizer": 1, "prepare": 2, "pretrain": 9, "finetune": 15,
         "aggregate": 1, "stats": 1, "plots": 1, "verdict": 1, "all": 1,
     }, counts
     stage1 = set(re.findall(r"results/runs/pretrain/(\w+)/seed(\d+)/metrics\.json", out))
