@@ -12,8 +12,8 @@ from precswitch.cli import main
 def test_synth_tokenizer_prepare_roundtrip(tmp_path, capsys):
     syn = tmp_path / "synth"
     assert main(["synth", "--out", str(syn), "--seed", "2", "--n-corpus", "800", "--n-train", "80",
-                 "--n-dev", "30"]) == 0
-    assert {p.name for p in syn.iterdir()} == {"corpus.txt", "train.tsv", "dev.tsv", "synth.json"}
+                 "--n-dev", "30", "--n-test", "20"]) == 0
+    assert {p.name for p in syn.iterdir()} == {"corpus.txt", "train.tsv", "dev.tsv", "test.tsv", "synth.json"}
     spec = {"kind": "synthetic", "dir": str(syn), "labels": None, "max_train_rows": None}
     src_file = tmp_path / "source.json"
     src_file.write_text(json.dumps(spec))
@@ -28,7 +28,7 @@ def test_synth_tokenizer_prepare_roundtrip(tmp_path, capsys):
     assert main(["prepare", "--source", json.dumps(spec), "--tokenizer", str(tmp_path / "tok"),
                  "--objective", "mlm", "--max-length", "64", "--out", str(tmp_path / "mlm")]) == 0
     meta = json.loads((tmp_path / "cls" / "meta.json").read_text())
-    assert meta["n_train"] == 80 and meta["num_labels"] == 2
+    assert (meta["n_train"], meta["n_test"], meta["num_labels"]) == (80, 20, 2)
     assert json.loads((tmp_path / "cls50" / "meta.json").read_text())["n_train"] == 50
     assert json.loads((tmp_path / "mlm" / "meta.json").read_text())["objective"] == "mlm"
     assert main(["tokenizer", "--pretrained", str(tmp_path / "tok"), "--out", str(tmp_path / "tok2")]) == 0
@@ -44,6 +44,7 @@ def test_synth_tokenizer_prepare_roundtrip(tmp_path, capsys):
         (["prepare", "--source", "{not json", "--objective", "mlm"], "--source: not valid JSON"),
         (["prepare", "--source", "@nowhere.json", "--objective", "mlm"], "neither a JSON object nor an existing file"),
         (["tokenizer", "--out", "@OUT@"], "--source is required unless --pretrained"),
+        (["tokenizer", "--out", "@OUT@", "--revision", "v1"], "--revision goes with --pretrained"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--n-train", "0"], "n_train must be >= 1"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--language", '{"colours": 3}'], "--language: unknown key"),
         (["synth", "--out", "@OUT@", "--seed", "1", "--language", "[1, 2]"], "--language: unknown key(s) ['<not an object>']"),
@@ -76,13 +77,6 @@ def test_python_dash_m_precswitch_is_the_cli():
     assert r.returncode == 0 and r.stdout.startswith("precswitch "), (r.stdout, r.stderr)
 
 
-def test_synth_language_option_is_applied(tmp_path):
-    syn = tmp_path / "synth"
-    assert main(["synth", "--out", str(syn), "--seed", "3", "--n-corpus", "60", "--n-train", "20", "--n-dev", "10",
-                 "--language", '{"n_places": 5, "p_passive": 0.0}']) == 0
-    meta = json.loads((syn / "synth.json").read_text())
-    assert (meta["language"]["n_places"], meta["language"]["p_passive"]) == (5, 0.0)
-    assert meta["seed"] == 3 and meta["sizes"] == {"n_corpus": 60, "n_train": 20, "n_dev": 10}
 
 
 def test_tokenizer_and_prepare_options_reach_the_functions(tmp_path, monkeypatch):
@@ -111,7 +105,8 @@ def test_tokenizer_and_prepare_options_reach_the_functions(tmp_path, monkeypatch
 def test_tokenizer_zero_sizes_are_refused_not_replaced_by_the_defaults(tmp_path, capsys, option, message):
     """`--vocab-size 0` trained an 8000-token tokenizer and `--model-max-length 0` saved 512 (`x or default`)."""
     syn = tmp_path / "synth"
-    assert main(["synth", "--out", str(syn), "--seed", "1", "--n-corpus", "40", "--n-train", "10", "--n-dev", "4"]) == 0
+    assert main(["synth", "--out", str(syn), "--seed", "1", "--n-corpus", "40", "--n-train", "10", "--n-dev", "4",
+                 "--n-test", "4"]) == 0
     capsys.readouterr()
     out = tmp_path / "tok"
     assert main(["tokenizer", "--source", json.dumps({"kind": "synthetic", "dir": str(syn)}), "--out", str(out),
@@ -165,12 +160,15 @@ def test_tokenizer_pretrained_options_reach_copy_pretrained(tmp_path, monkeypatc
 
 
 def test_data_commands_print_one_json_line_of_what_they_wrote(tmp_path, capsys):
-    """stdout is one JSON object a command: synth its seed and sizes (defaults filled in), tokenizer the
-    number of texts, prepare the objective, split sizes, max_length and majority accuracy."""
+    """stdout is one JSON object a command: synth its seed and sizes (defaults filled in; --language applied),
+    tokenizer the number of texts, prepare the objective, split sizes, max_length and majority accuracies."""
     syn = tmp_path / "synth"
-    assert main(["synth", "--out", str(syn), "--seed", "4", "--n-corpus", "30", "--n-train", "12"]) == 0
+    assert main(["synth", "--out", str(syn), "--seed", "4", "--n-corpus", "30", "--n-train", "12", "--n-test", "10",
+                 "--language", '{"n_places": 5, "p_passive": 0.0}']) == 0
     assert json.loads(capsys.readouterr().out) == {"out": str(syn), "seed": 4, "n_corpus": 30, "n_train": 12,
-                                                   "n_dev": 2000}
+                                                   "n_dev": 2000, "n_test": 10}
+    meta = json.loads((syn / "synth.json").read_text())
+    assert (meta["language"]["n_places"], meta["language"]["p_passive"]) == (5, 0.0)
     spec = json.dumps({"kind": "synthetic", "dir": str(syn)})
     assert main(["tokenizer", "--source", spec, "--out", str(tmp_path / "tok"), "--vocab-size", "400"]) == 0
     from precswitch.data.loading import parse_source, source_texts
@@ -180,4 +178,5 @@ def test_data_commands_print_one_json_line_of_what_they_wrote(tmp_path, capsys):
     assert main(["prepare", "--source", spec, "--tokenizer", str(tmp_path / "tok"), "--objective", "classify",
                  "--max-length", "32", "--out", str(tmp_path / "p")]) == 0
     assert json.loads(capsys.readouterr().out) == {"objective": "classify", "n_train": 12, "n_eval": 2000,
-                                                   "max_length": 32, "majority_accuracy": 0.5}
+                                                   "n_test": 10, "max_length": 32, "majority_accuracy": 0.5,
+                                                   "test_majority_accuracy": 0.5}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from precswitch.data.loading import MAX_AUTO_EVAL_LINES, check_table_headers, load_source
+from precswitch.data.loading import MAX_AUTO_EVAL_LINES, check_source_files, check_table_headers, load_source
 from precswitch.data.prepare import prepare
 from precswitch.data.tokenizer import build_tokenizer
 from precswitch.errors import PrecswitchError
@@ -37,9 +37,6 @@ def tok(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok")
     texts = [f"line number {i} here , the cat sat on a dog" for i in range(200)]
     return build_tokenizer(texts, root / "tok", vocab_size=200, model_max_length=64)
-
-
-# --------------------------------------------------------------------------- H3: one column, two roles
 
 
 @pytest.mark.parametrize("cols, msg", [
@@ -81,17 +78,6 @@ def test_distinct_columns_still_load_including_a_swap(tmp_path):
     assert src.label_values == [0, 1] and src.train["label"] == [0, 1, 0, 1]
 
 
-@needs_shared
-def test_real_mrpc_with_text_b_equal_to_text_a_is_refused_before_loading():
-    spec = {"kind": "tsv", "train": str(MRPC / "train.tsv"), "eval": str(MRPC / "dev.tsv"),
-            "columns": {**MRPC_COLS, "text_b": "#1 String"}}
-    with pytest.raises(PrecswitchError, match="columns text_a and text_b both name column '#1 String'"):
-        check_table_headers(spec)
-
-
-# --------------------------------------------------------------------------- H6 / L8: the held-out tail
-
-
 def _lines_file(path: Path, n: int) -> Path:
     path.write_text("".join(f"line number {i} here\n" for i in range(n)), encoding="utf-8")
     return path
@@ -111,20 +97,13 @@ def test_eval_fraction_cap_is_logged_and_recorded_in_meta(tmp_path, tok, capsys)
         assert m["eval_fraction_effective"] == pytest.approx(1999 / 4101) and m["eval_capped"] is True
     assert (f"precswitch: eval_fraction 0.5 of the 4101 lines of {f} would hold out 2050 lines, above the cap of "
             "2000 held-out lines: 1999 lines (48.74%) held out for eval, 2102 for training") in err
-
-
-def test_eval_fraction_under_the_cap_is_recorded_and_not_logged(tmp_path, tok, capsys):
+    # under the cap (default 5%: round(5.05) = 5 lines of 101): recorded, not logged; with eval files: null
     f = _lines_file(tmp_path / "c.txt", 101)
-    meta = prepare({"kind": "text", "train": [str(f)], "mlm_examples": "lines"}, tok, "mlm", 32, tmp_path / "out")
+    meta = prepare({"kind": "text", "train": [str(f)], "mlm_examples": "lines"}, tok, "mlm", 32, tmp_path / "o2")
     assert "eval_fraction" not in capsys.readouterr().err
-    # default 5%: round(5.05) = 5 lines (96 train lines: an even count, line pairs stay together)
-    assert (meta["eval_fraction"], meta["eval_lines_cap"], meta["eval_lines"], meta["eval_capped"]) == (
-        0.05, 2000, 5, False)
-    assert meta["eval_fraction_effective"] == pytest.approx(5 / 101)
-    assert meta["n_eval"] == 5 and meta["n_train"] == 96
-    # a source with eval files holds nothing out: the keys are there, null
+    assert (meta["eval_fraction"], meta["eval_lines"], meta["eval_capped"], meta["n_train"]) == (0.05, 5, False, 96)
     meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "lines"}, tok, "mlm",
-                   32, tmp_path / "out2")
+                   32, tmp_path / "o3")
     assert meta["eval_fraction"] is None and meta["eval_lines"] is None and meta["eval_capped"] is None
 
 
@@ -146,9 +125,6 @@ def test_eval_fraction_leaving_no_training_line_names_eval_fraction(tmp_path):
     assert (len(src.train), len(src.eval)) == (9, 1)
 
 
-# --------------------------------------------------------------------------- M4: bad fine-tuning tables
-
-
 def test_header_only_or_empty_eval_file_is_named_not_datasets_train_split(tmp_path):
     """A header-only eval TSV read as 'Instruction "train" corresponds to no data!'."""
     train = _mrpc_like(tmp_path / "train.tsv", _rows(6))
@@ -162,47 +138,6 @@ def test_header_only_or_empty_eval_file_is_named_not_datasets_train_split(tmp_pa
     zero.write_bytes(b"")
     with pytest.raises(PrecswitchError, match=f"^source: cannot read csv file {zero}: the file is empty"):
         load_source({"kind": "csv", "train": str(zero), "eval": str(zero), "columns": PAIRS}, "classify")
-
-
-@pytest.mark.parametrize("kind", ["tsv", "csv"])
-def test_ragged_table_names_the_line_and_the_field_counts(tmp_path, kind):
-    """'An error occurred while generating the dataset' hid pandas' 'Expected 5 fields in line 6, saw 6'."""
-    rows = _rows(6)
-    if kind == "tsv":
-        ragged = _mrpc_like(tmp_path / "ragged.tsv", rows[:4] + [rows[4] + ("extra",)] + rows[5:])
-        spec = {"kind": "tsv", "train": str(_mrpc_like(tmp_path / "train.tsv", rows)), "eval": str(ragged)}
-        want = r"line 6 has 6 fields, the header has 5 \(a stray tab in a text\?\)"
-    else:
-        ragged = tmp_path / "ragged.csv"
-        ragged.write_text('s1,s2,y\n"a, quoted",b,0\nc,d,1\ne,f,g,0\n', encoding="utf-8")
-        spec = {"kind": "csv", "train": str(ragged), "eval": str(ragged), "columns": PAIRS}
-        want = r"line 4 has 4 fields, the header has 3 \(a stray unquoted comma in a text\?\)"
-    with pytest.raises(PrecswitchError, match=f"^source: cannot read {kind} file {ragged}: {want}$"):
-        load_source(spec, "classify")
-
-
-def test_rows_that_all_have_extra_fields_are_named_not_read_shifted(tmp_path):
-    """pandas reads extra leading fields as index columns without an error when every row has them: the label
-    column then holds another field. The loader names the first long line instead."""
-    f = tmp_path / "train.tsv"
-    f.write_text("a\tb\ty\n" + "x\ty\t1\textra\tmore\n" * 5 + "x\ty\t0\n" * 5, encoding="utf-8")
-    with pytest.raises(PrecswitchError, match=rf"^source: cannot read tsv file {f}: line 2 has 5 fields, the header has 3"):
-        load_source({"kind": "tsv", "train": str(f), "eval": str(f), "columns": {"text_a": "a", "text_b": "b",
-                                                                                     "label": "y"}}, "classify")
-
-
-def test_jsonl_lines_that_are_not_objects_are_named(tmp_path):
-    arr = tmp_path / "arr.jsonl"
-    arr.write_text('["s1", "s2", "y"]\n["a", "b", 0]\n', encoding="utf-8")
-    spec = {"kind": "jsonl", "train": str(arr), "eval": str(arr), "columns": PAIRS}
-    with pytest.raises(PrecswitchError, match=rf"^source: cannot read jsonl file {arr}: line 1 is an array, not a "
-                                              r"JSON object; each line must be one object \{\"column\": value, "
-                                              r"\.\.\.\} \(datasets: An error occurred while generating"):
-        load_source(spec, "classify")
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"s1": "a", "s2": "b", "y": 0}\n{"s1": "c", "s2": \n', encoding="utf-8")
-    with pytest.raises(PrecswitchError, match=rf"^source: cannot read jsonl file {bad}: line 2 is not valid JSON"):
-        load_source({**spec, "train": str(bad), "eval": str(bad)}, "classify")
 
 
 def test_table_without_rows_or_with_only_empty_cells_says_which(tmp_path):
@@ -260,9 +195,6 @@ def test_eval_label_not_among_the_training_labels_says_where_the_classes_come_fr
         load_source(spec, "classify")
 
 
-# --------------------------------------------------------------------------- L4: rows dropped for empty cells
-
-
 def test_rows_with_an_empty_text_cell_are_counted_logged_and_recorded(tmp_path, tok, capsys):
     train = tmp_path / "train.csv"
     train.write_text("s1,s2,y\nthe cat,a dog,0\n,a dog,1\nthe cat,a dog,1\nthe cat,,0\nthe cat,a dog,0\n",
@@ -306,9 +238,6 @@ def test_an_empty_second_sentence_drops_the_row_in_every_table_format(tmp_path, 
     assert single.train["text_a"] == ["a b", "c d", "g h", "k"]
 
 
-# --------------------------------------------------------------------------- mutation audit 2 (loading)
-
-
 @pytest.mark.parametrize("key, value, msg", [
     ("max_train_rows", 0, "max_train_rows must be a positive integer or null, got 0"),
     ("max_eval_rows", True, "max_eval_rows must be a positive integer or null, got True"),
@@ -347,26 +276,6 @@ def test_header_check_reads_each_table_format_as_the_loader_does(tmp_path, kind)
     with pytest.raises(PrecswitchError, match=rf"^source: {f}: column\(s\) not found: label='Y'; columns found: "
                                               r"\['s1', 's2', 'y'\]$"):
         check_table_headers({**spec, "columns": {**PAIRS, "label": "Y"}})
-
-
-def test_held_out_tail_rounds_the_fraction_and_the_cap_applies_only_above_it(tmp_path):
-    """30 lines x 5% = 1.5 -> 2 lines (rounded, not truncated); one line is refused naming the line count; a
-    fraction asking for exactly the cap (2000 lines) is not 'capped' and logs nothing."""
-    src = load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "a.txt", 30))]}, "mlm")
-    assert (len(src.train), len(src.eval)) == (28, 2) and src.eval["text"][-1] == "line number 29 here"
-    with pytest.raises(PrecswitchError, match=r"^source: only 1 text line\(s\) in .*one.txt; need at least 2"):
-        load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "one.txt", 1))]}, "mlm")
-    src = load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "b.txt", 4000))], "eval_fraction": 0.5},
-                      "mlm")
-    assert (len(src.eval), src.held_out["eval_lines_requested"], src.held_out["capped"]) == (2000, 2000, False)
-    assert src.notes() == []
-
-
-def test_text_source_reads_its_eval_files(tmp_path):
-    train, dev = _lines_file(tmp_path / "train.txt", 6), tmp_path / "dev.txt"
-    dev.write_text("held out one\nheld out two\n", encoding="utf-8")
-    src = load_source({"kind": "text", "train": [str(train)], "eval": [str(dev)]}, "mlm")
-    assert src.eval["text"] == ["held out one", "held out two"] and len(src.train) == 6 and src.held_out is None
 
 
 def test_mlm_text_of_a_table_column(tmp_path):
@@ -418,44 +327,6 @@ def test_inferred_label_limits_are_the_documented_ones(tmp_path):
     assert load_source(table("r2.csv", ["x"] * 2 + ["a", "b"] * 49), "classify").label_values == ["a", "b", "x"]
 
 
-def test_hub_source_split_names_and_an_empty_split(monkeypatch):
-    import datasets
-
-    calls = []
-
-    def load_dataset(name, config=None, split=None, **kw):
-        calls.append(split)
-        n = 0 if split == "empty" else 2
-        return datasets.Dataset.from_dict({"sentence": ["a b", "c d"][:n], "label": [0, 1][:n]})
-
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    spec = {"kind": "hub", "name": "acme/sst", "train_split": "train[:50%]", "eval_split": "dev",
-            "columns": {"text_a": "sentence", "text_b": None, "label": "label"}}
-    assert load_source(spec, "classify").label_values == [0, 1] and calls == ["train[:50%]", "dev"]
-    with pytest.raises(PrecswitchError, match=r"^source: eval split is empty after filtering \(hub acme/sst:empty\): "
-                                              r"it has no data rows$"):
-        load_source({**spec, "eval_split": "empty"}, "classify")
-
-
-def test_file_checks_and_hash_inputs_per_source_kind(tmp_path):
-    """A hub source reads no local file; a missing synthetic dir says to run synth; the masked-LM input of a
-    synthetic source is the corpus only (an edited train.tsv must not re-prepare, so re-train, stage 1)."""
-    from precswitch.data.loading import check_source_files, source_files, source_hash
-    from precswitch.data.synthetic import write_synthetic
-
-    hub = {"kind": "hub", "name": "nyu-mll/glue", "config": "mrpc"}
-    assert source_files(hub) == [] and check_source_files(hub) is None
-    with pytest.raises(PrecswitchError, match=r"^source: synthetic dir not found: .*none \(write it with `precswitch "
-                                              r"synth`\)"):
-        check_source_files({"kind": "synthetic", "dir": str(tmp_path / "none")}, "mlm")
-    d = write_synthetic(tmp_path / "syn", seed=1, n_corpus=20, n_train=10, n_dev=6)
-    spec = {"kind": "synthetic", "dir": str(d)}
-    h_mlm, h_cls = source_hash(spec, "mlm"), source_hash(spec, "classify")
-    with open(d / "train.tsv", "a", encoding="utf-8") as fh:
-        fh.write("1\t1\t2\tthe a\tthe b\n")
-    assert source_hash(spec, "mlm") == h_mlm and source_hash(spec, "classify") != h_cls
-
-
 def test_csv_with_a_bom_and_a_non_utf8_byte_past_the_first_megabyte(tmp_path):
     """An Excel CSV starts with a BOM (its first column is 's1', not '\\ufeffs1'); a bad byte is located in the
     whole file, not within the 1 MiB chunk it was read in."""
@@ -496,32 +367,6 @@ def test_a_table_source_given_a_list_of_files_is_refused_in_one_line(tmp_path):
         "a.txt", "b.txt"]
 
 
-# --------------------------------------------------------------------------- mutation audit 4 (fetch/loading)
-
-
-@pytest.mark.parametrize("kind", ["tsv", "csv", "jsonl"])
-def test_header_check_leaves_an_empty_table_to_the_loader_which_names_it(tmp_path, kind):
-    """An empty file has no header to check the mapping against: the config check says nothing (it used to be
-    'column(s) not found ...; columns found: ['']'), and the loader names the file and says it is empty."""
-    f = tmp_path / f"t.{kind}"
-    f.write_text("", encoding="utf-8")
-    spec = {"kind": kind, "train": str(f), "eval": str(f), "columns": PAIRS}
-    assert check_table_headers(spec) is None
-    with pytest.raises(PrecswitchError, match=rf"^source: cannot read {kind} file {f}: the file is empty"):
-        load_source(spec, "classify")
-
-
-def test_a_short_line_is_not_blamed_for_a_long_one(tmp_path):
-    """A line with fewer fields than the header is read (its missing cells empty); when the parser fails, the line
-    named is the one with more fields, not an earlier short one."""
-    f = tmp_path / "t.tsv"
-    f.write_text("s1\ts2\ty\na\tb\t0\nc\td\n" + "".join(f"e{i}\tf\t1\n" for i in range(3)) + "g\th\t1\textra\n",
-                 encoding="utf-8")
-    with pytest.raises(PrecswitchError, match=r"^source: cannot read tsv file .*t.tsv: line 7 has 4 fields, the header "
-                                              r"has 3 \(a stray tab in a text\?\)"):
-        load_source({"kind": "tsv", "train": str(f), "eval": str(f), "columns": PAIRS}, "classify")
-
-
 def test_header_check_reads_the_eval_file_too(tmp_path):
     """The config check names a mapped column the eval file lacks (a dev file with another header), not only the
     training file's."""
@@ -548,17 +393,6 @@ def test_source_hash_changes_when_a_line_moves_from_train_to_eval(tmp_path):
     assert source_hash(spec, "mlm") != h
 
 
-def test_a_held_out_tail_shortened_to_keep_line_pairs_is_not_called_capped(tmp_path):
-    """30 lines x 10% = 3 lines would leave 27 for training and split a line pair: 2 are held out. That is not
-    the 2000-line cap: nothing is logged, and meta.json's 'capped' stays false."""
-    f = tmp_path / "t.txt"
-    f.write_text("".join(f"line number {i} here\n" for i in range(30)), encoding="utf-8")
-    src = load_source({"kind": "text", "train": [str(f)], "eval_fraction": 0.1}, "mlm")
-    assert (len(src.train), len(src.eval)) == (28, 2)
-    assert (src.held_out["eval_lines_requested"], src.held_out["eval_lines"], src.held_out["capped"]) == (3, 2, False)
-    assert src.notes() == []
-
-
 def test_a_text_file_of_headings_only_says_why_its_split_is_empty(tmp_path):
     ok, f = tmp_path / "ok.txt", tmp_path / "h.txt"
     ok.write_text("a line\n", encoding="utf-8")
@@ -566,18 +400,6 @@ def test_a_text_file_of_headings_only_says_why_its_split_is_empty(tmp_path):
     with pytest.raises(PrecswitchError, match=r"^source: eval split is empty after filtering \(.*h.txt\): no line left "
                                               r"once blank and ' = Heading = ' lines are dropped$"):
         load_source({"kind": "text", "train": [str(ok)], "eval": [str(f)]}, "mlm")
-
-
-def test_header_check_leaves_a_jsonl_file_of_arrays_to_the_loader(tmp_path):
-    """A JSONL file whose first line is an array has no column names: the config check says nothing, the loader
-    names the line."""
-    f = tmp_path / "t.jsonl"
-    f.write_text('["a", "b", 0]\n["c", "d", 1]\n', encoding="utf-8")
-    spec = {"kind": "jsonl", "train": str(f), "eval": str(f), "columns": PAIRS}
-    assert check_table_headers(spec) is None
-    with pytest.raises(PrecswitchError, match=r"^source: cannot read jsonl file .*t.jsonl: line 1 is an array, not a "
-                                              r"JSON object"):
-        load_source(spec, "classify")
 
 
 @pytest.mark.parametrize("kind", ["tsv", "csv"])
@@ -613,22 +435,6 @@ def test_header_check_reads_a_quoted_csv_header_as_the_loader_does(tmp_path):
     assert load_source(spec, "classify").train["text_a"] == ["a, b", "d"]
 
 
-def test_hub_source_passes_its_config_name_to_load_dataset(monkeypatch):
-    import datasets
-
-    calls = []
-
-    def load_dataset(name, config=None, **kw):
-        calls.append((name, config))
-        return datasets.Dataset.from_dict({"sentence": ["a b", "c d"], "label": [0, 1]})
-
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    spec = {"kind": "hub", "name": "nyu-mll/glue", "config": "sst2",
-            "columns": {"text_a": "sentence", "text_b": None, "label": "label"}}
-    load_source(spec, "classify")
-    assert calls == [("nyu-mll/glue", "sst2")] * 2
-
-
 @pytest.mark.parametrize("kind", ["csv", "tsv"])
 def test_a_small_file_whose_header_row_repeats_or_whose_label_has_a_space_is_refused(tmp_path, kind):
     """Under 300 rows one stray label row is over 1% of them, so the typo check let it through as a class: the
@@ -652,3 +458,65 @@ def test_a_small_file_whose_header_row_repeats_or_whose_label_has_a_space_is_ref
         load(rows[:-1] + [f"a{sep}b{sep}pos "])
     with pytest.raises(PrecswitchError, match=r"label value\(s\) \['y'\] not in the allowed labels"):
         load(rows + [sep.join(["s1", "s2", "y"])], labels=["neg", "pos"])
+
+
+@pytest.mark.parametrize("kind, text, want", [
+    ("tsv", "s1\ts2\ty\na\tb\t0\nc\td\n" + "e\tf\t1\n" * 3 + "g\th\t1\textra\n",
+     r"line 7 has 4 fields, the header has 3 \(a stray tab in a text\?\)"),  # the short line 3 is not blamed
+    ("csv", 's1,s2,y\n"a, quoted",b,0\nc,d,1\ne,f,g,0\n',
+     r"line 4 has 4 fields, the header has 3 \(a stray unquoted comma in a text\?\)"),
+    # every row long: pandas took the extras as index columns, the label column held another field
+    ("tsv", "s1\ts2\ty\n" + "x\ty\t1\textra\tmore\n" * 5 + "x\ty\t0\n" * 5, r"line 2 has 5 fields, the header has 3"),
+    ("jsonl", '["s1", "s2", "y"]\n["a", "b", 0]\n', r"line 1 is an array, not a JSON object; each line must be one "
+                                                     r"object \{\"column\": value, \.\.\.\} \(datasets: "),
+    ("jsonl", '{"s1": "a", "s2": "b", "y": 0}\n{"s1": "c", "s2": \n', "line 2 is not valid JSON"),
+    ("tsv", "", "the file is empty"), ("csv", "", "the file is empty"), ("jsonl", "", "the file is empty"),
+])
+def test_a_malformed_table_names_its_file_and_line(tmp_path, kind, text, want):
+    """pandas' 'Expected 5 fields in line 6, saw 6' and datasets' generation errors were hidden behind 'An error
+    occurred while generating the dataset'. The header check (the workflow's config check) leaves a file
+    without column names to the loader, which names it."""
+    f = tmp_path / f"t.{kind}"
+    f.write_text(text, encoding="utf-8")
+    spec = {"kind": kind, "train": str(f), "eval": str(f), "columns": PAIRS}
+    if not text.startswith("s1"):
+        assert check_table_headers(spec) is None
+    with pytest.raises(PrecswitchError, match=rf"^source: cannot read {kind} file {f}: {want}"):
+        load_source(spec, "classify")
+
+
+def test_the_held_out_tail_rounds_keeps_line_pairs_and_is_capped_only_above_the_cap(tmp_path):
+    """30 lines x 5% = 1.5 -> 2 lines (rounded, not truncated); x 10% = 3 would split a line pair: 2, not called
+    capped; one line is refused naming the count; exactly the cap (2000 lines) is not capped and logs nothing."""
+    src = load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "a.txt", 30))]}, "mlm")
+    assert (len(src.train), len(src.eval)) == (28, 2) and src.eval["text"][-1] == "line number 29 here"
+    src = load_source({"kind": "text", "train": [str(tmp_path / "a.txt")], "eval_fraction": 0.1}, "mlm")
+    assert (src.held_out["eval_lines_requested"], src.held_out["eval_lines"], src.held_out["capped"]) == (3, 2, False)
+    assert src.notes() == []
+    with pytest.raises(PrecswitchError, match=r"^source: only 1 text line\(s\) in .*one.txt; need at least 2"):
+        load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "one.txt", 1))]}, "mlm")
+    src = load_source({"kind": "text", "train": [str(_lines_file(tmp_path / "b.txt", 4000))], "eval_fraction": 0.5},
+                      "mlm")
+    assert (len(src.eval), src.held_out["eval_lines_requested"], src.held_out["capped"]) == (2000, 2000, False)
+    assert src.notes() == []
+
+
+def test_hub_sources_pass_config_and_split_names_and_read_no_local_file(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None, **kw):
+        calls.append((name, config, split))
+        n = 0 if split == "empty" else 2
+        return datasets.Dataset.from_dict({"sentence": ["a b", "c d"][:n], "label": [0, 1][:n]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    spec = {"kind": "hub", "name": "acme/sst", "config": "sst2", "train_split": "train[:50%]", "eval_split": "dev",
+            "columns": {"text_a": "sentence", "text_b": None, "label": "label"}}
+    assert load_source(spec, "classify").label_values == [0, 1]
+    assert calls == [("acme/sst", "sst2", "train[:50%]"), ("acme/sst", "sst2", "dev")]
+    with pytest.raises(PrecswitchError, match=r"^source: eval split is empty after filtering \(hub acme/sst:empty\): "
+                                              r"it has no data rows$"):
+        load_source({**spec, "eval_split": "empty"}, "classify")
+    assert check_source_files(spec, "classify") is None

@@ -280,13 +280,41 @@ def test_tokenizer_texts_of_a_table_are_both_sentences(tmp_path):
     assert source_texts({**spec, "columns": {"text_a": "s1", "text_b": None, "label": "y"}}) == ["a0", "a1", "a3"]
 
 
-def test_synthetic_classify_hash_covers_the_dev_file(tmp_path):
-    """An edited dev.tsv must change the source hash (it re-runs prepare and the fine-tuning after it)."""
+def test_a_test_split_is_read_with_the_training_classes_from_each_kind_of_source(tmp_path, monkeypatch):
+    """Contract 1: synthetic test.tsv, a table's optional ``test`` file, a hub ``test_split``; a masked-LM
+    stage and a source without one have none; max_eval_rows caps it like eval; its labels must be train's."""
+    import datasets
+
     from precswitch.data.synthetic import write_synthetic
 
-    d = write_synthetic(tmp_path / "syn", seed=1, n_corpus=20, n_train=10, n_dev=6)
-    spec = {"kind": "synthetic", "dir": str(d)}
-    h_cls, h_mlm = source_hash(spec, "classify"), source_hash(spec, "mlm")
-    with open(d / "dev.tsv", "a", encoding="utf-8") as fh:
-        fh.write("1\t1\t2\tthe a\tthe b\n")
-    assert source_hash(spec, "classify") != h_cls and source_hash(spec, "mlm") == h_mlm
+    syn = {"kind": "synthetic", "dir": str(write_synthetic(tmp_path / "syn", seed=1, n_corpus=20, n_train=10,
+                                                           n_dev=6, n_test=8))}
+    assert len(load_source(syn, "classify").test) == 8 and load_source(syn, "mlm").test is None
+    hashes = {"classify": source_hash(syn, "classify"), "mlm": source_hash(syn, "mlm")}
+    for name in ("train.tsv", "dev.tsv", "test.tsv"):  # an edited pair file re-prepares stage 2, not stage 1
+        with open(tmp_path / "syn" / name, "a", encoding="utf-8") as fh:
+            fh.write("1\t1\t2\tthe a\tthe b\n")
+        assert source_hash(syn, "classify") != hashes["classify"] and source_hash(syn, "mlm") == hashes["mlm"]
+        hashes["classify"] = source_hash(syn, "classify")
+    train, dev, test = (_numbered_csv(tmp_path / f"{s}.csv", n, blank_at=b) for s, n, b in
+                        (("train", 8, ()), ("dev", 4, ()), ("test", 6, (0,))))
+    spec = {"kind": "csv", "train": str(train), "eval": str(dev), "columns": {"text_a": "s1", "text_b": "s2",
+                                                                                "label": "y"}}
+    assert load_source(spec, "classify").test is None
+    src = load_source({**spec, "test": str(test), "max_eval_rows": 3}, "classify")
+    assert src.test["text_a"] == ["a1", "a2", "a3"] and src.test["label"] == [1, 0, 1]  # neg=0, pos=1 as train
+    assert src.dropped["test"] == (1, 6, str(test))
+    test.write_text("s1,s2,y\na,b,maybe\n", encoding="utf-8")
+    with pytest.raises(PrecswitchError, match=r"test.csv: label value\(s\) \['maybe'\] not in the allowed labels"):
+        load_source({**spec, "test": str(test)}, "classify")
+    with pytest.raises(PrecswitchError, match="file not found: .*none.csv"):
+        load_source({**spec, "test": str(tmp_path / "none.csv")}, "classify")
+    for bad, key in (({**syn, "test": "t.tsv"}, "test"), ({**spec, "test_split": "test"}, "test_split"),
+                     ({"kind": "hub", "name": "x/y", "test": "t.csv"}, "test")):
+        with pytest.raises(PrecswitchError, match=rf"source: {key} \(?.*is for kind"):
+            parse_source(bad)
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None, **kw: calls.append(kw["split"]) or
+                        datasets.Dataset.from_dict({"sentence": ["a b", "c d"], "label": [1, 0]}))
+    hub = {"kind": "hub", "name": "x/y", "columns": {"text_a": "sentence", "label": "label"}, "test_split": "test"}
+    assert len(load_source(hub, "classify").test) == 2 and calls == ["train", "validation", "test"]

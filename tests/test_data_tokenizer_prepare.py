@@ -20,7 +20,7 @@ MRPC = SHARED / "glue" / "MRPC"
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
-    d = write_synthetic(root / "synth", seed=1, n_corpus=1500, n_train=120, n_dev=50)
+    d = write_synthetic(root / "synth", seed=1, n_corpus=1500, n_train=120, n_dev=50, n_test=30)
     spec = {"kind": "synthetic", "dir": str(d)}
     tok = build_tokenizer(source_texts(spec), root / "tok", vocab_size=3000, model_max_length=128, source=spec)
     return root, spec, tok
@@ -49,36 +49,6 @@ def test_tokenizer_is_deterministic(synth, tmp_path):
     root, spec, tokdir = synth
     again = build_tokenizer(source_texts(spec), tmp_path / "tok2", vocab_size=3000, model_max_length=128, source=spec)
     assert (again / "tokenizer.json").read_bytes() == (tokdir / "tokenizer.json").read_bytes()
-
-
-def test_copy_pretrained_from_a_local_dir(synth, tmp_path):
-    root, spec, tokdir = synth
-    out = copy_pretrained(str(tokdir), tmp_path / "copy")
-    a, b = load_tokenizer(tokdir), load_tokenizer(out)
-    assert a.get_vocab() == b.get_vocab() and b.model_max_length == 128
-    out2 = copy_pretrained(str(tokdir), tmp_path / "copy2", model_max_length=64)
-    assert load_tokenizer(out2).model_max_length == 64
-    with pytest.raises(PrecswitchError, match="cannot load tokenizer"):
-        copy_pretrained(str(tmp_path / "nowhere"), tmp_path / "copy3")
-    assert not (tmp_path / "copy3").exists()
-
-
-@pytest.mark.parametrize("saved", [0, None])
-def test_copy_pretrained_bounds_a_tokenizer_saved_without_a_length(synth, tmp_path, saved):
-    """A tokenizer_config.json with model_max_length 0 or null (no bound written) is copied with the default 512:
-    0 kept would leave prepare's --max-length unchecked (as the --model-max-length 0 refusal says)."""
-    import shutil
-
-    from precswitch.data.tokenizer import DEFAULT_MODEL_MAX_LENGTH
-
-    src = tmp_path / "src"
-    shutil.copytree(synth[2], src)
-    cfg = json.loads((src / "tokenizer_config.json").read_text())
-    cfg["model_max_length"] = saved
-    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
-    out = copy_pretrained(str(src), tmp_path / "copy")
-    assert DEFAULT_MODEL_MAX_LENGTH == 512 and load_tokenizer(out).model_max_length == 512
-    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "c64", model_max_length=64)).model_max_length == 64
 
 
 def test_copy_pretrained_refuses_a_model_dir_without_tokenizer_files(tmp_path):
@@ -118,15 +88,8 @@ def test_copy_pretrained_passes_the_hub_revision(synth, tmp_path, monkeypatch):
         copy_pretrained(str(tokdir), tmp_path / "copy2", revision="v1")
 
 
-def test_tokenizer_cli_revision_needs_pretrained(synth, tmp_path):
-    from precswitch.cli import main
-
-    root, spec, tokdir = synth
-    assert main(["tokenizer", "--source", json.dumps(spec), "--out", str(tmp_path / "t"), "--revision", "v1"]) == 2
-
-
 CONTRACT_META = {"objective", "num_labels", "label_values", "majority_accuracy", "n_train", "n_eval", "max_length",
-                 "tokenizer", "source", "source_hash"}
+                 "tokenizer", "source", "source_hash", "n_test", "test_majority_accuracy"}
 
 
 def test_prepare_classify(synth, tmp_path):
@@ -137,14 +100,23 @@ def test_prepare_classify(synth, tmp_path):
     assert CONTRACT_META <= set(meta)
     assert json.loads((tmp_path / "cls" / "meta.json").read_text()) == json.loads(json.dumps(meta))
     dd = datasets.load_from_disk(str(tmp_path / "cls"))
-    assert set(dd) == {"train", "eval"}
-    assert dd["train"].column_names == ["input_ids", "attention_mask", "token_type_ids", "labels"]
+    assert set(dd) == {"train", "eval", "test"}  # synth's test.tsv: the held-out split the study reports on
+    assert dd["train"].column_names == dd["test"].column_names == ["input_ids", "attention_mask", "token_type_ids",
+                                                                   "labels"]
     assert dd["train"].features["labels"].dtype == "int64"
-    assert (meta["n_train"], meta["n_eval"], meta["num_labels"], meta["label_values"]) == (120, 50, 2, [0, 1])
-    assert meta["majority_accuracy"] == max(dd["eval"]["labels"].count(0), dd["eval"]["labels"].count(1)) / 50
+    assert (meta["n_train"], meta["n_eval"], meta["n_test"], meta["num_labels"]) == (120, 50, 30, 2)
+    for split, n, key in (("eval", 50, "majority_accuracy"), ("test", 30, "test_majority_accuracy")):
+        assert meta[key] == max(dd[split]["labels"].count(0), dd[split]["labels"].count(1)) / n
+    (Path(spec["dir"]) / "test.tsv").rename(tmp_path / "test.tsv")  # a synth dir from before issue 38
+    try:
+        old = prepare(spec, tokdir, "classify", 64, tmp_path / "old")
+    finally:
+        (tmp_path / "test.tsv").rename(Path(spec["dir"]) / "test.tsv")
+    assert (old["n_test"], old["test_majority_accuracy"]) == (None, None)
+    assert set(datasets.load_from_disk(str(tmp_path / "old"))) == {"train", "eval"}
     row = dd["train"][0]
     assert row["input_ids"][0] == 2 and row["input_ids"][-1] == 3 and len(row["input_ids"]) <= 64
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cls"]  # atomic: no temp dir left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cls", "old"]  # atomic: no temp dir left
 
 
 def test_prepare_mlm_packs_blocks(synth, tmp_path):
@@ -362,103 +334,6 @@ def test_prepare_classify_encodes_both_sentences_truncates_longest_first_and_rec
     assert meta["mean_train_length"] == pytest.approx(40 / 3)
 
 
-def test_tokenizer_vocab_size_is_honoured_and_frequent_words_come_first(tmp_path):
-    """The vocabulary has exactly vocab_size tokens when the texts offer enough; past the characters, the most
-    frequent words are whole tokens (budget 5: int(0.8 * 5) = 4 words), the rarer ones are split."""
-    counts = {"abc": 10, "bca": 9, "cab": 8, "aabb": 7, "bbcc": 6, "ccaa": 5, "abab": 4, "bcbc": 3, "caca": 2}
-    texts = [w for w, c in counts.items() for _ in range(c)]
-    base = len(SPECIAL_TOKENS) + 2 * 3  # a b c, ##a ##b ##c
-    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))
-    assert len(tok) == base + 5
-    for w in ("abc", "bca", "cab", "aabb"):
-        assert tok.tokenize(w) == [w]
-    for w in ("bbcc", "ccaa", "abab", "bcbc", "caca"):
-        assert tok.tokenize(w) != [w]
-    # few words, room for all: a word seen once is a whole token too
-    once = load_tokenizer(build_tokenizer(["kappa lambda"], tmp_path / "once", vocab_size=100))
-    assert once.tokenize("kappa lambda") == ["kappa", "lambda"]
-
-
-def test_cased_tokenizer_keeps_case(tmp_path):
-    cased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "c", vocab_size=100,
-                                           lowercase=False))
-    assert cased.tokenize("The Cat saw the cat") == ["The", "Cat", "saw", "the", "cat"]
-    uncased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "u", vocab_size=100))
-    assert uncased.tokenize("The Cat saw the cat") == ["the", "cat", "saw", "the", "cat"]
-
-
-# ---------------------------------------------------------------------------- mutation audit (data 2)
-
-
-def test_tokenizer_meta_records_the_real_vocab_size_and_refuses_a_tiny_model_max_length(tmp_path):
-    """precswitch_tokenizer.json says how many tokens there are (fewer than requested when the texts offer
-    fewer), and a model_max_length under 8 is refused."""
-    out = build_tokenizer(["kappa lambda mu"] * 2, tmp_path / "t", vocab_size=500)
-    info = json.loads((out / "precswitch_tokenizer.json").read_text())
-    assert info["vocab_size_requested"] == 500 and info["vocab_size"] == len(load_tokenizer(out)) < 500
-    assert (info["lowercase"], info["model_max_length"]) == (True, 512)
-    with pytest.raises(PrecswitchError, match="--model-max-length must be >= 8, got 4"):
-        build_tokenizer(["a b"], tmp_path / "small", vocab_size=100, model_max_length=4)
-    assert not (tmp_path / "small").exists()
-
-
-def test_copy_pretrained_without_a_model_max_length_gets_the_default(tmp_path):
-    """A tokenizer saved without model_max_length (transformers' 1e30 sentinel) is copied with 512, so that
-    prepare's --max-length check has a bound."""
-    src = _saved_bert_tokenizer(tmp_path / "src", ["the", "cat"], lowercase=True)
-    assert load_tokenizer(src).model_max_length > 10**20
-    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "tok")).model_max_length == 512
-
-
-def test_pieces_come_from_the_words_that_are_not_whole_tokens(tmp_path):
-    """The piece budget goes to the words left out of the vocabulary; the pieces of words that are whole
-    tokens would be spent on nothing (they never split)."""
-    counts = {"qqqqqx": 50, "qqqqqy": 50, "qqqqqz": 50, "abcde": 2, "abcdf": 2, "abcdg": 2}
-    texts = [w for w, c in counts.items() for _ in range(c)]
-    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
-    # budget 5: 4 whole words (the three frequent ones and abcde), 1 piece: the best of abcdf/abcdg ('ab',
-    # ties by string), not 'qq' (150 occurrences, but in words that never split)
-    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))
-    assert len(tok) == base + 5
-    assert tok.tokenize("abcdf") == ["ab", "##c", "##d", "##f"] and tok.tokenize("qqqqqx") == ["qqqqqx"]
-
-
-def test_prepare_pack_keeps_one_short_block_when_a_split_is_shorter_than_a_block(greek_tok, tmp_path):
-    import datasets
-
-    f, ev = tmp_path / "c.txt", tmp_path / "e.txt"
-    f.write_text(" ".join(GREEK) + "\n", encoding="utf-8")
-    ev.write_text("alpha beta\ngamma\n", encoding="utf-8")
-    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(ev)]}, greek_tok, "mlm", 8, tmp_path / "p")
-    assert meta["mlm_examples"] == "pack"  # the default for text
-    tok = load_tokenizer(greek_tok)
-    dd = datasets.load_from_disk(str(tmp_path / "p"))
-    assert [tok.convert_ids_to_tokens(x) for x in dd["eval"]["input_ids"]] == [
-        ["[CLS]", "alpha", "beta", "gamma", "[SEP]"]]
-    assert [tok.convert_ids_to_tokens(x) for x in dd["train"]["input_ids"]] == [
-        ["[CLS]", *GREEK[i:i + 6], "[SEP]"] for i in (0, 6)]
-
-
-def test_prepare_pack_drops_the_tail_of_each_group_of_lines(greek_tok, tmp_path, monkeypatch):
-    """docs/data.md: packing runs per group of PACK_GROUP lines and drops each group's short tail (blocks
-    never span two groups)."""
-    import datasets
-
-    from precswitch.data import prepare as P
-
-    monkeypatch.setattr(P, "PACK_GROUP", 2)
-    lines = ["alpha beta gamma delta", "epsilon zeta eta", "theta iota kappa lambda", "mu alpha beta"]
-    f = tmp_path / "c.txt"
-    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "pack"}, greek_tok, "mlm", 8,
-            tmp_path / "p")
-    tok = load_tokenizer(greek_tok)
-    got = [tok.convert_ids_to_tokens(x)[1:-1] for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
-    # 7 tokens per group: one block of 6 each, 'eta' and the last 'beta' dropped (not one block across groups)
-    assert got == [["alpha", "beta", "gamma", "delta", "epsilon", "zeta"],
-                   ["theta", "iota", "kappa", "lambda", "mu", "alpha"]]
-
-
 def test_prepare_max_length_bounds(greek_tok, tmp_path):
     """--max-length may equal the tokenizer's model_max_length (64 here); under 8 it is refused."""
     f = tmp_path / "c.txt"
@@ -499,19 +374,6 @@ def test_prepare_classify_meta_counts_each_split_and_hashes_its_own_files(synth,
     assert source_hash(sp, "classify") != meta["source_hash"]
 
 
-def test_prepare_single_sentence_classify(greek_tok, tmp_path):
-    import datasets
-
-    f = tmp_path / "t.csv"
-    f.write_text("s,y\nalpha beta,1\ngamma,0\ndelta epsilon zeta,1\n", encoding="utf-8")
-    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s", "text_b": None, "label": "y"}}
-    prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
-    tok = load_tokenizer(greek_tok)
-    rows = datasets.load_from_disk(str(tmp_path / "p"))["train"]
-    assert tok.convert_ids_to_tokens(rows[0]["input_ids"]) == ["[CLS]", "alpha", "beta", "[SEP]"]
-    assert rows["token_type_ids"][2] == [0] * 5 and rows["labels"] == [1, 0, 1]
-
-
 def test_prepare_lines_truncates_a_long_line_to_max_length(greek_tok, tmp_path):
     import datasets
 
@@ -522,28 +384,6 @@ def test_prepare_lines_truncates_a_long_line_to_max_length(greek_tok, tmp_path):
     tok = load_tokenizer(greek_tok)
     got = [tok.convert_ids_to_tokens(x) for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
     assert got == [["[CLS]", *GREEK[:8], "[SEP]"], ["[CLS]", "alpha", "beta", "[SEP]"]]
-
-
-def test_prepare_truncated_train_counts_only_pairs_that_lost_tokens(greek_tok, tmp_path):
-    """A pair exactly max_length tokens long (6 + 7 words + 3 special = 16) is not truncated."""
-    f = tmp_path / "t.csv"
-    rows = [(" ".join(GREEK[:6]), " ".join(GREEK[:7]), "0"), (" ".join(GREEK[:6]), " ".join(GREEK[:8]), "1"),
-            ("alpha", "beta", "1")]
-    f.write_text("s1,s2,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in rows), encoding="utf-8")
-    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s1", "text_b": "s2", "label": "y"}}
-    meta = prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
-    assert (meta["truncated_train"], meta["train_tokens"]) == (1, 16 + 16 + 5)
-
-
-def test_a_piece_equal_to_a_whole_word_does_not_use_up_the_budget(tmp_path):
-    """'ab' is a whole word and also the best prefix of the rarer words: skipping it used to leave the
-    vocabulary one token short of vocab_size, with 'abc' (the next piece) left out."""
-    counts = {"ab": 10, "abcd": 1, "abce": 1, "abcf": 1}
-    texts = [w for w, c in counts.items() for _ in range(c)]
-    base = len(SPECIAL_TOKENS) + 2 * 6  # a b c d e f
-    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 2))
-    assert len(tok) == base + 2
-    assert tok.tokenize("ab abcd") == ["ab", "abc", "##d"]
 
 
 def test_prepare_line_pairs_truncate_the_longer_line_first(greek_tok, tmp_path):
@@ -560,70 +400,6 @@ def test_prepare_line_pairs_truncate_the_longer_line_first(greek_tok, tmp_path):
     assert len(t) == 12 and t[0] == "[CLS]" and t[-1] == "[SEP]" and t.count("[SEP]") == 2
     a, b = t[1:t.index("[SEP]")], t[t.index("[SEP]") + 1:-1]
     assert a == GREEK[:len(a)] and b == GREEK[:len(b)] and {len(a), len(b)} == {4, 5}  # 9 tokens shared
-
-
-# ---------------------------------------------------------------------------- mutation audit (data 3)
-
-
-def test_a_word_seen_once_is_split_while_the_vocabulary_cannot_hold_every_word(tmp_path):
-    """Whole words need 2 occurrences unless every word fits: with 4 words and room for 3 tokens, the 3 words
-    seen once are split into pieces (the budget left after the one frequent word), none becomes a whole token."""
-    counts = {"abcd": 3, "bcda": 1, "cdab": 1, "dabc": 1}
-    texts = [w for w, c in counts.items() for _ in range(c)]
-    base = len(SPECIAL_TOKENS) + 2 * 4  # a b c d
-    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 3))
-    assert len(tok) == base + 3 and tok.tokenize("abcd") == ["abcd"]
-    for w in ("bcda", "cdab", "dabc"):
-        assert tok.tokenize(w) != [w], w
-
-
-def test_one_token_short_of_the_characters_is_refused(tmp_path):
-    """The bound is exact: base = specials + each character as c and ##c fits, base - 1 is refused (it built a
-    vocabulary of base tokens, one more than asked)."""
-    base = len(SPECIAL_TOKENS) + 2 * 3  # a b c
-    assert len(load_tokenizer(build_tokenizer(["abc cab"] * 2, tmp_path / "ok", vocab_size=base))) == base
-    with pytest.raises(PrecswitchError, match=rf"vocab_size {base - 1} .* use at least {base},"):
-        build_tokenizer(["abc cab"] * 2, tmp_path / "short", vocab_size=base - 1)
-    assert not (tmp_path / "short").exists()
-
-
-@pytest.mark.parametrize("size", [0, -1, 7])
-def test_copy_pretrained_refuses_a_model_max_length_under_8_as_training_does(tmp_path, capsys, size):
-    """`tokenizer --pretrained DIR --model-max-length 0` saved model_max_length 0, which prepare reads as "no
-    bound" (any --max-length passed its check); -1 refused every --max-length. Refused now, as for a trained
-    tokenizer, before anything is written; 8 is kept."""
-    src = _saved_bert_tokenizer(tmp_path / "src", ["the", "cat"], lowercase=True)
-    out = tmp_path / "tok"
-    with pytest.raises(PrecswitchError, match=rf"^--model-max-length must be >= 8, got {size}$"):
-        copy_pretrained(str(src), out, model_max_length=size)
-    assert not out.exists()
-    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "ok", model_max_length=8)).model_max_length == 8
-
-
-def test_model_max_length_bound_is_8(tmp_path):
-    """--model-max-length 8 is the smallest accepted (saved as 8), 7 is refused."""
-    tok = load_tokenizer(build_tokenizer(["kappa lambda"] * 2, tmp_path / "ok", vocab_size=100, model_max_length=8))
-    assert tok.model_max_length == 8
-    with pytest.raises(PrecswitchError, match="--model-max-length must be >= 8, got 7"):
-        build_tokenizer(["kappa lambda"] * 2, tmp_path / "seven", vocab_size=100, model_max_length=7)
-
-
-def test_pieces_are_ranked_by_occurrences_not_by_the_number_of_words(tmp_path):
-    """A piece's score is the count of the words it comes from: the pieces of 'abcde' (seen 10 times) outweigh
-    'fg..' (three words seen 3 times each: 9), although more words share it; among the 10s, ties by string:
-    '##bcde' ('#' sorts first) is the one piece of the budget."""
-    counts = {"qqqqqa": 50, "qqqqqb": 50, "qqqqqc": 50, "qqqqqd": 50, "abcde": 10, "fghij": 3, "fghik": 3, "fghil": 3}
-    texts = [w for w, c in counts.items() for _ in range(c)]
-    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
-    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))  # 4 words + 1 piece
-    assert len(tok) == base + 5 and tok.tokenize("qqqqqa") == ["qqqqqa"]
-    assert tok.tokenize("abcde fghij") == ["a", "##bcde", "f", "##g", "##h", "##i", "##j"]
-
-
-def test_a_cased_tokenizer_keeps_accents(tmp_path):
-    """Cased: neither case nor accents are normalised away ('Café' is one token, not [UNK] or 'Cafe')."""
-    tok = load_tokenizer(build_tokenizer(["Café naïve"] * 3, tmp_path / "c", vocab_size=100, lowercase=False))
-    assert tok.tokenize("Café naïve") == ["Café", "naïve"]
 
 
 def test_prepare_line_pairs_truncate_an_odd_last_line_and_meta_counts_the_train_tokens(greek_tok, tmp_path):
@@ -643,20 +419,6 @@ def test_prepare_line_pairs_truncate_an_odd_last_line_and_meta_counts_the_train_
     assert (meta["n_train"], meta["train_tokens"], meta["mean_train_length"]) == (2, 19, 9.5)
 
 
-# ---------------------------------------------------------------------------- mutation audit (data 6)
-
-
-def test_one_character_words_take_no_whole_word_slot(tmp_path):
-    """'.' and 'x' (frequent, already tokens as characters) do not use up the 80% share of whole words: with
-    room for 5 tokens the five 2-letter words all become whole tokens."""
-    counts = {".": 100, "x": 50, "ab": 3, "cd": 3, "ef": 3, "gh": 3, "ij": 3}
-    texts = [w for w, c in counts.items() for _ in range(c)]
-    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
-    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + 5))
-    assert len(tok) == base + 5
-    assert tok.tokenize("ab cd ef gh ij . x") == ["ab", "cd", "ef", "gh", "ij", ".", "x"]
-
-
 def test_a_long_word_is_a_token_or_pieces_not_unk(tmp_path):
     """BERT's 100-character limit per word: a 30-letter word seen twice is one token, an unseen 60-letter word
     of known letters is split into pieces, neither is [UNK]."""
@@ -674,20 +436,6 @@ def test_load_tokenizer_names_a_path_that_is_not_a_directory(tmp_path):
         load_tokenizer(f)
 
 
-def test_copy_pretrained_shortens_a_long_load_error_to_one_line(tmp_path, monkeypatch):
-    import transformers
-
-    def boom(*a, **k):
-        raise OSError("bad\nfile " + "x" * 1000)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
-    (tmp_path / "src").mkdir()
-    with pytest.raises(PrecswitchError) as e:
-        copy_pretrained(str(tmp_path / "src"), tmp_path / "tok")
-    msg = str(e.value)
-    assert "\n" not in msg and msg.endswith("bad file " + "x" * 391 + " ...") and not (tmp_path / "tok").exists()
-
-
 def test_prepare_max_length_one_over_the_tokenizer_bound_or_not_an_integer_is_refused(greek_tok, tmp_path):
     """The bound is model_max_length itself (64): 65 is refused naming it; 16.0 is not an integer."""
     f = tmp_path / "c.txt"
@@ -700,18 +448,124 @@ def test_prepare_max_length_one_over_the_tokenizer_bound_or_not_an_integer_is_re
     assert not (tmp_path / "p").exists()
 
 
-def test_prepare_pack_drops_a_last_group_shorter_than_a_block(greek_tok, tmp_path, monkeypatch):
-    """A split keeps its one short block only when it would otherwise have none: a last group of lines shorter
-    than a block is dropped like any group's tail once an earlier group gave a block."""
+# WordPiece budget: past the characters (each as c and ##c), 80% of the room goes to whole words seen twice or
+# more (one-character words take no slot), the rest to pieces of the words left out, ranked by the occurrences
+# of those words (ties by string); a piece equal to a whole word is not counted twice
+BUDGET_CASES = [
+    ({"abc": 10, "bca": 9, "cab": 8, "aabb": 7, "bbcc": 6, "ccaa": 5, "abab": 4, "bcbc": 3, "caca": 2}, 5,
+     {"abc bca cab aabb": ["abc", "bca", "cab", "aabb"]}, ["bbcc", "ccaa", "abab", "bcbc", "caca"]),
+    ({"qqqqqx": 50, "qqqqqy": 50, "qqqqqz": 50, "abcde": 2, "abcdf": 2, "abcdg": 2}, 5,
+     {"abcdf qqqqqx": ["ab", "##c", "##d", "##f", "qqqqqx"]}, []),
+    ({"ab": 10, "abcd": 1, "abce": 1, "abcf": 1}, 2, {"ab abcd": ["ab", "abc", "##d"]}, []),
+    ({"abcd": 3, "bcda": 1, "cdab": 1, "dabc": 1}, 3, {"abcd": ["abcd"]}, ["bcda", "cdab", "dabc"]),
+    ({"qqqqqa": 50, "qqqqqb": 50, "qqqqqc": 50, "qqqqqd": 50, "abcde": 10, "fghij": 3, "fghik": 3, "fghil": 3}, 5,
+     {"qqqqqa abcde fghij": ["qqqqqa", "a", "##bcde", "f", "##g", "##h", "##i", "##j"]}, []),
+    ({".": 100, "x": 50, "ab": 3, "cd": 3, "ef": 3, "gh": 3, "ij": 3}, 5,
+     {"ab cd ef gh ij . x": ["ab", "cd", "ef", "gh", "ij", ".", "x"]}, []),
+]
+
+
+@pytest.mark.parametrize("counts, room, expect, split", BUDGET_CASES)
+def test_wordpiece_budget_fills_vocab_size_with_frequent_words_then_the_best_pieces(tmp_path, counts, room, expect,
+                                                                                    split):
+    texts = [w for w, c in counts.items() for _ in range(c)]
+    base = len(SPECIAL_TOKENS) + 2 * len(set("".join(counts)))
+    tok = load_tokenizer(build_tokenizer(texts, tmp_path / "t", vocab_size=base + room))
+    assert len(tok) == base + room
+    for text, tokens in expect.items():
+        assert tok.tokenize(text) == tokens
+    for w in split:
+        assert tok.tokenize(w) != [w], w
+
+
+def test_tokenizer_sizes_are_bounded_and_recorded(tmp_path):
+    """vocab_size: exactly specials + 2 x characters fits, one less is refused naming the size needed; fewer
+    tokens than asked are recorded; model_max_length: 8 is the smallest, 7 refused; nothing written when refused."""
+    base = len(SPECIAL_TOKENS) + 2 * 3  # a b c
+    assert len(load_tokenizer(build_tokenizer(["abc cab"] * 2, tmp_path / "ok", vocab_size=base))) == base
+    with pytest.raises(PrecswitchError, match=rf"vocab_size {base - 1} .* use at least {base},"):
+        build_tokenizer(["abc cab"] * 2, tmp_path / "short", vocab_size=base - 1)
+    out = build_tokenizer(["kappa lambda mu"] * 2, tmp_path / "t", vocab_size=500, model_max_length=8)
+    info = json.loads((out / "precswitch_tokenizer.json").read_text())
+    assert info["vocab_size_requested"] == 500 and info["vocab_size"] == len(load_tokenizer(out)) < 500
+    assert (info["lowercase"], info["model_max_length"], load_tokenizer(out).model_max_length) == (True, 8, 8)
+    with pytest.raises(PrecswitchError, match="--model-max-length must be >= 8, got 7"):
+        build_tokenizer(["a b"], tmp_path / "small", vocab_size=100, model_max_length=7)
+    assert not (tmp_path / "short").exists() and not (tmp_path / "small").exists()
+
+
+def test_cased_tokenizer_keeps_case_and_accents(tmp_path):
+    cased = load_tokenizer(build_tokenizer(["The Cat saw the cat Café"] * 2, tmp_path / "c", vocab_size=100,
+                                           lowercase=False))
+    assert cased.tokenize("The Cat saw the cat Café") == ["The", "Cat", "saw", "the", "cat", "Café"]
+    uncased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "u", vocab_size=100))
+    assert uncased.tokenize("The Cat saw the cat") == ["the", "cat", "saw", "the", "cat"]
+
+
+@pytest.mark.parametrize("saved", [0, None, "absent"])
+def test_copy_pretrained_bounds_model_max_length(synth, tmp_path, saved):
+    """A tokenizer saved with model_max_length 0, null or none at all (transformers' 1e30) is copied with 512,
+    so that prepare's --max-length check has a bound; an explicit value under 8 is refused as for a trained
+    tokenizer (0 read as "no bound", -1 refused every length), before anything is written; 8 is kept."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(synth[2], src)
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    if saved == "absent":
+        cfg.pop("model_max_length")
+    else:
+        cfg["model_max_length"] = saved
+    (src / "tokenizer_config.json").write_text(json.dumps(cfg))
+    copied = load_tokenizer(copy_pretrained(str(src), tmp_path / "copy"))
+    assert copied.model_max_length == 512 and copied.get_vocab() == load_tokenizer(synth[2]).get_vocab()
+    assert load_tokenizer(copy_pretrained(str(src), tmp_path / "c8", model_max_length=8)).model_max_length == 8
+    for size in (0, -1, 7):
+        with pytest.raises(PrecswitchError, match=rf"^--model-max-length must be >= 8, got {size}$"):
+            copy_pretrained(str(src), tmp_path / "bad", model_max_length=size)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_prepare_pack_cuts_each_group_of_lines_and_keeps_a_short_block_only_when_a_split_has_none(greek_tok,
+                                                                                                   tmp_path, monkeypatch):
+    """docs/data.md: packing (the default for text) runs per group of PACK_GROUP lines and drops each group's
+    short tail and a short last group (blocks never span two groups); a split with no block at all keeps its one
+    short block."""
     import datasets
 
     from precswitch.data import prepare as P
 
     monkeypatch.setattr(P, "PACK_GROUP", 2)
-    f = tmp_path / "c.txt"
-    f.write_text("alpha beta gamma delta\nepsilon zeta eta\ntheta iota\n", encoding="utf-8")
-    prepare({"kind": "text", "train": [str(f)], "eval": [str(f)], "mlm_examples": "pack"}, greek_tok, "mlm", 8,
-            tmp_path / "p")
+    f, ev = tmp_path / "c.txt", tmp_path / "e.txt"
+    f.write_text("alpha beta gamma delta\nepsilon zeta eta\ntheta iota kappa lambda\nmu alpha beta\ngamma delta\n",
+                 encoding="utf-8")
+    ev.write_text("alpha beta\ngamma\n", encoding="utf-8")
+    meta = prepare({"kind": "text", "train": [str(f)], "eval": [str(ev)]}, greek_tok, "mlm", 8, tmp_path / "p")
+    assert meta["mlm_examples"] == "pack"
     tok = load_tokenizer(greek_tok)
-    got = [tok.convert_ids_to_tokens(x)[1:-1] for x in datasets.load_from_disk(str(tmp_path / "p"))["train"]["input_ids"]]
-    assert got == [["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]]
+    dd = datasets.load_from_disk(str(tmp_path / "p"))
+    got = {split: [tok.convert_ids_to_tokens(x)[1:-1] for x in dd[split]["input_ids"]] for split in dd}
+    assert got == {"train": [["alpha", "beta", "gamma", "delta", "epsilon", "zeta"],
+                             ["theta", "iota", "kappa", "lambda", "mu", "alpha"]],
+                   "eval": [["alpha", "beta", "gamma"]]}
+
+
+def test_prepare_single_sentence_classify_and_truncated_counts(greek_tok, tmp_path):
+    """One text column: [CLS] a [SEP], token type 0. truncated_train counts only rows that lost tokens: a pair
+    exactly max_length long (6 + 7 words + 3 special = 16) is not truncated."""
+    import datasets
+
+    f = tmp_path / "t.csv"
+    f.write_text("s,y\nalpha beta,1\ngamma,0\ndelta epsilon zeta,1\n", encoding="utf-8")
+    spec = {"kind": "csv", "train": str(f), "eval": str(f), "columns": {"text_a": "s", "text_b": None, "label": "y"}}
+    prepare(spec, greek_tok, "classify", 16, tmp_path / "p")
+    tok = load_tokenizer(greek_tok)
+    rows = datasets.load_from_disk(str(tmp_path / "p"))["train"]
+    assert tok.convert_ids_to_tokens(rows[0]["input_ids"]) == ["[CLS]", "alpha", "beta", "[SEP]"]
+    assert rows["token_type_ids"][2] == [0] * 5 and rows["labels"] == [1, 0, 1]
+    pairs = [(" ".join(GREEK[:6]), " ".join(GREEK[:7]), "0"), (" ".join(GREEK[:6]), " ".join(GREEK[:8]), "1"),
+             ("alpha", "beta", "1")]
+    f.write_text("s1,s2,y\n" + "".join(f"{a},{b},{y}\n" for a, b, y in pairs), encoding="utf-8")
+    meta = prepare({**spec, "columns": {"text_a": "s1", "text_b": "s2", "label": "y"}}, greek_tok, "classify", 16,
+                   tmp_path / "q")
+    assert (meta["truncated_train"], meta["train_tokens"]) == (1, 16 + 16 + 5)

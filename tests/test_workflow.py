@@ -45,9 +45,9 @@ def plan(tmp_path_factory):
 def test_default_dry_run_shares_stage1(plan):
     out = plan("default")
     counts = job_counts(out)
-    # 4 schedules x 3 seeds: 3 stage-1 precisions (fp16-fp32 and fp16-fp16 share) x 3 seeds
+    # 5 schedules x 3 seeds: 3 stage-1 precisions (fp16-fp32 and fp16-fp16 share; the control has none) x 3
     assert counts == {
-        "synth": 1, "tokenizer": 1, "prepare": 2, "pretrain": 9, "finetune": 12,
+        "synth": 1, "tokenizer": 1, "prepare": 2, "pretrain": 9, "finetune": 15,
         "aggregate": 1, "stats": 1, "plots": 1, "verdict": 1, "all": 1,
     }, counts
     stage1 = set(re.findall(r"results/runs/pretrain/(\w+)/seed(\d+)/metrics\.json", out))

@@ -27,6 +27,7 @@ SYNTH_FILES = [
     f"{SYNTH_DIR}/corpus.txt",
     f"{SYNTH_DIR}/train.tsv",
     f"{SYNTH_DIR}/dev.tsv",
+    f"{SYNTH_DIR}/test.tsv",
 ]
 # one tokenizer, trained on the stage-1 source, serves both stages (a fine-tuned model must read the
 # token ids it was pre-trained on)

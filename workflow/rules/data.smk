@@ -2,6 +2,10 @@
 # dataset per stage. A refused data source is said on the console too (the log's last line: the
 # one-line error), not only in the job's log.
 
+from precswitch.data.synthetic import LanguageConfig
+
+LANGUAGE_KEYS = set(LanguageConfig.__dataclass_fields__)
+
 
 rule synth:
     output:
@@ -19,10 +23,15 @@ rule synth:
         n_corpus=config["data"]["synthetic"]["n_corpus"],
         n_train=config["data"]["synthetic"]["n_train"],
         n_dev=config["data"]["synthetic"]["n_dev"],
+        n_test=config["data"]["synthetic"]["n_test"],
+        # the language's knobs set in data.synthetic (the others keep synthetic.LanguageConfig's values)
+        language=lambda w: json.dumps(
+            {k: v for k, v in config["data"]["synthetic"].items() if k in LANGUAGE_KEYS}, sort_keys=True
+        ),
     shell:
         "precswitch synth --out {params.out} --seed {params.seed}"
         " --n-corpus {params.n_corpus} --n-train {params.n_train} --n-dev {params.n_dev}"
-        " > {log} 2>&1"
+        " --n-test {params.n_test} --language {params.language:q} > {log} 2>&1"
 
 
 rule tokenizer:

@@ -13,13 +13,14 @@ SOURCE_HELP = "data source: a JSON object, @file.json, or a .json/.yaml file pat
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synth", help="write the synthetic language (corpus + MRPC-shaped paraphrase task)",
-                       description="Write DIR/corpus.txt, DIR/train.tsv, DIR/dev.tsv (GLUE MRPC columns) and "
+                       description="Write DIR/corpus.txt, DIR/train.tsv, DIR/dev.tsv, DIR/test.tsv (GLUE MRPC columns) and "
                                    "DIR/synth.json, deterministically from --seed.")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", required=True, type=int)
     p.add_argument("--n-corpus", type=int, default=None, help="corpus sentences (default 40000)")
     p.add_argument("--n-train", type=int, default=None, help="train pairs (default 3000)")
     p.add_argument("--n-dev", type=int, default=None, help="dev pairs (default 2000)")
+    p.add_argument("--n-test", type=int, default=None, help="test pairs (default 2000)")
     p.add_argument("--language", default=None,
                    help="JSON object overriding LanguageConfig fields (lexicon sizes, rewrite probabilities)")
     p.set_defaults(func=_synth)
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="hub branch, tag or commit of --pretrained (a hub name; default: its default branch)")
     p.set_defaults(func=_tokenizer)
 
-    p = sub.add_parser("prepare", help="tokenize a source into a DatasetDict (train/eval) + meta.json",
+    p = sub.add_parser("prepare", help="tokenize a source into a DatasetDict (train/eval[/test]) + meta.json",
                        description="Load --source, tokenize it with --tokenizer for --objective and save a "
                                    "datasets.DatasetDict (splits train, eval) and meta.json in --out.")
     p.add_argument("--source", required=True, help=SOURCE_HELP)
@@ -100,6 +101,6 @@ def _prepare(args) -> int:
     from .prepare import prepare
 
     meta = prepare(args.source, args.tokenizer, args.objective, args.max_length, args.out)
-    print(json.dumps({k: meta.get(k) for k in ("objective", "n_train", "n_eval", "max_length",
-                                               "majority_accuracy")}))
+    print(json.dumps({k: meta.get(k) for k in ("objective", "n_train", "n_eval", "n_test", "max_length",
+                                               "majority_accuracy", "test_majority_accuracy")}))
     return 0

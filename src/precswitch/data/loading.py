@@ -29,7 +29,10 @@ OBJECTIVES = ("mlm", "classify")
 SPEC_KEYS = {
     "kind", "dir", "train", "eval", "columns", "name", "config", "train_split", "eval_split",
     "text_column", "labels", "max_train_rows", "max_eval_rows", "eval_fraction", "mlm_examples", "revision",
+    "test", "test_split",
 }
+#: kinds whose classification data is a table file per split (they take an optional ``test`` file)
+TABLE_KINDS = ("tsv", "csv", "jsonl", "parquet")
 #: WikiText heading lines: `` = Title = ``, `` = = Section = = `` ...
 HEADING_RE = re.compile(r"^\s*(=\s+)+\S.*?(\s+=)+\s*$")
 #: Share of lines held out for eval when an MLM source has no eval files (synthetic corpus, text without eval).
@@ -53,8 +56,11 @@ class LoadedSource:
     files: list[str] = field(default_factory=list)
     #: the held-out tail split of an MLM source without eval files (see :func:`_split_tail`), else None
     held_out: dict | None = None
-    #: rows dropped per split ("train", "eval") because a mapped text or label cell is empty
+    #: rows dropped per split ("train", "eval", "test") because a mapped text or label cell is empty
     dropped: dict = field(default_factory=dict)
+    #: the held-out test split (classify only: synthetic test.tsv, a table source's ``test`` file, a hub source's
+    #: ``test_split``), else None
+    test: Any = None
 
     def notes(self) -> list[str]:
         """One line per thing a user should know about how the splits were made (for the prepare log)."""
@@ -95,8 +101,16 @@ def validate_spec(spec: dict) -> dict:
     for k in need:
         if spec.get(k) in (None, "", []):
             raise PrecswitchError(f"source (kind {kind}): key {k!r} is required")
-    if kind in ("tsv", "csv", "jsonl", "parquet"):
-        for k in ("train", "eval"):
+    if spec.get("test") is not None and kind not in TABLE_KINDS:
+        raise PrecswitchError(f"source: test (a file) is for kinds {', '.join(TABLE_KINDS)}; this source is kind "
+                              f"{kind}" + (" (use test_split)" if kind == "hub" else ""))
+    if spec.get("test_split") is not None and kind != "hub":
+        raise PrecswitchError(f"source: test_split is for kind hub only; this source is kind {kind}"
+                              + (" (use test: a file)" if kind in TABLE_KINDS else ""))
+    if kind in TABLE_KINDS:
+        for k in ("train", "eval", "test"):
+            if k == "test" and spec.get(k) is None:
+                continue
             if not isinstance(spec[k], (str, os.PathLike)):
                 raise PrecswitchError(f"source (kind {kind}): {k} takes one file path, not a list, got {spec[k]!r}")
     rev = spec.get("revision")
@@ -127,13 +141,13 @@ def source_files(spec: dict, objective: str | None = None) -> list[Path]:
         d = Path(spec["dir"])
         if objective == "mlm":
             return [d / "corpus.txt"]
-        if objective == "classify":
-            return [d / "train.tsv", d / "dev.tsv"]
+        if objective == "classify":  # test.tsv: written by synth since issue 38 (older dirs have none)
+            return [d / "train.tsv", d / "dev.tsv"] + ([d / "test.tsv"] if (d / "test.tsv").is_file() else [])
         return [d / "corpus.txt", d / "train.tsv"]
     if kind == "hub":
         return []
     files: list[Path] = []
-    for key in ("train", "eval"):
+    for key in ("train", "eval") + (("test",) if objective != "mlm" else ()):
         v = spec.get(key)
         if v is None:
             continue
@@ -564,7 +578,9 @@ def _check_inferred_labels(labels: list, where: str, column: str | None = None) 
 
 
 def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_eval: str,
-                   label_column: str | None = None):
+                   label_column: str | None = None, test=None, where_test: str | None = None):
+    """The three splits with labels as class indices (the training rows' classes unless ``allowed``), and the
+    class values; an eval or test label outside them is refused naming its file."""
     import datasets
 
     inferred = allowed is None
@@ -598,7 +614,8 @@ def _encode_labels(train, eval_, allowed: list | None, where_train: str, where_e
                     keep_in_memory=True)
         return ds.cast_column("label", datasets.Value("int64"))
 
-    encoded = enc(train, where_train, False), enc(eval_, where_eval, True)
+    encoded = (enc(train, where_train, False), enc(eval_, where_eval, True),
+               None if test is None else enc(test, where_test, True))
     unseen = [v for v in allowed if _label_key(v) not in train_keys]
     if unseen:  # a class the model never trains on: an extra output, and F1 becomes the macro F1 of > 2 classes
         raise PrecswitchError(f"source: {where_train}: labels lists {_few(unseen)}, which no training row has "
@@ -617,6 +634,7 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
     files = [str(f) for f in source_files(spec, objective)]
     frac = spec.get("eval_fraction") or DEFAULT_EVAL_FRACTION  # null = the default
     held_out = None
+    test, where_test = None, None
 
     if kind == "synthetic":
         d = Path(spec["dir"])
@@ -628,6 +646,8 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
         else:
             train, eval_ = _read_table("tsv", [d / "train.tsv"]), _read_table("tsv", [d / "dev.tsv"])
             where = (str(d / "train.tsv"), str(d / "dev.tsv"))
+            if (d / "test.tsv").is_file():
+                test, where_test = _read_table("tsv", [d / "test.tsv"]), str(d / "test.tsv")
     elif kind == "text":
         if objective != "mlm":
             raise PrecswitchError("source: kind text provides unlabelled lines: objective must be mlm")
@@ -645,10 +665,16 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
         eval_ = _hub(spec, spec.get("eval_split") or "validation")
         where = (f"hub {spec['name']}:{spec.get('train_split') or 'train'}",
                  f"hub {spec['name']}:{spec.get('eval_split') or 'validation'}")
+        if spec.get("test_split") and objective == "classify":
+            test, where_test = _hub(spec, spec["test_split"]), f"hub {spec['name']}:{spec['test_split']}"
     else:
         train = _read_table(kind, [Path(spec["train"])])
         eval_ = _read_table(kind, [Path(spec["eval"])])
         where = (str(spec["train"]), str(spec["eval"]))
+        if spec.get("test") and objective == "classify":
+            test, where_test = _read_table(kind, [Path(spec["test"])]), str(spec["test"])
+    if objective == "mlm":  # a masked-LM stage has no test split
+        test = None
 
     label_values = None
     if objective == "mlm":
@@ -664,21 +690,23 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
         convert = lambda ds, w: _to_classify(ds, cols, w)  # noqa: E731
     if kind in ("tsv", "csv"):  # the header as written: pandas renamed a repeated name ('s1' twice: 's1', 's1.1')
         wanted = {"text_column": col} if objective == "mlm" else cols
-        for f in (spec["train"], spec["eval"]):
+        for f in (spec["train"], spec["eval"]) + ((spec["test"],) if test is not None else ()):
             names = _header(kind, Path(f))
             if names is not None:
                 _require_unique_header_columns(names, wanted, str(f))
-    read = {"train": len(train), "eval": len(eval_)}
-    train, eval_ = convert(train, where[0]), convert(eval_, where[1])
+    splits = {"train": (train, where[0]), "eval": (eval_, where[1])}
+    if test is not None:
+        splits["test"] = (test, where_test)
+    read = {split: len(ds) for split, (ds, _) in splits.items()}
+    splits = {split: (convert(ds, w), w) for split, (ds, w) in splits.items()}
     # rows with an empty text (or label) cell are dropped: the prepare log and meta.json say how many;
     # kind text/synthetic lines were read blank- and heading-free already, so nothing is counted for them
-    dropped = {"train": _drop_note(read["train"], train, where[0]), "eval": _drop_note(read["eval"], eval_, where[1])}
-
-    if spec.get("max_train_rows"):
-        train = train.select(range(min(len(train), spec["max_train_rows"])))
-    if spec.get("max_eval_rows"):
-        eval_ = eval_.select(range(min(len(eval_), spec["max_eval_rows"])))
-    for ds, w, split in ((train, where[0], "train"), (eval_, where[1], "eval")):
+    dropped = {split: _drop_note(read[split], ds, w) for split, (ds, w) in splits.items()}
+    # max_eval_rows caps both evaluation splits (eval and test)
+    caps = {"train": spec.get("max_train_rows"), "eval": spec.get("max_eval_rows"), "test": spec.get("max_eval_rows")}
+    splits = {split: (ds.select(range(min(len(ds), caps[split]))) if caps[split] else ds, w)
+              for split, (ds, w) in splits.items()}
+    for split, (ds, w) in splits.items():
         if len(ds) == 0:
             if kind in ("synthetic", "text"):
                 why = "no line left once blank and ' = Heading = ' lines are dropped"
@@ -687,10 +715,13 @@ def load_source(spec: dict | str, objective: str) -> LoadedSource:
             else:
                 why = f"all {read[split]} rows have an empty text or label cell"
             raise PrecswitchError(f"source: {split} split is empty after filtering ({w}): {why}")
+    (train, _), (eval_, _) = splits["train"], splits["eval"]
+    test = splits["test"][0] if "test" in splits else None
     if objective == "classify":
-        train, eval_, label_values = _encode_labels(train, eval_, spec.get("labels"), where[0], where[1],
-                                                    cols["label"] if kind in ("tsv", "csv") else None)
-    return LoadedSource(objective, train, eval_, label_values, spec, files, held_out, dropped)
+        train, eval_, test, label_values = _encode_labels(train, eval_, spec.get("labels"), where[0], where[1],
+                                                          cols["label"] if kind in ("tsv", "csv") else None,
+                                                          test=test, where_test=where_test)
+    return LoadedSource(objective, train, eval_, label_values, spec, files, held_out, dropped, test)
 
 
 def source_texts(spec: dict | str) -> list[str]:

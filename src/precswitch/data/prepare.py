@@ -1,4 +1,5 @@
-"""Tokenize a data source into a ``datasets.DatasetDict`` (``train``/``eval``) plus ``meta.json``.
+"""Tokenize a data source into a ``datasets.DatasetDict`` (``train``/``eval``, and ``test`` when a classification
+source has one: docs/data.md) plus ``meta.json``.
 
 * classify: one row per example, ``tokenizer(text_a[, text_b], truncation=True, max_length=L)``; no padding
   (the training loop pads each batch dynamically); ``labels`` int64 class index.
@@ -138,6 +139,7 @@ def _split_meta(src) -> dict:
         "eval_capped": h.get("capped"),
         "train_rows_dropped": src.dropped.get("train", (None,))[0],
         "eval_rows_dropped": src.dropped.get("eval", (None,))[0],
+        "test_rows_dropped": src.dropped.get("test", (None,))[0],
         "train_rows_read": src.dropped.get("train", (None, None))[1],
     }
 
@@ -171,25 +173,38 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
     else:
         train, eval_ = (_encode_pairs(src.train, tokenizer, max_length),
                         _encode_pairs(src.eval, tokenizer, max_length))
-    for name, ds in (("train", train), ("eval", eval_)):
+    splits = {"train": train, "eval": eval_}
+    if src.test is not None:
+        splits["test"] = _encode_pairs(src.test, tokenizer, max_length)
+    for name, ds in splits.items():
         if len(ds) == 0:
             raise PrecswitchError(f"prepare: {name} split has no examples after tokenization")
     meta: dict = {"objective": objective}
     if objective == "classify":
-        counts = Counter(eval_["labels"])
+        counts = {name: Counter(ds["labels"]) for name, ds in splits.items()}
+
+        def label_counts(name):
+            return {str(src.label_values[k]): v for k, v in sorted(counts[name].items())} if name in counts else None
+
+        def majority(name):
+            return max(counts[name].values()) / len(splits[name]) if name in counts else None
+
         meta.update(
             num_labels=len(src.label_values),
             label_values=src.label_values,
-            majority_accuracy=max(counts.values()) / len(eval_),
-            train_label_counts={str(src.label_values[k]): v for k, v in sorted(Counter(train["labels"]).items())},
-            eval_label_counts={str(src.label_values[k]): v for k, v in sorted(counts.items())},
+            majority_accuracy=majority("eval"),
+            test_majority_accuracy=majority("test"),
+            train_label_counts=label_counts("train"),
+            eval_label_counts=label_counts("eval"),
+            test_label_counts=label_counts("test"),
         )
     else:
-        meta.update(num_labels=None, label_values=None, majority_accuracy=None)
+        meta.update(num_labels=None, label_values=None, majority_accuracy=None, test_majority_accuracy=None)
     lengths = [len(x) for x in train["input_ids"]]
     meta.update(
         n_train=len(train),
         n_eval=len(eval_),
+        n_test=len(splits["test"]) if "test" in splits else None,
         max_length=max_length,
         train_tokens=sum(lengths),
         mean_train_length=sum(lengths) / len(lengths),
@@ -205,7 +220,7 @@ def prepare(source: dict | str, tokenizer_dir: str | Path, objective: str, max_l
         **_split_meta(src),
         datasets_version=datasets.__version__,
     )
-    dd = datasets.DatasetDict({"train": train, "eval": eval_})
+    dd = datasets.DatasetDict(splits)
     out = Path(out)
     with atomic_path(out) as tmp:
         dd.save_to_disk(str(tmp))
