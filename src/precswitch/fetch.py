@@ -142,13 +142,15 @@ def requirements(config: dict) -> list[dict]:
             if not src.get("name"):
                 raise PrecswitchError(f"config key {role}.name: required for kind hub (e.g. nyu-mll/glue)")
             splits = [src.get("train_split") or "train", src.get("eval_split") or "validation"]
+            if src.get("test_split"):
+                splits.append(src["test_split"])
             need.append({"role": role, "kind": "hub_dataset", "name": src["name"], "config": src.get("config"),
                          "revision": revision, "splits": list(dict.fromkeys(splits))})
         elif kind in FILE_KINDS:
-            for split in ("train", "eval") if kind != "text" else ():
+            for split in ("train", "eval", "test") if kind != "text" else ():
                 if src.get(split) is not None and not isinstance(src[split], str):  # as the workflow's config check
                     raise PrecswitchError(f"config key {role}.{split}: kind {kind} takes one file path, not a list")
-            files = _as_list(src.get("train")) + _as_list(src.get("eval"))
+            files = _as_list(src.get("train")) + _as_list(src.get("eval")) + _as_list(src.get("test"))
             if not files:
                 raise PrecswitchError(f"config key {role}.train: required for kind {kind} (file path)")
             need.append({"role": role, "kind": "local_files", "files": files})

@@ -25,10 +25,10 @@ _MLM = {"eval_fraction", "mlm_examples"}
 SOURCE_KEYS = {
     "synthetic": {"labels"} | _CAPS | _MLM,
     "text": {"train", "eval"} | _CAPS | _MLM,
-    "hub": {"name", "config", "revision", "train_split", "eval_split", "columns", "text_column", "labels"}
+    "hub": {"name", "config", "revision", "train_split", "eval_split", "test_split", "columns", "text_column", "labels"}
     | _CAPS | _MLM,
 }
-TABLE_KEYS = {"train", "eval", "columns", "labels", "max_train_rows", "max_eval_rows"}
+TABLE_KEYS = {"train", "eval", "test", "columns", "labels", "max_train_rows", "max_eval_rows"}
 #: this checkout, and its folders of code or configuration: a results_dir there would write runs among them
 REPO = Path(__file__).resolve().parents[3]
 REPO_FOLDERS = ("src", "workflow", "config", "tests", "benchmarks", "envs", "profiles", "docs", ".git", ".ci",
@@ -210,8 +210,8 @@ def check_sequential(cfg):
 
 
 def check_analysis(cfg):
-    """The baseline and contrasts name schedules of the study (the schema's default pairs may name absent ones:
-    they are dropped quietly); power exceeds alpha."""
+    """The baseline, contrasts and positive control name schedules of the study (the schema's default pairs and
+    control may name absent ones: they are dropped quietly); power exceeds alpha."""
     analysis, schedules = cfg["analysis"], cfg["schedules"]
     if analysis["baseline"] not in schedules:
         raise ConfigError("analysis.baseline",
@@ -225,6 +225,10 @@ def check_analysis(cfg):
         if missing and not default_pairs:
             raise ConfigError(f"analysis.contrasts[{i}]", f"{', '.join(map(repr, missing))} is not a schedule; "
                                                           f"allowed: {', '.join(schedules)}")
+    control = analysis["positive_control"]
+    if control is not None and control not in schedules and control != schema.node("analysis", "positive_control")["default"]:
+        raise ConfigError("analysis.positive_control", f"{control!r} is not a schedule; allowed: {', '.join(schedules)}"
+                                                       " (or null: no control)")
     if analysis["power"] <= analysis["alpha"]:
         raise ConfigError("analysis.power", f"{analysis['power']} must exceed analysis.alpha ({analysis['alpha']}): "
                                             "with no effect a test already rejects with probability alpha")
@@ -292,7 +296,7 @@ def source_files(source: dict) -> list:
     """The local files a data source reads (empty for synthetic and hub)."""
     if source["kind"] not in FILE_KINDS:
         return []
-    return _as_list(source.get("train")) + _as_list(source.get("eval"))
+    return _as_list(source.get("train")) + _as_list(source.get("eval")) + _as_list(source.get("test"))
 
 
 def check_sources(cfg):
@@ -310,8 +314,8 @@ def _check_source(stage, source):
         if kind != "text":
             if not source.get("eval"):
                 raise ConfigError(f"{key}.eval", f"required for kind {kind} (file path)")
-            for split in ("train", "eval"):
-                if not isinstance(source[split], str):
+            for split in ("train", "eval", "test"):
+                if split in source and source[split] is not None and not isinstance(source[split], str):
                     raise ConfigError(f"{key}.{split}", f"kind {kind} takes one file path, not a list")
         for path in source_files(source):
             if os.path.isdir(path):

@@ -131,11 +131,13 @@ def check(config: dict) -> None:
 
 
 def analysis_settings(study: Plan) -> dict:
-    """The analysis settings for precswitch stats; the schema's default contrast pairs that name a schedule this
-    study does not run are dropped here (the checks let them through quietly)."""
+    """The analysis settings for precswitch stats; the schema's default contrast pairs and positive control that
+    name a schedule this study does not run are dropped here (the checks let them through quietly)."""
     analysis = dict(study.config["analysis"])
     if analysis["contrasts"] == schema.node("analysis", "contrasts")["default"]:
         analysis["contrasts"] = [pair for pair in analysis["contrasts"]
                                  if all(name in study.schedules for name in pair)]
+    if analysis["positive_control"] not in study.schedules:  # the default's control, absent here: none
+        analysis["positive_control"] = None
     return analysis
 
