@@ -171,7 +171,7 @@ def test_a_sequential_study_grows_its_runs_look_by_look_and_resumes_without_retr
     before = {p: p.stat().st_mtime_ns for p in [*runs, results / "sequential" / "look0.json"]}
     look0 = json.loads((results / "sequential" / "look0.json").read_text())
     assert {(r["a"], r["decision"]) for r in look0["comparisons"]} == {
-        ("scratch-fp32", "equivalent"), ("fp32-tf32", "continue")}
+        ("scratch-fp32", "identical"), ("fp32-tf32", "continue")}
     assert look0["next"] == {"fp32-fp32": [3], "fp32-tf32": [3]}
 
     second = snakemake(tmp_path, "--cores", "2", *configs, timeout=900, check=True)
@@ -185,7 +185,7 @@ def test_a_sequential_study_grows_its_runs_look_by_look_and_resumes_without_retr
     table = pd.read_csv(results / "sequential.csv")
     assert list(table.columns) == sq.TABLE_COLUMNS
     assert table[["comparison", "look", "seeds", "decision"]].values.tolist() == [
-        ["scratch-fp32 vs fp32-fp32", 0, 2, "equivalent"],
+        ["scratch-fp32 vs fp32-fp32", 0, 2, "identical"],
         ["fp32-tf32 vs fp32-fp32", 0, 2, "continue"],
         ["fp32-tf32 vs fp32-fp32", 1, 3, "inconclusive"]]
     assert json.loads((results / "sequential" / "look1.json").read_text())["done"]
