@@ -12,7 +12,7 @@ from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.paired import paired_contrast
 from precswitch.analysis.settings import load_settings
 from precswitch.analysis.memory import tensor_bytes_per_parameter
-from precswitch.analysis.stats import run_stats
+from precswitch.analysis.cli import run_stats
 from precswitch.analysis.verdict import UNEXPLAINED, render, write_verdict
 
 

@@ -378,6 +378,15 @@ STRING_COLUMNS = [
 ]
 
 
+def first_value(df, col: str):
+    """The most common non-empty value of a column (None when it has none)."""
+    if col not in df:
+        return None
+    v = df[col].dropna()
+    v = v[v.astype(str) != ""]
+    return None if v.empty else v.mode().iloc[0]
+
+
 def read_table(path: str | os.PathLike):
     """Read runs/schedules written by :func:`write_table` (CSV or parquet) with text columns kept text."""
     import pandas as pd

@@ -108,10 +108,43 @@ def _aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_stats(runs_path, schedules_path, settings: dict, out_dir=None, *, summary_csv=None,
+              summary_md=None, deltas_csv=None, stats_json=None) -> dict:
+    """Read the tables, compute, write summary.csv/.md, deltas.csv, stats.json (atomically)."""
+
+    from ..errors import PrecswitchError
+    from ..io import atomic_write_json, atomic_write_text
+    from .aggregate import read_table
+    from .stats import compute
+    from .summary_md import render_summary_md
+
+    for p in (runs_path, schedules_path):
+        if not Path(p).is_file():
+            raise PrecswitchError(f"input table not found: {p}")
+    runs, schedules = read_table(runs_path), read_table(schedules_path)
+    if schedules.empty:
+        raise PrecswitchError(f"{schedules_path} has no rows (no finetune runs were aggregated)")
+    summary, deltas, stats = compute(runs, schedules, settings)
+    out_dir = Path(out_dir) if out_dir is not None else None
+
+    def target(explicit, name):
+        if explicit is not None:
+            return Path(explicit)
+        if out_dir is None:
+            raise PrecswitchError(f"no output path for {name}: give --out-dir or the explicit option")
+        return out_dir / name
+
+    atomic_write_text(target(summary_csv, "summary.csv"), summary.to_csv(index=False))
+    atomic_write_text(target(summary_md, "summary.md"),
+                      render_summary_md(summary, settings, deltas, stats.get("stage1_baseline_precision")))
+    atomic_write_text(target(deltas_csv, "deltas.csv"), deltas.to_csv(index=False))
+    atomic_write_json(target(stats_json, "stats.json"), stats)
+    return stats
+
+
 def _stats(args: argparse.Namespace) -> int:
     from ..errors import PrecswitchError
     from .settings import load_settings
-    from .stats import run_stats
 
     explicit = [args.summary_csv, args.summary_md, args.deltas_csv, args.stats_json]
     if args.out_dir is None and any(e is None for e in explicit):

@@ -30,13 +30,13 @@ def schedule_tensor_bytes(sub, runs, k: int) -> float:
     switch. NaN when the parameter count or the precision is unknown."""
     import pandas as pd
 
-    from .stats import _first
+    from .aggregate import first_value
 
-    ids, prec = sub.get(f"stage{k}_run_id"), _first(sub, f"stage{k}_precision")
+    ids, prec = sub.get(f"stage{k}_run_id"), first_value(sub, f"stage{k}_precision")
     if ids is None or prec is None or not {"run_id", "model_parameters"} <= set(runs.columns):
         return math.nan
     n = pd.to_numeric(runs.loc[runs["run_id"].isin(set(ids.dropna())), "model_parameters"], errors="coerce").max()
-    precs = [prec] + [p for p in [_first(sub, f"stage{k}_switch_to")] if p]
+    precs = [prec] + [p for p in [first_value(sub, f"stage{k}_switch_to")] if p]
     try:
         per = max(tensor_bytes_per_parameter(str(p)) for p in precs)
     except PrecswitchError:

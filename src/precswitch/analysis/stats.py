@@ -20,10 +20,10 @@ counted once); the stage-1 rows are a family of their own. Intervals (``ci_low``
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from ..errors import PrecswitchError
+from .aggregate import first_value
 from .memory import schedule_tensor_bytes
 from .paired import (MIN_BOOTSTRAP_PAIRS, classify, describe, describe_positive, describe_proportion, holm,
                      paired_contrast, power_analysis, resolution_of, within_margin)
@@ -270,7 +270,7 @@ def _named_stage1_pairs(sched, named: list, specs: set, baseline) -> list[tuple]
     col = "stage1_spec" if "stage1_spec" in sched else "stage1_precision"
     pairs: list[tuple] = []
     for a, b in named:
-        sa, sb = _first(sched[sched["schedule"] == a], col), _first(sched[sched["schedule"] == b], col)
+        sa, sb = first_value(sched[sched["schedule"] == a], col), first_value(sched[sched["schedule"] == b], col)
         if sa is None or sb is None or sa == sb or not {sa, sb} <= specs or baseline in (sa, sb):
             continue
         if (sa, sb) not in pairs and (sb, sa) not in pairs:
@@ -312,17 +312,9 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def _first(df, col: str):
-    if col not in df:
-        return None
-    v = df[col].dropna()
-    v = v[v.astype(str) != ""]
-    return None if v.empty else v.mode().iloc[0]
-
-
 def _stage1_spec(sub) -> Any:
     """A schedule's stage 1: its spec (amp_fp16-to-fp32-at80 for an in-stage switch), else the precision."""
-    return _first(sub, "stage1_spec") or _first(sub, "stage1_precision")
+    return first_value(sub, "stage1_spec") or first_value(sub, "stage1_precision")
 
 
 def _provenance(runs) -> dict:
@@ -373,7 +365,7 @@ def _stage1_relation(sched, a: str, b: str) -> str:
         return "none"
     if col not in sched:  # older schedules table: the same stage-1 spec means the same runs
         spec = "stage1_spec" if "stage1_spec" in sched else "stage1_precision"
-        sa, sb = _first(sched[sched["schedule"] == a], spec), _first(sched[sched["schedule"] == b], spec)
+        sa, sb = first_value(sched[sched["schedule"] == a], spec), first_value(sched[sched["schedule"] == b], spec)
         return "shared" if sa is not None and sa == sb else "different"
     ids = {}
     for s in (a, b):
@@ -553,7 +545,7 @@ def _stage1(runs, sched, named, settings: dict, summary_rows: list) -> tuple:
     counts = _counts(pre, "precision")
     summary_rows += _summary_rows(pre, "stage1", "precision", STAGE1_METRICS + RUN_COUNTERS, settings["alpha"], counts)
     col = "stage1_spec" if "stage1_spec" in sched else "stage1_precision"
-    base = _first(sched[sched["schedule"] == settings["baseline"]], col)
+    base = first_value(sched[sched["schedule"] == settings["baseline"]], col)
     specs = set(pre["precision"])
     if base is None or base not in specs:
         base = "fp32" if "fp32" in specs else None
@@ -621,8 +613,8 @@ def _schedule_info(sched, runs, s: str, counts: dict, alpha: float, metric: str 
         "stage1_loss_scale_min": float(sub.get("stage1_loss_scale_min", pd.Series(dtype=float)).astype(float).min()),
         "stage2_loss_scale_min": float(sub.get("stage2_loss_scale_min", pd.Series(dtype=float)).astype(float).min()),
         "seeds": [_jsonable(v) for v in sorted(sub["seed"].unique())],
-        "sweep": _first(sub, "sweep"),
-        "sweep_at": _first(sub, "sweep_at"),
+        "sweep": first_value(sub, "sweep"),
+        "sweep_at": first_value(sub, "sweep_at"),
         # seeds other schedules have but this one lacks (no finetune metrics.json was given)
         "missing_seeds": [_jsonable(v) for v in sorted(set(sched["seed"]) - set(sub["seed"]), key=str)],
         **{f"stage{k}_tensor_bytes": schedule_tensor_bytes(sub, runs, k) for k in (1, 2)},
@@ -637,46 +629,12 @@ def _design(sub) -> dict:
     from the schedules table's columns."""
     out = {}
     for k in (1, 2):
-        spec = _first(sub, f"stage{k}_spec") or _first(sub, f"stage{k}_precision")
+        spec = first_value(sub, f"stage{k}_spec") or first_value(sub, f"stage{k}_precision")
         prefix = f"stage{k}_override_"  # one column per override key (aggregate.override_columns)
         overrides = {c[len(prefix):]: float(v) for c in sub.columns if c.startswith(prefix)
-                     for v in [_first(sub, c)] if v is not None and not (isinstance(v, float) and math.isnan(v))}
-        out.update({f"stage{k}_precision": _first(sub, f"stage{k}_precision"), f"stage{k}_spec": spec,
-                    f"stage{k}_switch_to": _first(sub, f"stage{k}_switch_to"),
-                    f"stage{k}_switch_at": _first(sub, f"stage{k}_switch_at"),
+                     for v in [first_value(sub, c)] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        out.update({f"stage{k}_precision": first_value(sub, f"stage{k}_precision"), f"stage{k}_spec": spec,
+                    f"stage{k}_switch_to": first_value(sub, f"stage{k}_switch_to"),
+                    f"stage{k}_switch_at": first_value(sub, f"stage{k}_switch_at"),
                     f"stage{k}_overrides": overrides or {}})
     return out
-
-
-def run_stats(runs_path, schedules_path, settings: dict, out_dir=None, *, summary_csv=None,
-              summary_md=None, deltas_csv=None, stats_json=None) -> dict:
-    """Read the tables, compute, write summary.csv/.md, deltas.csv, stats.json (atomically)."""
-
-    from ..io import atomic_write_json, atomic_write_text
-    from .aggregate import read_table
-    from .summary_md import render_summary_md
-
-    for p in (runs_path, schedules_path):
-        if not Path(p).is_file():
-            raise PrecswitchError(f"input table not found: {p}")
-    runs, schedules = read_table(runs_path), read_table(schedules_path)
-    if schedules.empty:
-        raise PrecswitchError(f"{schedules_path} has no rows (no finetune runs were aggregated)")
-    summary, deltas, stats = compute(runs, schedules, settings)
-    out_dir = Path(out_dir) if out_dir is not None else None
-
-    def target(explicit, name):
-        if explicit is not None:
-            return Path(explicit)
-        if out_dir is None:
-            raise PrecswitchError(f"no output path for {name}: give --out-dir or the explicit option")
-        return out_dir / name
-
-    atomic_write_text(target(summary_csv, "summary.csv"), summary.to_csv(index=False))
-    atomic_write_text(target(summary_md, "summary.md"),
-                      render_summary_md(summary, settings, deltas, stats.get("stage1_baseline_precision")))
-    atomic_write_text(target(deltas_csv, "deltas.csv"), deltas.to_csv(index=False))
-    atomic_write_json(target(stats_json, "stats.json"), stats)
-    return stats
-
-
