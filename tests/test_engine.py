@@ -58,7 +58,7 @@ def test_every_precision_both_objectives(data, tmp_path, prec):
     eps = 1e-4 if prec == "pure_fp16" else 1e-8  # pure_fp16 needs an eps representable in fp16
     pre = run_stage(
         {"data": str(data["mlm"]), "precision": prec, "steps": 8, "seed": 3, "model": TINY, "adam_eps": eps,
-         "timing_warmup_steps": 2},
+         "timing_warmup_steps": 2, "log_every": 1},
         tmp_path / "pre",
     )
     m = json.loads((tmp_path / "pre" / "metrics.json").read_text())
@@ -113,15 +113,15 @@ def test_checkpoint_dtype_on_disk_matches_precision(data, tmp_path):
     assert ft["checkpoint_dtype_read"] == "float16" and ft["param_dtype"] == "float32"
 
 
-def test_pure_fp16_default_eps_diverges_and_is_recorded(data, tmp_path):
+def test_pure_fp16_eps_1e8_diverges_and_is_recorded(data, tmp_path):
     out = tmp_path / "run"
     hp = {"data": str(data["mlm"]), "precision": "pure_fp16", "steps": 30, "model": TINY, "max_nonfinite": 5,
-          "optimizer_impl": "foreach"}  # fp16 math in the update: 1e-8 -> 0
+          "adam_eps": 1e-8, "optimizer_impl": "foreach"}  # fp16 math in the update: 1e-8 -> 0
     rc = cli_main(["train", "--hparams", json.dumps(hp), "--out", str(out)])
     assert rc == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["status"] == "diverged" and "non-finite" in m["status_reason"]
-    assert m["hparams"]["adam_eps"] == 1e-8  # the faithful default, recorded
+    assert m["hparams"]["adam_eps"] == 1e-8  # recorded
     assert m["nonfinite_losses"] == 5 and m["first_nonfinite_step"] <= 3  # step 1 has lr=0 (warm-up)
     assert m["steps_completed"] < 30
     assert m["eval_loss"] is None and m["eval_note"]
@@ -264,7 +264,7 @@ def test_compensated_bf16_variants_train_in_pure_bf16(data, tmp_path, prec):
 
 def test_switch_inside_a_stage(data, tmp_path):
     m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5,
-                   "steps": 10, "model": TINY}, tmp_path / "r")
+                   "steps": 10, "model": TINY, "log_every": 1}, tmp_path / "r")
     assert m["status"] == "ok" and m["switch_step"] == 5 and m["precision_final"] == "fp32"
     assert m["eval_precision"] == "fp32"
     rows = [r.split(",") for r in (tmp_path / "r" / "steps.csv").read_text().splitlines()[1:]]
@@ -288,7 +288,7 @@ def test_switch_changes_autocast_and_loss_scaling_at_the_switch_step(data, tmp_p
 
     monkeypatch.setattr(engine_loop, "forward_loss", spy)
     m = run_stage({"data": str(data["mlm"]), "precision": first, "switch_to": then, "switch_at": 0.5, "steps": 6,
-                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+                   "model": TINY, "log_every": 1, "save_checkpoint": False}, tmp_path / "r")
     assert m["status"] == "ok" and m["switch_step"] == 3 and m["precision_final"] == then
     autocast = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16, "fp32": None}
     assert seen == [autocast[first]] * 3 + [autocast[then]] * 3
@@ -788,7 +788,7 @@ def test_loss_scale_growth_is_not_a_skipped_step(data, tmp_path, monkeypatch):
     steps.csv doubles step by step (update() ran) and no step counts as skipped (only a back-off is one)."""
     monkeypatch.setattr(P.Precision, "make_scaler", lambda self, device_type: torch.amp.GradScaler(
         device_type, init_scale=1.0, growth_interval=1) if self.loss_scaling else None)
-    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY,
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY, "log_every": 1,
                    "save_checkpoint": False}, tmp_path / "r")
     rows = steps_rows(tmp_path / "r")
     assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 4.0, 8.0, 16.0]
@@ -799,7 +799,7 @@ def test_steps_csv_lr_follows_the_linear_warmup_and_decay(data, tmp_path):
     """lr at step t (from 0): lr * t / W during the warm-up (W = round(warmup_ratio * steps)), then linear decay
     to 0 at the last step + 1, as get_linear_schedule_with_warmup defines it; the LR the step used is logged."""
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 10, "lr": 1e-3, "warmup_ratio": 0.2,
-                   "model": TINY, "save_checkpoint": False}, tmp_path / "r")
+                   "model": TINY, "log_every": 1, "save_checkpoint": False}, tmp_path / "r")
     assert m["status"] == "ok"
     want = [1e-3 * t / 2 if t < 2 else 1e-3 * (10 - t) / 8 for t in range(10)]
     assert [float(r["lr"]) for r in steps_rows(tmp_path / "r")] == pytest.approx(want, rel=1e-9, abs=1e-15)
@@ -828,7 +828,7 @@ def test_timed_windows_leave_out_warm_up_evaluation_and_set_up(data, tmp_path, m
     monkeypatch.setattr(engine_loop.measure, "sync", sync)
     monkeypatch.setattr(engine_loop, "evaluate", slow_eval)
     m = run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 6, "model": TINY, "timing_warmup_steps": 2,
-                   "batch_size": 16, "save_checkpoint": False}, tmp_path / "r")
+                   "batch_size": 16, "log_every": 1, "save_checkpoint": False}, tmp_path / "r")
     dts = [float(r["step_seconds"]) for r in steps_rows(tmp_path / "r")]
     assert len(dts) == 6 and min(dts[:2]) >= 10 and max(dts[2:]) < 10
     assert m["timing_warmup_steps"] == 2

@@ -183,11 +183,11 @@ def test_warmup_and_epoch_step_counts_round_to_the_nearest_step(data, tmp_path):
     1.5: 2 steps; 2 epochs of batch 40 over 96 rows are 2 × 2 full batches (the last 16 rows of each permutation
     are left out, no short batch)."""
     run_stage({"data": str(data["mlm"]), "steps": 7, "lr": 1e-3, "warmup_ratio": 0.25, "model": TINY,
-               "save_checkpoint": False}, tmp_path / "w")
+               "log_every": 1, "save_checkpoint": False}, tmp_path / "w")
     want = [1e-3 * t / 2 if t < 2 else 1e-3 * (7 - t) / 5 for t in range(7)]
     assert [float(r["lr"]) for r in steps_rows(tmp_path / "w")] == pytest.approx(want, rel=1e-9, abs=1e-15)
     run_stage({"data": str(data["mlm"]), "steps": 3, "lr": 1e-3, "warmup_ratio": 0, "model": TINY,
-               "save_checkpoint": False}, tmp_path / "w0")  # no warm-up: the first step runs at the full lr
+               "log_every": 1, "save_checkpoint": False}, tmp_path / "w0")  # no warm-up: the first step runs at the full lr
     assert [float(r["lr"]) for r in steps_rows(tmp_path / "w0")] == pytest.approx([1e-3, 2e-3 / 3, 1e-3 / 3], rel=1e-9)
     half = run_stage({"data": str(data["mlm"]), "epochs": 0.5, "model": TINY, "save_checkpoint": False},
                      tmp_path / "half")
@@ -225,7 +225,7 @@ def test_rates_token_counts_and_statistics_are_those_of_the_logged_steps(data, t
     monkeypatch.setattr(engine.Batches, "get", get)
     monkeypatch.setattr(engine_state, "write_state", lambda path, state: real_save(path, state) + 100.0)
     m = run_stage({"data": str(data["mlm"]), "steps": 6, "batch_size": 8, "model": TINY, "timing_warmup_steps": 2,
-                   "checkpoint_every_steps": 2, "save_checkpoint": False}, tmp_path / "r")
+                   "checkpoint_every_steps": 2, "log_every": 1, "save_checkpoint": False}, tmp_path / "r")
     rows = steps_rows(tmp_path / "r")
     assert len(attended) == 6 and m["tokens_seen"] == sum(attended) < 6 * 8 * 32 and m["samples_seen"] == 48
     assert m["tokens_per_second"] == pytest.approx(sum(attended) / 6 * m["steps_per_second"], rel=1e-9)

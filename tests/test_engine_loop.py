@@ -65,7 +65,7 @@ def test_a_stage_is_train_step_on_the_engines_batches(data, tmp_path, prec):
     """Every step of run_stage equals a hand loop over build_optimizer and train_step (the step gpu_check times):
     the same losses, gradient norms and learning rates, bit for bit."""
     hp = {"data": str(data["mlm"]), "precision": prec, "steps": 6, "seed": 5, "model": TINY,
-          "save_checkpoint": False}
+          "save_checkpoint": False, "log_every": 1}
     run_stage(hp, tmp_path / "s")
     stage = [(float(r["loss"]), float(r["grad_norm"]), float(r["lr"])) for r in steps_rows(tmp_path / "s")]
     assert len(stage) == 6
@@ -77,7 +77,7 @@ def test_a_stage_is_train_step_on_the_engines_batches(data, tmp_path, prec):
     {"precision": "amp_fp16", "log_every": 4, "steps": 7, "checkpoint_every_steps": 3,  # a NaN loss every 3rd step
      "max_nonfinite_fraction": 0.5},
     # eps 1e-8 is 0 in fp16 math: NaN losses, diverged inside a window
-    {"precision": "pure_fp16", "log_every": 5, "steps": 12, "optimizer_impl": "foreach"},
+    {"precision": "pure_fp16", "log_every": 5, "steps": 12, "optimizer_impl": "foreach", "adam_eps": 1e-8},
 ])
 def test_read_back_every_log_every_steps_records_what_every_step_does(data, tmp_path, monkeypatch, case):
     """A GPU's loop reads the steps' results back every log_every steps (one sync per window, not per step).

@@ -108,7 +108,7 @@ def test_loss_scale_and_grad_norm_records_of_a_stage_with_one_overflow(data, tmp
         return real(*a) * (float("nan") if len(calls) == 2 else 1.0)
 
     monkeypatch.setattr(engine_loop, "forward_loss", nan_at_2)
-    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY,
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 5, "model": TINY, "log_every": 1,
                    "save_checkpoint": False}, tmp_path / "r")
     rows = steps_rows(tmp_path / "r")
     assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 1.0, 2.0, 4.0]
@@ -160,7 +160,7 @@ def test_a_stage_resumed_past_its_switch_trains_on_without_the_loss_scaler(data,
     """amp_fp16 switching to fp32 after step 2 of 4, preempted during step 3 and resumed: the resumed stage runs the
     fp32 steps without a loss scaler (empty loss_scale cells) and ends with the uninterrupted run's steps.csv."""
     hp = {"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
-          "model": TINY, "save_checkpoint": False}
+          "model": TINY, "save_checkpoint": False, "log_every": 1}
     run_stage(hp, tmp_path / "whole")
     resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 3)
     assert resumed["resumed"] is True and resumed["precision_final"] == "fp32"

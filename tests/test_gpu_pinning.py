@@ -115,12 +115,14 @@ def test_attention_kernel_auto_is_sdpa_on_cuda_and_eager_on_a_cpu():
 @pytest.mark.slow
 @pytest.mark.parametrize("extra, limit", [((), "3"), (("--resources", "gpu=1"), None)])
 def test_a_local_run_limits_gpu_jobs_to_the_gpus_it_finds_unless_told(tmp_path, monkeypatch, extra, limit):
-    """Three fake GPUs (CUDA_VISIBLE_DEVICES=5,6,7): a run sets its gpu limit to 3 as it starts; --resources gpu=1
-    overrides it (no count then). Runs only the synthetic data job (onstart runs in a real run, not a dry run)."""
+    """Three fake GPUs (CUDA_VISIBLE_DEVICES=5,6,7) and device cuda: a run whose training jobs use a GPU sets its
+    gpu limit to the 3 it finds as it starts, and says so; --resources gpu=1 overrides it (no line then). Torch
+    sees none of the fake GPUs, so onstart then refuses the run, before any job."""
     from workflow_helpers import CONFIGS, snakemake
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7")
-    r = snakemake(tmp_path, "synth", "--cores", "1", *extra, "--configfile", CONFIGS / "tiny.yaml", timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    found = re.search(r"precswitch: gpu limit (\d+)", r.stdout + r.stderr)
-    assert (found.group(1) if found else None) == limit
+    r = snakemake(tmp_path, "--cores", "1", *extra, "--configfile", CONFIGS / "tiny.yaml", "--config", "device=cuda",
+                  timeout=300)
+    assert r.returncode == 1 and "no CUDA GPU" in r.stderr, r.stderr[-3000:]
+    found = re.search(r"precswitch: gpu limit (\d+) \((\d+) GPU\(s\) found", r.stdout + r.stderr)
+    assert (found.groups() if found else None) == (limit and (limit, "3"))

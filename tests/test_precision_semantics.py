@@ -208,7 +208,7 @@ def test_loss_scale_columns_record_the_scale_each_step_used(data, tmp_path, monk
     of 4 steps ran with 8."""
     monkeypatch.setattr(P.Precision, "make_scaler", lambda self, d: torch.amp.GradScaler(
         d, init_scale=1.0, growth_interval=1) if self.loss_scaling else None)
-    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 4, "model": TINY,
+    m = run_stage({"data": str(data["mlm"]), "precision": "amp_fp16", "steps": 4, "model": TINY, "log_every": 1,
                    "save_checkpoint": False}, tmp_path / "r")
     assert [float(r["loss_scale"]) for r in steps_rows(tmp_path / "r")] == [1.0, 2.0, 4.0, 8.0]
     assert (m["loss_scale_start"], m["loss_scale_end"], m["loss_scale_min"]) == (1.0, 8.0, 1.0)
@@ -227,7 +227,7 @@ def test_max_grad_norm_off_means_no_clipping_but_the_norm_is_recorded(data, tmp_
     handle = register_optimizer_step_pre_hook(at_step)
     try:
         run_stage({"data": str(data["mlm"]), "precision": "fp32", "steps": 3, "seed": 2, "model": TINY, "lr": 1e-3,
-                   "max_grad_norm": max_grad_norm, "save_checkpoint": False}, tmp_path / "r")
+                   "max_grad_norm": max_grad_norm, "log_every": 1, "save_checkpoint": False}, tmp_path / "r")
     finally:
         handle.remove()
     recorded = [float(r["grad_norm"]) for r in steps_rows(tmp_path / "r")]
@@ -304,7 +304,7 @@ def test_amp_fp16_to_fp32_resumed_after_the_switch_has_no_loss_scaler(data, tmp_
     """Resumed past its switch point, an amp_fp16 -> fp32 stage continues in fp32 without a loss scaler (not with
     the scaler of the precision it started in): its steps.csv equals the uninterrupted run's."""
     hp = {"data": str(data["mlm"]), "precision": "amp_fp16", "switch_to": "fp32", "switch_at": 0.5, "steps": 4,
-          "model": TINY, "save_checkpoint": False}
+          "model": TINY, "log_every": 1, "save_checkpoint": False}
     run_stage(hp, tmp_path / "whole")
     resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 3)  # step 3: past the switch (step 2)
     assert resumed["resumed"] is True
@@ -370,7 +370,8 @@ def test_pure_fp16_gradient_norm_above_65504_is_finite_and_clips(data, tmp_path,
     handle = register_optimizer_step_pre_hook(at_step)
     try:
         m = run_stage({"data": str(data["mlm"]), "precision": "pure_fp16", "steps": 3, "model": TINY,
-                       "adam_eps": 1e-4, "max_grad_norm": max_grad_norm, "save_checkpoint": False}, tmp_path / "r")
+                       "adam_eps": 1e-4, "max_grad_norm": max_grad_norm, "log_every": 1, "save_checkpoint": False},
+                      tmp_path / "r")
     finally:
         handle.remove()
     rows = steps_rows(tmp_path / "r")
