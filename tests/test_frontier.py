@@ -19,7 +19,7 @@ from precswitch import study
 from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_stage
 from precswitch.analysis.settings import load_settings
-from precswitch.analysis.stats import run_stats
+from precswitch.analysis.cli import run_stats
 from precswitch.analysis.verdict import write_verdict
 
 FRONTIER = ROOT / "config" / "frontier.yaml"
@@ -72,7 +72,7 @@ def test_frontier_hparams(tmp_path):
     assert "switch_to" not in by_id["pretrain-amp_fp16-seed1"]
     fin = by_id["finetune-fp16x80-fp32-seed1"]
     assert fin["init"] == f"{RES}/runs/pretrain/amp_fp16-to-fp32-at80/seed1/checkpoint"
-    assert "telemetry_every" not in fin  # 0 = off: left to the engine's default
+    assert fin["telemetry_every"] == 0  # not set for stage 2: the schema default, 0 = off
     # a stage-2 override: that schedule's lr only, from the shared pure_bf16 stage 1
     lr2x, plain = by_id["finetune-pbf16-lr2x-seed1"], by_id["finetune-pbf16-pbf16-seed1"]
     assert (lr2x["lr"], lr2x["tags"]["overrides"]) == (2e-3, {"lr": 2e-3}) and plain["lr"] == 1e-3
@@ -105,7 +105,8 @@ def test_default_config_unchanged_by_the_new_keys(tmp_path):
     proc = snakemake(tmp_path, "-n", "--printshellcmds", "--configfile", ROOT / "config" / "config.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for h in _hparams(proc.stdout + proc.stderr):
-        assert not {"switch_to", "switch_at", "telemetry_every"} & set(h)
+        assert not {"switch_to", "switch_at"} & set(h)
+        assert (h["telemetry_every"], h["compile"]) == (0, "off")  # the schema defaults, carried like every key
         assert h["run_id"] == f"{h['stage']}-{h['tags'].get('schedule', h['precision'])}-seed{h['seed']}"
 
 
@@ -238,9 +239,8 @@ def test_stats_and_verdict_with_switched_stage1_and_skipped_fp8(switched_study, 
 # ---------------------------------------------------------------------------- end to end (slow)
 
 
-def test_compile_reaches_the_engine_only_when_on(tmp_path):
-    """train.<stage>.compile goes into the stage's hparams unless off (then the engine's default, so
-    runs made before the key existed keep their parameters); YAML's unquoted off (false) is off."""
+def test_compile_reaches_the_engine_and_yaml_false_is_off(tmp_path):
+    """train.<stage>.compile goes into the stage's hparams, off included; YAML's unquoted off (false) is off."""
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     cfg["train"]["pretrain"]["compile"] = "reduce-overhead"
     cfg["train"]["finetune"]["compile"] = False
@@ -251,4 +251,4 @@ def test_compile_reaches_the_engine_only_when_on(tmp_path):
     hps = _hparams(proc.stdout + proc.stderr)
     assert {h["compile"] for h in hps if h["stage"] == "pretrain"} == {"reduce-overhead"}
     fin = [h for h in hps if h["stage"] == "finetune"]
-    assert fin and not any("compile" in h for h in fin)
+    assert fin and {h["compile"] for h in fin} == {"off"}

@@ -46,8 +46,9 @@ def test_schema_valid_and_complete(name):
     assert set(raw) == set(cfg)
     for stage in ("pretrain", "finetune"):
         assert set(raw["train"][stage]) == set(cfg["train"][stage])
-    # same keys as the embedded default study (the same schema, the same shape)
+    # same keys as the embedded default study, its schema defaults filled in (the same schema, the same shape)
     default = load("config.yaml")
+    validate(default, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
     assert set(raw) == set(default)
     for stage in ("pretrain", "finetune"):
         assert set(raw["train"][stage]) == set(default["train"][stage])

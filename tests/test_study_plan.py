@@ -50,7 +50,7 @@ def test_every_stage_key_reaches_its_stages_jobs_and_only_theirs():
     """max_length is the prepare job's; mlm_probability stage 1's; save_checkpoint always on for stage 1."""
     hps = _jobs({"train": {"pretrain": PRETRAIN, "finetune": FINETUNE}, "device": "cuda", "threads": 3,
                  "seeds": [7], "model": {"max_position_embeddings": 128}})["hparams"]
-    assert len(hps) == 7
+    assert len(hps) == 8  # 3 stage-1 runs, 5 schedules (the positive control scratch-fp32 among them)
     for run_id, hp in hps.items():
         given = PRETRAIN if hp["stage"] == "pretrain" else FINETUNE
         expected = {k: v for k, v in given.items() if k not in ("max_length", "mlm_probability", "save_checkpoint")}

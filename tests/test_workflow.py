@@ -22,7 +22,7 @@ from workflow_helpers import ROOT, dry_run, job_counts, snakemake, write_config
 from precswitch import study
 
 DEFAULT_STAGE1 = {"fp32", "amp_fp16", "amp_bf16"}
-DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32"}
+DEFAULT_SCHEDULES = {"fp32-fp32", "fp16-fp32", "fp16-fp16", "bf16-fp32", "scratch-fp32"}  # + the positive control
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +55,10 @@ def test_default_dry_run_shares_stage1(plan):
     assert "plots/accuracy.svg" in out and "switch_point" not in out and "overflow" not in out  # nothing to draw
     stage2 = set(re.findall(r"results/runs/finetune/([\w.+-]+)/seed(\d+)/metrics\.json", out))
     assert stage2 == {(n, s) for n in DEFAULT_SCHEDULES for s in ("1", "2", "3")}
-    # per seed: 3 stage-1 jobs, 4 stage-2 jobs
+    # per seed: 3 stage-1 jobs, 5 stage-2 jobs
     for seed in ("1", "2", "3"):
         assert sum(1 for _, s in stage1 if s == seed) == 3
-        assert sum(1 for _, s in stage2 if s == seed) == 4
+        assert sum(1 for _, s in stage2 if s == seed) == 5
 
 
 def test_cuda_study_on_a_machine_without_gpu_stops_before_any_job(tmp_path):
@@ -70,7 +70,7 @@ def test_cuda_study_on_a_machine_without_gpu_stops_before_any_job(tmp_path):
     proc = snakemake(tmp_path, "--cores", "1", "--configfile", cfg)
     assert proc.returncode != 0
     err = proc.stdout + proc.stderr
-    assert "config key device:" in err and "21 training jobs" in err
+    assert "config key device:" in err and "24 training jobs" in err
     assert not (tmp_path / "results").exists()  # not even the data jobs ran
     # a dry run plans it as usual (GPU studies are planned on laptops and login nodes)
     assert dry_run(tmp_path, {"device": "cuda", "threads": 1}).returncode == 0
@@ -395,14 +395,14 @@ def test_checkout_has_the_standard_layout_and_git_ignores_every_output():
     assert tracked.stdout.split() == ["results/README.md"]
 
 
-def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for_and_the_default_stays_out(tmp_path, plan):
-    """train.<stage>.max_nonfinite_fraction goes to that stage's hparams; at its default (0.25, the engine's)
-    it stays out, so studies from before the key keep their params (nothing reruns)."""
+def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for(tmp_path, plan):
+    """train.<stage>.max_nonfinite_fraction goes to that stage's hparams, and only that stage's; the other
+    stage's carries the schema default (0.25), like every other key."""
     default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", plan("default"))]
-    assert len(default) == 21 and all("max_nonfinite_fraction" not in hp for hp in default)
+    assert len(default) == 24 and all(hp["max_nonfinite_fraction"] == 0.25 for hp in default)
     cfg = {"train": {"pretrain": {"max_nonfinite_fraction": 0.05}}}
     hps = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, cfg, "-p").stdout)]
-    assert {hp["stage"]: hp.get("max_nonfinite_fraction") for hp in hps} == {"pretrain": 0.05, "finetune": None}
+    assert {hp["stage"]: hp["max_nonfinite_fraction"] for hp in hps} == {"pretrain": 0.05, "finetune": 0.25}
     bad = dry_run(tmp_path, {"train": {"finetune": {"max_nonfinite_fraction": 1.5}}})
     err = bad.stdout + bad.stderr
     assert bad.returncode != 0 and "max_nonfinite_fraction" in err and "1.5" in err, err[-2000:]

@@ -26,7 +26,12 @@ rule synth:
         n_test=config["data"]["synthetic"]["n_test"],
         # the language's knobs set in data.synthetic (the others keep synthetic.LanguageConfig's values)
         language=lambda w: json.dumps(
-            {k: v for k, v in config["data"]["synthetic"].items() if k in LANGUAGE_KEYS}, sort_keys=True
+            {
+                k: v
+                for k, v in config["data"]["synthetic"].items()
+                if k in LANGUAGE_KEYS
+            },
+            sort_keys=True,
         ),
     shell:
         "precswitch synth --out {params.out} --seed {params.seed}"
