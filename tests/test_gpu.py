@@ -156,9 +156,6 @@ def test_errors_and_defaults(tmp_path, monkeypatch):
     with pytest.raises(PrecswitchError, match="no CUDA device is visible"):
         with gpu.acquire_gpu_slot(tmp_path, n_devices=0):
             pass
-    with pytest.raises(PrecswitchError, match="out of range"):
-        with gpu.acquire_gpu_slot(tmp_path, n_devices=2, indices=[2]):
-            pass
     # n_devices defaults to torch.cuda.device_count(): 0 on this CPU-only machine
     import torch
 
@@ -323,7 +320,7 @@ def test_a_slot_is_released_when_its_block_raises(tmp_path, no_cvd):
 def test_indices_outside_the_visible_devices_are_refused(tmp_path, no_cvd):
     """cuda:-1 or an empty candidate list is a caller's mistake: say so at once, instead of locking the
     last GPU under index -1 (torch's cuda:-1 is no GPU) or waiting forever for no GPU at all."""
-    for indices in ([-1], [0, -2], []):
+    for indices in ([-1], [0, -2], [], [2]):
         with pytest.raises(PrecswitchError, match="out of range") as e:
             with gpu.acquire_gpu_slot(tmp_path, n_devices=2, timeout=0.2, poll=0.05, indices=indices):
                 pass

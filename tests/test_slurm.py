@@ -171,9 +171,12 @@ def test_text_resources_keep_their_inner_quotes(path):
             assert len(value) > 2 and value[0] == value[-1] == "'", f"{key}: {value!r} needs inner quotes"
 
 
-@pytest.mark.parametrize("path", [USER_PROFILE, TEST_PROFILE], ids=["profiles/slurm", "tests/slurm/profile"])
+@pytest.mark.parametrize("path", [USER_PROFILE, TEST_PROFILE, ROOT / "profiles" / "default" / "config.yaml"],
+                         ids=["profiles/slurm", "tests/slurm/profile", "profiles/default"])
 def test_every_profile_line_is_commented(path):
+    """Every setting has its comment; no profile sets a global gpu limit (a local run sets gpu=K itself)."""
     lines = path.read_text().splitlines()
+    assert "gpu" not in (yaml.safe_load(path.read_text()).get("resources") or {})
     for i, line in enumerate(lines):
         if not line.strip() or line.lstrip().startswith("#") or "#" in line:
             continue
