@@ -119,21 +119,6 @@ def test_prepare_classify(synth, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cls", "old"]  # atomic: no temp dir left
 
 
-def test_prepare_mlm_packs_blocks(synth, tmp_path):
-    import datasets
-
-    root, spec, tokdir = synth
-    meta = prepare({**spec, "mlm_examples": "pack"}, tokdir, "mlm", 32, tmp_path / "mlm")
-    assert meta["objective"] == "mlm" and meta["num_labels"] is None and meta["majority_accuracy"] is None
-    assert meta["mlm_examples"] == "pack"
-    dd = datasets.load_from_disk(str(tmp_path / "mlm"))
-    assert dd["train"].column_names == ["input_ids", "attention_mask", "token_type_ids"]
-    lengths = {len(x) for x in dd["train"]["input_ids"]}
-    assert lengths == {32}
-    assert all(x[0] == 2 and x[-1] == 3 and 0 not in x for x in dd["train"]["input_ids"])
-    assert meta["n_eval"] >= 1
-
-
 def test_prepare_mlm_line_pairs_for_synthetic(synth, tmp_path):
     import datasets
 
@@ -153,19 +138,12 @@ def test_prepare_mlm_line_pairs_for_synthetic(synth, tmp_path):
     ev = tok.convert_ids_to_tokens(dd["eval"][0]["input_ids"])
     assert ev[1:-1] == lines[-n_eval_lines].split() + ["[SEP]"] + lines[-n_eval_lines + 1].split()
 
-    meta = prepare({**spec, "mlm_examples": "lines"}, tokdir, "mlm", 16, tmp_path / "lines")
-    assert meta["n_train"] + meta["n_eval"] == len(lines)
-    x = datasets.load_from_disk(str(tmp_path / "lines"))["train"][0]["input_ids"]
-    assert x[0] == 2 and x[-1] == 3 and len(x) <= 16
-    assert tok.convert_ids_to_tokens(x[1:-1]) == lines[0].split()[: len(x) - 2]
     with pytest.raises(PrecswitchError, match="mlm_examples 'words' not allowed"):
         prepare({**spec, "mlm_examples": "words"}, tokdir, "mlm", 16, tmp_path / "bad")
 
 
 def test_prepare_errors_leave_no_output(synth, tmp_path):
     root, spec, tokdir = synth
-    with pytest.raises(PrecswitchError, match="--max-length 200 exceeds the tokenizer's model_max_length 128"):
-        prepare(spec, tokdir, "classify", 200, tmp_path / "out")
     with pytest.raises(PrecswitchError, match="--tokenizer: directory not found"):
         prepare(spec, tmp_path / "notok", "classify", 64, tmp_path / "out")
     with pytest.raises(PrecswitchError, match="--objective 'ner' not allowed"):
@@ -274,6 +252,7 @@ def test_prepare_pack_blocks_are_the_token_stream_in_order(greek_tok, tmp_path):
         assert [tok.convert_ids_to_tokens(x) for x in dd[split]["input_ids"]] == expect, split
         assert dd[split]["token_type_ids"] == [[0] * 8] * 3 and dd[split]["attention_mask"] == [[1] * 8] * 3
     assert (meta["n_train"], meta["train_tokens"], meta["mean_train_length"]) == (3, 24, 8)
+    assert (meta["objective"], meta["num_labels"], meta["majority_accuracy"]) == ("mlm", None, None)
 
 
 def test_prepare_line_pairs_are_lines_2k_and_2k1_across_pack_groups(greek_tok, tmp_path):
@@ -469,27 +448,21 @@ def test_wordpiece_budget_fills_vocab_size_with_frequent_words_then_the_best_pie
 
 
 def test_tokenizer_sizes_are_bounded_and_recorded(tmp_path):
-    """vocab_size: exactly specials + 2 x characters fits, one less is refused naming the size needed; fewer
-    tokens than asked are recorded; model_max_length: 8 is the smallest, 7 refused; nothing written when refused."""
-    base = len(SPECIAL_TOKENS) + 2 * 3  # a b c
-    assert len(load_tokenizer(build_tokenizer(["abc cab"] * 2, tmp_path / "ok", vocab_size=base))) == base
-    with pytest.raises(PrecswitchError, match=rf"vocab_size {base - 1} .* use at least {base},"):
-        build_tokenizer(["abc cab"] * 2, tmp_path / "short", vocab_size=base - 1)
+    """Fewer tokens than vocab_size asked are recorded; model_max_length: 8 is the smallest, 7 refused, nothing
+    written. (Too small a vocab_size: test_a_vocab_too_small_for_the_texts_characters_is_refused.)"""
     out = build_tokenizer(["kappa lambda mu"] * 2, tmp_path / "t", vocab_size=500, model_max_length=8)
     info = json.loads((out / "precswitch_tokenizer.json").read_text())
     assert info["vocab_size_requested"] == 500 and info["vocab_size"] == len(load_tokenizer(out)) < 500
     assert (info["lowercase"], info["model_max_length"], load_tokenizer(out).model_max_length) == (True, 8, 8)
     with pytest.raises(PrecswitchError, match="--model-max-length must be >= 8, got 7"):
         build_tokenizer(["a b"], tmp_path / "small", vocab_size=100, model_max_length=7)
-    assert not (tmp_path / "short").exists() and not (tmp_path / "small").exists()
+    assert not (tmp_path / "small").exists()
 
 
 def test_cased_tokenizer_keeps_case_and_accents(tmp_path):
     cased = load_tokenizer(build_tokenizer(["The Cat saw the cat Café"] * 2, tmp_path / "c", vocab_size=100,
                                            lowercase=False))
     assert cased.tokenize("The Cat saw the cat Café") == ["The", "Cat", "saw", "the", "cat", "Café"]
-    uncased = load_tokenizer(build_tokenizer(["The Cat saw the cat"] * 2, tmp_path / "u", vocab_size=100))
-    assert uncased.tokenize("The Cat saw the cat") == ["the", "cat", "saw", "the", "cat"]
 
 
 @pytest.mark.parametrize("saved", [0, None, "absent"])

@@ -155,14 +155,17 @@ def test_skipped_stage1_gives_stage2_a_checkpoint_that_records_it_as_skipped(dat
     assert json.loads((tmp_path / "s2" / "metrics.json").read_text())["status"] == "skipped"
 
 
-@pytest.mark.parametrize("prec", ["amp_bf16", "pure_bf16"])
-def test_bf16_refused_on_a_pre_ampere_gpu_even_where_torch_emulates_it(monkeypatch, prec):
-    """torch.cuda.is_bf16_supported() is True on a T4/V100 (emulated bf16): the study must still refuse."""
+@pytest.mark.parametrize("prec, cap, name, match", [
+    ("amp_bf16", (7, 5), "Tesla T4", r"needs bf16.*T4.*7\.5"), ("pure_bf16", (7, 5), "Tesla T4", r"needs bf16.*T4.*7\.5"),
+    ("tf32", (7, 0), "Tesla V100", r"'tf32' needs an Ampere \(8\.0\).*V100.*7\.0")])
+def test_bf16_and_tf32_refused_on_a_pre_ampere_gpu_even_where_torch_emulates_bf16(monkeypatch, prec, cap, name, match):
+    """torch.cuda.is_bf16_supported() is True on a T4/V100 (emulated bf16), and a tf32 stage on a V100 would silently
+    be fp32: the study must still refuse both; fp16 runs there, and from Ampere (8.0) on all of them do."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tesla T4")
-    with pytest.raises(PrecisionUnsupported, match=r"needs bf16.*T4.*7\.5"):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: cap)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+    with pytest.raises(PrecisionUnsupported, match=match):
         P.check_supported(P.get(prec), torch.device("cuda:0"))
     P.check_supported(P.get("amp_fp16"), torch.device("cuda:0"))  # fp16 runs there
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
@@ -779,6 +782,8 @@ def test_loss_scale_growth_is_not_a_skipped_step(data, tmp_path, monkeypatch):
     rows = steps_rows(tmp_path / "r")
     assert [float(r["loss_scale"]) for r in rows] == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert m["skipped_steps"] == 0 and all(r["skipped"] == "0" for r in rows)
+    # metrics.json's start/end/min are the scales the steps ran with, not the scaler's value after its update
+    assert (m["loss_scale_start"], m["loss_scale_end"], m["loss_scale_min"]) == (1.0, 16.0, 1.0)
 
 
 def test_steps_csv_lr_follows_the_linear_warmup_and_decay(data, tmp_path):
@@ -939,4 +944,5 @@ def test_eval_precision_other_than_the_stage_evaluates_a_converted_model_with_it
                    "model": TINY}, tmp_path / "r")
     assert at_eval == {"dtype": torch.float32, "prec": "fp32", "flags": "fp32"}
     assert m["eval_precision"] == "fp32" and m["param_dtype"] == "bfloat16" and m["checkpoint_dtype_written"] == "bfloat16"
+    assert _safetensors_dtypes(tmp_path / "r" / "checkpoint") == {"BF16"}  # the trained weights, not the eval copy
 

@@ -7,14 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from precswitch import gpu
 from precswitch.errors import PrecswitchError
 
-ROOT = Path(__file__).resolve().parents[1]
 CTX = mp.get_context("fork")
 
 

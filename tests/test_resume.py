@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_fixtures import make_prepared, preempted_then_resumed  # noqa: E402
+from engine_fixtures import make_prepared, preempted_then_resumed, steps_rows  # noqa: E402
 
 from precswitch.errors import EXIT_PREEMPTED  # noqa: E402
 from precswitch.train.engine import loop as engine_loop, state as engine_state  # noqa: E402
@@ -188,13 +188,6 @@ def test_diverged_stage_preempted_during_evaluation_resumes_without_training_on(
     assert res["status"] == "diverged" and res["steps_completed"] == 2 and res["resumed"] is True
 
 
-def _steps(out: Path) -> list[dict]:
-    import csv
-
-    with open(out / "steps.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def test_a_resumed_amp_fp16_stage_keeps_its_loss_scale(tmp_path, monkeypatch, outer_sigterm):
     """The loss scale is part of the resumable state: a scaler started at 2**40 backs off on the first steps;
     preempted after step 4 and resumed, the stage continues from the backed-off scale (not from 2**40 again), so
@@ -216,8 +209,8 @@ def test_a_resumed_amp_fp16_stage_keeps_its_loss_scale(tmp_path, monkeypatch, ou
     resumed = preempted_then_resumed(monkeypatch, hp, tmp_path / "resumed", 4)
     assert resumed["resumed"] is True
     cols = [c for c in engine.STEP_FIELDS if c != "step_seconds"]
-    assert [[r[c] for c in cols] for r in _steps(tmp_path / "resumed")] == \
-        [[r[c] for c in cols] for r in _steps(tmp_path / "whole")]
+    assert [[r[c] for c in cols] for r in steps_rows(tmp_path / "resumed")] == \
+        [[r[c] for c in cols] for r in steps_rows(tmp_path / "whole")]
     w = [load_file(next((tmp_path / d / "checkpoint").glob("*.safetensors"))) for d in ("whole", "resumed")]
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
 

@@ -57,8 +57,7 @@ LOCK_FILE = Path("/tmp/precswitch-slurm-test.lock")
 LOCK_WAIT_S = 600
 SNAKEMAKE_TIMEOUT_S = 540
 
-# rules that do real work and must run as SLURM jobs; rules allowed to run on the submit host
-REMOTE_RULES = {"tokenizer", "prepare", "pretrain", "finetune"}
+# rules allowed to run on the submit host (every other rule must run as a SLURM job)
 LOCAL_OK = {"all", "fetch", "synth", "aggregate", "stats", "plots", "verdict"}
 # runs.csv / schedules.csv columns that must be identical between the local and the SLURM run
 RUNS_COLUMNS = [
