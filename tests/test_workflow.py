@@ -357,16 +357,6 @@ def test_checkout_has_the_standard_layout_and_git_ignores_every_output():
     assert tracked.stdout.split() == ["results/README.md"]
 
 
-def test_max_nonfinite_fraction_reaches_the_stage_it_is_set_for(tmp_path, plan):
-    """train.<stage>.max_nonfinite_fraction goes to that stage's hparams, and only that stage's; the other
-    stage's carries the schema default (0.25), like every other key."""
-    default = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", plan("default"))]
-    assert len(default) == 24 and all(hp["max_nonfinite_fraction"] == 0.25 for hp in default)
-    cfg = {"train": {"pretrain": {"max_nonfinite_fraction": 0.05}}}
-    hps = [json.loads(h) for h in re.findall(r"--hparams '([^']*)'", dry_run(tmp_path, cfg, "-p").stdout)]
-    assert {hp["stage"]: hp["max_nonfinite_fraction"] for hp in hps} == {"pretrain": 0.05, "finetune": 0.25}
-
-
 def test_more_threads_than_cores_is_said_before_the_run(tmp_path):
     """Snakemake scales a job's threads down to --cores, but the engine pins torch to config threads: with more
     threads than cores every training job oversubscribes its cores and its timings are distorted."""
