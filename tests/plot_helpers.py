@@ -28,7 +28,7 @@ def fake_study(tmp_path, seeds=(1, 2, 3), mutate=None, bootstrap_resamples=0, **
     from precswitch.analysis.aggregate import aggregate
     from precswitch.analysis.fakes import write_fake_study
     from precswitch.analysis.settings import load_settings
-    from precswitch.analysis.stats import run_stats
+    from precswitch.analysis.cli import run_stats
 
     paths = write_fake_study(tmp_path / "s", seeds=list(seeds), **kw)
     if mutate is not None:

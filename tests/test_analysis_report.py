@@ -13,7 +13,7 @@ from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.plots import PLOT_NAMES, make_plots
 from precswitch.analysis.settings import load_settings
-from precswitch.analysis.stats import run_stats
+from precswitch.analysis.cli import run_stats
 from precswitch.cli import main
 from precswitch.errors import PrecswitchError
 

@@ -10,7 +10,8 @@ from precswitch.analysis.aggregate import aggregate
 from precswitch.analysis.fakes import write_fake_study
 from precswitch.analysis.paired import classify, holm, paired_contrast
 from precswitch.analysis.settings import load_settings
-from precswitch.analysis.stats import compute, run_stats
+from precswitch.analysis.cli import run_stats
+from precswitch.analysis.stats import compute
 from precswitch.errors import PrecswitchError
 
 FAST = {"bootstrap_resamples": 200}
@@ -273,7 +274,7 @@ def test_schedule_stage1_metrics_share_the_stage1_rows_holm_p_and_label(tmp_path
     from precswitch.analysis.aggregate import aggregate
     from precswitch.analysis.fakes import write_fake_study
     from precswitch.analysis.settings import load_settings
-    from precswitch.analysis.stats import run_stats
+    from precswitch.analysis.cli import run_stats
 
     paths = write_fake_study(tmp_path / "s", seeds=[1, 2, 3, 4], rng_seed=3)
     aggregate(paths, tmp_path / "t")

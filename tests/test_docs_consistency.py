@@ -208,7 +208,7 @@ def test_summary_and_deltas_columns_are_explained(tmp_path):
     from precswitch.analysis.aggregate import aggregate
     from precswitch.analysis.fakes import write_fake_study
     from precswitch.analysis.settings import load_settings
-    from precswitch.analysis.stats import run_stats
+    from precswitch.analysis.cli import run_stats
 
     paths = write_fake_study(tmp_path / "study", seeds=range(1, 4))
     aggregate(paths, tmp_path / "out")

@@ -59,6 +59,8 @@ def describe(x: Sequence[float], alpha: float = 0.05) -> dict:
     out.update(mean=float(x.mean()), min=float(x.min()), max=float(x.max()))
     if n >= 2:
         sd = float(x.std(ddof=1))
+        if sd <= 1e-9 * float(np.max(np.abs(x))):  # equal values, up to numpy's rounding (an SD of ~1e-16)
+            sd = 0.0
         out["std"] = sd
         if sd > 0:  # n equal values: no interval, not a point that reads as an exact mean
             lo, hi = stats.t.interval(1 - alpha, n - 1, loc=x.mean(), scale=sd / math.sqrt(n))
