@@ -135,6 +135,14 @@ def test_the_positive_control_is_detected_or_the_headline_says_the_study_cannot_
     assert pc["detected"] and pc["classification"] == "worse" and pc["mean"] < -4
     assert 0 < pc["mde"] < 6 and (pc["alpha"], pc["power"]) == (0.05, 0.8)
     assert "not sensitive enough" not in render(stats) and "**detected**" in render(stats)
+    # the control is tested alone (its raw p) and leaves the Holm family of the other comparisons as it was
+    _, _, none = compute(runs, sched, load_settings(bootstrap_resamples=0))
+    rows = {(r["a"], r["b"], r["family"]): r for r in stats["deltas"] if r["metric"] == pc["metric"]}
+    base = {(r["a"], r["b"], r["family"]): r for r in none["deltas"] if r["metric"] == pc["metric"]}
+    ctrl = rows[("fp16-fp16", "fp32-fp32", "vs_baseline")]
+    assert ctrl["p_holm"] == ctrl["p_t"] < base[("fp16-fp16", "fp32-fp32", "vs_baseline")]["p_holm"]
+    other = ("bf16-fp32", "fp32-fp32", "vs_baseline")
+    assert rows[other]["p_holm"] <= base[other]["p_holm"]
     _, _, weak = compute(runs, sched, load_settings(bootstrap_resamples=0, positive_control="bf16-fp32"))
     assert weak["positive_control"]["detected"] is False
     text = render(weak)

@@ -239,21 +239,33 @@ def _holm_family(mrows: list[dict], m: Metric, settings: dict) -> None:
     """Holm over the *distinct* comparisons of one metric (A vs B and B vs A, or the same pair in two families,
     count once and share one adjusted p): a comparison the verdict reports twice (a named contrast that is also
     a vs-baseline one) gets one p and one label. The power figures are then for the test the label uses: Holm's
-    strictest threshold, alpha / m (m comparisons with a p)."""
+    strictest threshold, alpha / m (m comparisons with a p). The positive control against the baseline is a check
+    of the instrument, not one of the study's claims: it is tested alone, at alpha, and does not widen the family."""
     alpha = settings["alpha"]
+    control = _control_key(settings)
     keys = list(dict.fromkeys(frozenset((r["a"], r["b"])) for r in mrows))
     first = {k: next(r for r in mrows if frozenset((r["a"], r["b"])) == k) for k in keys}
-    ps = dict(zip(keys, holm([first[k]["p_t"] for k in keys], alpha)))
-    pw = dict(zip(keys, holm([first[k]["p_wilcoxon"] for k in keys], alpha)))
-    m_family = max(1, sum(math.isfinite(p) for p in ps.values()))
+    claims = [k for k in keys if k != control]
+    ps = dict(zip(claims, holm([first[k]["p_t"] for k in claims], alpha)))
+    pw = dict(zip(claims, holm([first[k]["p_wilcoxon"] for k in claims], alpha)))
+    if control in first:
+        ps[control], pw[control] = first[control]["p_t"], first[control]["p_wilcoxon"]
+    m_family = max(1, sum(math.isfinite(ps[k]) for k in claims))
     for r in mrows:
         k = frozenset((r["a"], r["b"]))
         r["p_holm"], r["p_wilcoxon_holm"] = ps[k], pw[k]
-        if r["kind"] == "difference" and m_family > 1:
-            r.update(power_analysis(r["sd"], r["n_pairs"], alpha / m_family, settings["power"],
+        m_test = 1 if k == control else m_family
+        if r["kind"] == "difference" and m_test > 1:
+            r.update(power_analysis(r["sd"], r["n_pairs"], alpha / m_test, settings["power"],
                                     settings["margin"] if m.margin else None, observed=r["mean"]))
         r["classification"] = classify(r, alpha, m.higher_is_better)
         r["within_margin"] = within_margin(r)
+
+
+def _control_key(settings: dict) -> frozenset | None:
+    """The pair {positive control, baseline}, or None when the study has no control."""
+    name = settings.get("positive_control")
+    return frozenset((name, settings["baseline"])) if name else None
 
 
 #: schedule-level stage-1 metric → the stage-1 (pretrain run) metric it copies
@@ -503,14 +515,17 @@ def compute(runs, schedules, settings: dict) -> tuple[Any, Any, dict]:
 
 def positive_control(rows: list[dict], settings: dict, available: list, metric: str) -> dict | None:
     """The study's positive control (``analysis.positive_control``, a schedule known to be worse than the
-    baseline): whether it was detected (its label against the baseline is *worse*), its difference, and the
-    minimal detectable difference of the study (the largest over the comparisons of the headline metric, at
-    the Holm-adjusted alpha, with ``power``); None when no control is set."""
+    baseline): whether it was detected (its label against the baseline is *worse*, tested alone at alpha: it
+    checks the instrument and is no claim of the study), its difference, and the minimal detectable difference
+    of the study (the largest over its other comparisons of the headline metric, at the Holm-adjusted alpha,
+    with ``power``); None when no control is set."""
     name, base = settings.get("positive_control"), settings["baseline"]
     if not name:
         return None
     row = next((r for r in rows if r["family"] == "vs_baseline" and r["metric"] == metric and r["a"] == name), None)
+    # the smallest difference the study's own comparisons detect (the control's spread is not theirs)
     mdes = [r["mde"] for r in rows if r["metric"] == metric and r["family"] != "stage1"
+            and frozenset((r["a"], r["b"])) != _control_key(settings)
             and isinstance(r.get("mde"), float) and not math.isnan(r["mde"])]
     return {"schedule": name, "baseline": base, "ran": name in available, "metric": metric,
             "classification": row["classification"] if row else None,

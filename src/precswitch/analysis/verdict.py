@@ -541,8 +541,9 @@ def _control(v: _View) -> str:
            "none at these seeds" if pc.get("mde") == math.inf else "n/a")
     return (f"**Positive control** {name} vs `{pc['baseline']}`: **{found}** ({pc.get('classification')}, "
             f"{with_ci(pc.get('mean'), pc.get('ci_low'), pc.get('ci_high'))} points, {seeds(pc.get('n_pairs'))} "
-            f"pairs). Minimal detectable difference at these seeds: {mde} (largest over the comparisons; alpha "
-            f"{pc.get('alpha'):g} Holm-adjusted, power {pc.get('power'):g}).")
+            f"pairs; tested alone at alpha {pc.get('alpha'):g}: a check of the instrument, outside the Holm family "
+            f"of the study's comparisons). Minimal detectable difference at these seeds: {mde} (largest over the "
+            f"study's other comparisons; alpha {pc.get('alpha'):g} Holm-adjusted, power {pc.get('power'):g}).")
 
 
 def _input_caveats(v: _View) -> list[str]:
