@@ -5,6 +5,7 @@ off mid-study still brings its results back. The expensive end-to-end rehearsal 
 import copy
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -105,11 +106,16 @@ def test_a_lease_cut_off_mid_study_brings_back_its_results_without_states(tmp_pa
     """gpu_lease.sh --cpu-smoke with a budget far too short for the study: the pipeline is cut by its timeout, and
     $OUT still holds lease.log and results.tar.gz (the commit, logs; no checkpoint, resume state or data)."""
     out = tmp_path / "out"
+    smoke = ROOT / "results" / "gpu-lease-smoke"  # the smoke run's own folder: a leftover would resume, not be cut
+    shutil.rmtree(smoke, ignore_errors=True)
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "PYTHON": sys.executable,
-           "HOME": str(tmp_path), "PRECSWITCH_SITE": str(tmp_path / "site"), "LEASE_BUDGET_S": "120",
+           "HOME": str(tmp_path), "PRECSWITCH_SITE": str(tmp_path / "site"), "LEASE_BUDGET_S": "80",
            "LEASE_COMMIT": "0123abc"}
-    r = subprocess.run(["bash", str(LEASE / "gpu_lease.sh"), "--cpu-smoke"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    try:
+        r = subprocess.run(["bash", str(LEASE / "gpu_lease.sh"), "--cpu-smoke"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(smoke, ignore_errors=True)
     log = (out / "lease.log").read_text()
     assert r.returncode == 124, log[-3000:]  # the pipeline's timeout, not a success, not a preflight failure
     assert "pipeline exit 124" in log and "compile preflight" not in log
