@@ -155,7 +155,7 @@ def test_report_renders_in_a_real_browser(tiny_study, tmp_path):
         return " ".join(re.sub(r"<[^>]+>", " ", html).split())
 
     header = [text(c) for c in re.findall(r"<th.*?</th>", table.group(0), re.S)]
-    assert header[:3] == ["comparison", "accuracy Δ (points) [95% CI]", "accuracy"] and "memory ratio" in header
+    assert header[:3] == ["comparison", "test accuracy Δ (points) [95% CI]", "accuracy"] and "memory ratio" in header
     rows = [[text(c) for c in re.findall(r"<td.*?</td>", r, re.S)] for r in re.findall(r"<tr>.*?</tr>",
                                                                                      table.group(0), re.S)[1:]]
     assert [r[0] for r in rows[:2]] == [f"{a} vs {b}" for a, b in TINY["analysis"]["contrasts"]]
