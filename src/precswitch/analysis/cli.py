@@ -159,9 +159,10 @@ def _stats(args: argparse.Namespace) -> int:
                              bootstrap_resamples=args.bootstrap_resamples, seed=args.seed)
     stats = run_stats(args.runs, args.schedules, settings, args.out_dir, summary_csv=args.summary_csv,
                       summary_md=args.summary_md, deltas_csv=args.deltas_csv, stats_json=args.stats_json)
+    metric = "test_accuracy" if stats.get("split") == "test" else "accuracy"  # the split the verdict reports
     cls = {k: v for k, v in ((r["a"], r["classification"]) for r in stats["deltas"]
-                             if r["family"] == "vs_baseline" and r["metric"] == "accuracy")}
-    print(f"precswitch stats: vs {stats['baseline']}: "
+                             if r["family"] == "vs_baseline" and r["metric"] == metric)}
+    print(f"precswitch stats: vs {stats['baseline']} ({stats.get('split', 'dev')} split): "
           + (", ".join(f"{k} {v}" for k, v in cls.items()) or "no other schedules"), file=sys.stderr)
     return 0
 
