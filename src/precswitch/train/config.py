@@ -18,7 +18,6 @@ from .. import schema
 from .. import stage_rules as rules
 from ..errors import PrecswitchError
 from ..io import load_mapping_arg
-from ..stage_rules import switch_step  # noqa: F401  (the engine calls it C.switch_step)
 
 _INT = {"type": "integer", "minimum": 0}
 #: the keys only the trainer knows (the workflow sets them per job): JSON schema with defaults

@@ -23,6 +23,7 @@ from ...errors import PrecisionUnsupported, PrecswitchError
 from ...io import WriteRefused
 from ...telemetry import ActivationTelemetry
 from .. import config as C
+from ...stage_rules import switch_step
 from .batching import COMPILED_PAD_MULTIPLE, Batches, Prefetch, eval_batches, make_collator, model_columns
 from .evaluate import NO_EVAL_MASK, blown_up, evaluate, held_out_metrics
 from .inputs import build_model, init_info, load_data, load_tokenizer, model_pin, quiet_transformers
@@ -183,7 +184,7 @@ def setup_data(s: Stage) -> None:
             f"batch_size {hp['batch_size']} is larger than the training set ({train_rows} rows in {hp['data']!r})")
     per_epoch = train_rows // hp["batch_size"]  # = Batches.per_epoch
     s.total_steps = hp["steps"] if hp["steps"] is not None else max(1, int(round(hp["epochs"] * per_epoch)))
-    s.switch_step = C.switch_step(hp, s.total_steps)  # an epochs stage's switch point: refused before training
+    s.switch_step = switch_step(hp, s.total_steps)  # an epochs stage's switch point: refused before training
     if s.total_steps <= hp["timing_warmup_steps"]:  # metrics.json's timing_warmup_short; the verdict says it
         print(f"precswitch train {hp['run_id']}: warning: the stage has {s.total_steps} step(s), not more than "
               f"timing_warmup_steps {hp['timing_warmup_steps']}: its steady-state rates include the warm-up "
