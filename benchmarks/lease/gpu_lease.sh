@@ -63,6 +63,7 @@ echo "# wheels at $((SECONDS - t0)) s"
 [[ -x workflow/scripts/precswitch ]] || chmod +x workflow/scripts/precswitch 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null || echo "# no nvidia-smi"
 "$PY" benchmarks/lease/preflight.py || { echo "# lease stopped by its preflight at $((SECONDS - t0)) s"; exit 3; }
+echo "# preflight.py at $((SECONDS - t0)) s"
 SMK=("$PY" -m snakemake --cores all --keep-going --rerun-incomplete --nolock --configfile "${CONFIGS[@]}")
 # 3. stage 1 eager unless compile is asked for and (auto) a 30 s compile preflight passed in this lease; the
 #    decision is kept in results/ so that a resuming call runs the same config (a changed one reruns jobs)

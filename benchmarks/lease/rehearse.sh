@@ -15,6 +15,7 @@ VENV=${REHEARSAL_VENV:-.venv312}
 WORK=${REHEARSAL_DIR:-rehearsal}
 rm -rf "$WORK" && mkdir -p "$WORK"
 [[ -x $VENV/bin/python ]] || "$PY312" -m venv "$VENV"
+"$VENV/bin/pip" install -q packaging  # the image has it; wheels.py reads the lock's requirements with it
 # the image's pinned versions, and every other image package the carry or the pipeline imports (pip's choice)
 image=$("$VENV/bin/python" -c "
 import sys; sys.path.insert(0, 'benchmarks/lease'); import wheels
@@ -38,6 +39,11 @@ lease() {  # NAME, then env settings: one lease from a bare site, as on a fresh 
     PATH="$PWD/$VENV/bin:$PATH" "$@" bash benchmarks/lease/gpu_lease.sh --cpu-smoke > /dev/null 2>&1 || true
   echo "$name: wall $((SECONDS - t)) s, exit $(grep -o 'pipeline exit [0-9]*' "$WORK/$name/lease.log" | head -1)"
   ls -l "$WORK/$name" | awk 'NR > 1 {print "  ", $5, $9}'
+  # each job's wall seconds (its Snakemake benchmark file), and their sums by kind: training, data, analysis
+  find results/gpu-lease-smoke/benchmarks -name '*.tsv' 2>/dev/null | sort | while read -r f; do
+    echo "${f#results/gpu-lease-smoke/benchmarks/} $(tail -1 "$f" | cut -f1)"; done > "$WORK/$name/jobs.txt"
+  awk '{split($1, a, "/"); k = (a[1] == "pretrain" || a[1] == "finetune") ? "training" : a[1]; n[k]++; s[k] += $2}
+       END {for (k in n) printf "  %s: %d jobs, %.1f s\n", k, n[k], s[k]}' "$WORK/$name/jobs.txt"
 }
 # REHEARSAL_RUNS picks (a subset of) the three runs
 for run in ${REHEARSAL_RUNS:-eager compiled cut}; do
@@ -47,5 +53,5 @@ for run in ${REHEARSAL_RUNS:-eager compiled cut}; do
     cut) lease cut LEASE_BUDGET_S=120  # past the preflight (~40-90 s here), cut inside the pipeline
          tar -tzvf "$WORK/cut/results.tar.gz" | awk '{n++; s+=$3} END {print "cut: results.tar.gz holds", n, "entries,", s, "bytes"}' ;;
   esac
-  grep -h '^python \|^# wheels at\|^# preflight passed\|stage 1:\|pipeline exit\|results.tar.gz' "$WORK/$run/lease.log"
+  grep -h '^python \|^# wheels at\|^# preflight\|stage 1:\|pipeline exit\|results.tar.gz\|^# report at' "$WORK/$run/lease.log"
 done | tee "$WORK/summary.txt"
