@@ -24,6 +24,10 @@ t0=$SECONDS
 BUDGET=${LEASE_BUDGET_S:-570}
 left() { echo $((BUDGET - (SECONDS - t0))); }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# bytecode: the carried wheels are compiled as they install, and a module without its .pyc gets one at its first
+# import instead of being compiled again in each of the study's ~30 processes (this workplace's machines set
+# PYTHONDONTWRITEBYTECODE=1: transformers' BERT then took 16.9 s to import, 5.1 s with bytecode)
+unset PYTHONDONTWRITEBYTECODE
 PY=${PYTHON:-python3}
 # seconds a step may take keeping $1 back; 0 (skip it) under 10 s: never `timeout 0`, which means no limit
 limit() { "$PY" benchmarks/lease/lease_time.py limit "$(left)" "$1"; }
@@ -52,7 +56,7 @@ pack() {
 # 1. carried wheels (a warm machine keeps the site: install once)
 SITE=${PRECSWITCH_SITE:-/tmp/site}
 if compgen -G ".whl/*.whl" > /dev/null && [[ ! -f $SITE/.precswitch-wheels ]]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+  "$PY" -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     && touch "$SITE/.precswitch-wheels"
 fi
 [[ -d $SITE ]] && export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
