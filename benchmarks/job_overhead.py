@@ -149,8 +149,8 @@ def prepare_default(root: Path, cfg: dict) -> dict[str, Path]:
 def timed_job(src: Path, hp: dict, out: Path) -> dict:
     """One `precswitch train` in a fresh process running src's package: its phases (seconds)."""
     marks_file = out.with_suffix(".marks.json")
-    env = {k: v for k, v in os.environ.items() if k != "PRECSWITCH_WARM_SOCKET"}  # older packages: no warm start
-    env["PYTHONPATH"] = str(src)
+    # src's package first, then whatever the caller's path holds (a lease's carried site: jsonschema, datasets)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
     spawn = time.time()
     r = subprocess.run([PY, "-c", DRIVER, str(marks_file), "train", "--hparams", json.dumps(hp), "--out", str(out)],
                        env=env, capture_output=True, text=True)
