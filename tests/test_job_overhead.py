@@ -115,3 +115,18 @@ def test_job_overhead_phases_add_up():
     assert sum(p[n] for n, _ in jo.START_PHASES if p[n] is not None) == pytest.approx(p["to first step"])
 
 
+
+
+def test_job_overhead_stamps_every_phase_of_this_engine(tiny_data):
+    """The driver stamps the engine's functions where the engine looks them up: a real stage of this checkout has a
+    time for every phase and no stamp missing (a refactor that moves one fails here, not as a silent None)."""
+    root, src = tiny_data
+    run_cli(["prepare", "--source", src, "--tokenizer", "tok", "--objective", "mlm", "--max-length", "32",
+             "--out", "pj"], root)
+    hp = {"data": str(root / "pj"), "tokenizer": str(root / "tok"), "objective": "mlm", "precision": "fp32",
+          "steps": 2, "timing_warmup_steps": 1, "batch_size": 8, "threads": 1, "run_id": "jo", "stage": "pretrain",
+          "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                    "max_position_embeddings": 64}}
+    p = _job_overhead().timed_job(SRC, hp, root / "jo")
+    assert p["missing"] == []
+    assert all(p[n] is not None and p[n] >= 0 for n in p if n != "missing"), p
