@@ -116,7 +116,7 @@ def drop_full_attention_mask(batch: dict) -> dict:
     on the host before the batch goes to the device. Given such a mask on a GPU, transformers checks
     it there (``padding_mask.all()`` in its mask utilities: a device-to-host sync in the middle of
     every forward) and then attends without a mask; given none, it attends without a mask straight
-    away. Same kernels, same numbers (tests/test_engine_step.py), one sync per step fewer. A batch with
+    away. Same kernels, same numbers (tests/test_engine.py), one sync per step fewer. A batch with
     any padding keeps its mask."""
     mask = batch.get("attention_mask")
     if mask is not None and mask.device.type == "cpu" and bool(mask.all()):

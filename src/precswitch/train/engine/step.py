@@ -24,7 +24,7 @@ def mlm_forward(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.T
     ~85% whose label is -100; for a 30k vocabulary that projection is about a fifth of BERT-base's
     step. Here the encoder output is gathered at the labelled positions first, then the same head
     (``model.cls``: transform, LayerNorm, decoder tied to the embeddings) and the same loss (mean
-    cross-entropy over labelled tokens) run on those rows: equal loss and gradients (tests/test_engine_step.py),
+    cross-entropy over labelled tokens) run on those rows: equal loss and gradients (tests/test_engine.py),
     less work. The row count is padded to a multiple of 16 with ignored rows (tensor-core shapes).
 
     A batch with no masked token (possible with a small batch, short rows or a small mlm_probability) has
@@ -70,7 +70,7 @@ def cls_only_last_layer(model) -> bool:
     The classifier reads nothing but the pooled [CLS] vector, and in the last layer no other
     position feeds it except through that layer's keys and values. So the last layer needs keys and
     values for every token but queries, attention output, and feed-forward for [CLS] alone: the same
-    loss and gradients (tests/test_engine_step.py) for ~(1 - 1/seq) less of that layer's other work. The
+    loss and gradients (tests/test_engine.py) for ~(1 - 1/seq) less of that layer's other work. The
     model's weights, state dict and checkpoints are untouched (the instance's forward is replaced).
     Returns False (and changes nothing) for a model without that structure.
     """
