@@ -9,7 +9,7 @@ check (precswitch.study.check). A data case is a data file named by a config: th
 files' headers), then the loader `precswitch prepare` runs before any training job (priority 2). A case counts as
 refused cleanly when a check raises the package's error (ConfigError / PrecswitchError: one line, no traceback)
 whose message names what it should (the key or the file). Prints one line per case that is not, then the count.
-``CONFIGS`` and ``DATA`` are the catalog tests/test_config_checks.py runs too.
+``CONFIGS`` and ``DATA`` are the catalog tests/test_study_config_checks.py runs too.
 """
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ def count_ops(cfg: dict, name: str, *, mlm: bool, batch: int = 2, seq: int = 16,
     second step: AdamW's first creates its state). On a GPU each of them is host work (a kernel launch, or a
     view or allocation), which is what an eager step's host time is made of: the op count of two models' steps
     scales the host time measured for one to the other (gpu_hours.py --extrapolate). The count depends on the
-    layers and the step, not on widths, batch or sequence length (tests/test_gpu.py), so a copy of the model
+    layers and the step, not on widths, batch or sequence length (tests/test_engine_gpu_slots.py), so a copy of the model
     narrowed to `width` (default 64; None: cfg's own widths) is counted. tf32 is fp32's step with a backend
     flag: fp32's count."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -178,7 +178,7 @@ def load_references(paths: list[Path]) -> dict[tuple[str, str], list[dict]]:
 def op_count(layers: int, objective: str, precision: str) -> int:
     """Aten ops of one eager engine step of a `layers`-layer BERT (gpu_check.count_ops, on this CPU): the
     counts of a 1- and a 2-layer model, extended by the second's extra ops per layer (each layer adds the
-    same number: tests/test_gpu_check.py; widths, batch and length change nothing), cached per process."""
+    same number: tests/test_bench_gpu_check.py; widths, batch and length change nothing), cached per process."""
     key = (objective, precision)
     if key not in _OPS:
         import gpu_check  # torch and transformers: only for --extrapolate

@@ -43,7 +43,7 @@ def _stats_with_settings(tmp_path, capsys, runs, sched, text):
     return rc, _err(capsys), out
 
 
-def test_stats_settings_numbers_that_are_not_numbers_name_their_key(tmp_path, capsys):
+def test_stats_settings_of_the_wrong_type_name_their_key(tmp_path, capsys):
     """A numeric analysis setting that is not one names its key and value: 'margin: abc' said only 'a numeric
     setting is not a number (could not convert string to float: 'abc')', 'bootstrap_resamples: .inf' ended in a
     traceback (OverflowError) and 'bootstrap_resamples: 1.5' silently ran 1 resample."""
@@ -53,7 +53,8 @@ def test_stats_settings_numbers_that_are_not_numbers_name_their_key(tmp_path, ca
                        ("bootstrap_resamples: 1.5\n", "analysis setting 'bootstrap_resamples' must be a whole number, got 1.5"),
                        ("seed: x\n", "analysis setting 'seed' must be a whole number, got 'x'"),
                        ("power: [0.8]\n", "analysis setting 'power' must be a number, got [0.8]"),
-                       ("alpha: true\n", "analysis setting 'alpha' must be a number, got True")):
+                       ("alpha: true\n", "analysis setting 'alpha' must be a number, got True"),
+                       ("contrasts: A vs B\n", "analysis setting 'contrasts' must be a list of [A, B] pairs")):
         rc, err, out = _stats_with_settings(tmp_path, capsys, runs, sched, text)
         assert rc == 2 and want in err and err.count("\n") == 1 and not out.exists(), (text, err)
     cfg = tmp_path / "a.yaml"

@@ -125,11 +125,19 @@ def test_contracts_hparams_block_names_every_engine_hyperparameter():
     assert not missing, f"precswitch.train.config.DEFAULTS keys contracts.md's hparams block lacks: {missing}"
 
 
-# --------------------------------------------------------------------------- docs/errors.md
-ERRORS = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
-#: the parametrized test a bare `test_x.py::...[<prefix>N]` reference means
-PARAMETRIZED = {"cfg": ("test_config_checks.py", "test_a_bad_config_is_refused_naming_its_key"),
-                "patch": ("test_engine.py", "test_bad_hparams_named_before_training")}
+# --------------------------------------------------------------------------- test files the docs and code name
+def test_every_test_the_docs_and_code_name_exists():
+    """`test_x.py` and `test_x.py::test_y` named in the docs, the code or the benchmarks (docs/errors.md points each
+    refusal at its test) are files of tests/, and test_y a test in it: a renamed or folded test leaves no stale name."""
+    texts = [p for d in ("docs", "config", "src", "benchmarks", "workflow") for p in (ROOT / d).rglob("*")
+             if p.suffix in (".md", ".py", ".yaml", ".sh", ".smk", ".rst")] + [ROOT / "README.md"]
+    stale = set()
+    for path in texts:
+        for file, name in re.findall(r"\b(test_[a-z0-9_]+\.py)(?:::(test_[a-z0-9_]+))?", path.read_text("utf-8")):
+            test = ROOT / "tests" / file
+            if not test.is_file() or (name and not re.search(rf"^def {name}\(", test.read_text("utf-8"), re.M)):
+                stale.add(f"{path.relative_to(ROOT)}: {file}{'::' + name if name else ''}")
+    assert not stale, sorted(stale)
 
 
 # --------------------------------------------------------------------------- CLI options, config keys, precisions

@@ -1,7 +1,7 @@
 """The Snakemake workflow without training: DAG shape, config validation, lint, format, docs.
 
 Dry runs only (a few seconds each); the end-to-end runs are in test_workflow_e2e.py, the config errors in
-test_config_checks.py.
+test_study_config_checks.py.
 """
 
 from __future__ import annotations

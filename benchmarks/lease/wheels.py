@@ -5,7 +5,7 @@ The lock (wheels.lock.json) is a resolution for the GPU machine: Python 3.12, th
 from the device tool's KINDS.md; the pipeline-relevant ones it does not list are ASSUMED and marked so), and
 ROOTS (snakemake with its report extra, datasets, jsonschema). pip resolves ROOTS under those pins; what it would
 add beyond the image's packages (gpu_image_packages.txt) is locked with each wheel's file, size and requirements,
-so tests/test_lease.py re-checks the resolution offline.
+so tests/test_bench_lease.py re-checks the resolution offline.
 
   python benchmarks/lease/wheels.py list       # what a lease installs (name, version, MiB) and the total
   python benchmarks/lease/wheels.py lock       # re-resolve (run with a Python 3.12 holding the image's versions:

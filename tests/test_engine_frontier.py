@@ -156,7 +156,7 @@ FRONTIER_CASES = [
 @pytest.mark.parametrize("cfg, key, allowed", FRONTIER_CASES)
 def test_config_errors_name_the_key(cfg, key, allowed):
     """Refused when the workflow reads the config (precswitch.study.check: the schema, then the cross-key checks),
-    before any DAG; test_config_checks.py runs a dry run for the same kind of refusal."""
+    before any DAG; test_study_config_checks.py runs a dry run for the same kind of refusal."""
     with pytest.raises(study.ConfigError) as e:
         study.check(cfg)
     assert e.value.key == key

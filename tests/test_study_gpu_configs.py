@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_fetch import make_tiny_model
+from test_data_fetch import make_tiny_model
 from workflow_helpers import job_counts
 
 ROOT = Path(__file__).resolve().parents[1]
