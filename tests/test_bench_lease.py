@@ -4,6 +4,7 @@ off mid-study still brings its results back. The expensive end-to-end rehearsal 
 
 import copy
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -131,6 +132,9 @@ def test_a_lease_cut_off_mid_study_brings_back_its_results_without_states(tmp_pa
         names = t.getnames()
         commit = t.extractfile("results/gpu-lease-smoke/lease-commit.txt").read().decode().strip()
     assert commit == "0123abc"
+    with tarfile.open(tar) as t:  # the jobs that finished before the cut record the commit too (no .git there)
+        ran = [json.load(t.extractfile(n))["git_commit"] for n in names if n.endswith("/metrics.json")]
+    assert set(ran) <= {"0123abc"}, ran
     assert any(n.startswith("results/gpu-lease-smoke/logs/") for n in names), names
     assert not [n for n in names if n.startswith("results/gpu-lease-smoke/data/") or "/checkpoint" in n
                 or "/resume" in n or n.endswith(".pt")]

@@ -37,6 +37,7 @@ if (( SMOKE )); then CONFIGS+=(benchmarks/lease/cpu-smoke.yaml); RESULTS=results
 mkdir -p "$RESULTS"
 COMMIT=${LEASE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 echo "$COMMIT" > "$RESULTS/lease-commit.txt"
+export PRECSWITCH_GIT_COMMIT=$COMMIT  # every metrics.json's git_commit (precswitch.measure): no .git travels
 echo "# lease: $(date -u +%FT%TZ) commit=$COMMIT smoke=$SMOKE budget=${BUDGET}s configs=${CONFIGS[*]}"
 
 # the results without what is large or private to a run (resume states, checkpoints, prepared data), under 16 MiB
