@@ -1,4 +1,4 @@
-"""The real file loaders through the whole workflow, for real: tests/configs/real-files.yaml reads
+"""The real file loaders through the workflow up to the verdict, for real: tests/configs/real-files.yaml reads
 WikiText-2 raw text (stage 1) and the GLUE MRPC TSVs (stage 2) from ../shared/data. Its own file so that
 it runs beside test_workflow_e2e.py's tiny study on another worker."""
 
