@@ -21,7 +21,7 @@ from precswitch.errors import PrecswitchError
 STEP = 0.05  # points: one example of a 2,000-example eval set
 SIG = ("better", "worse")
 ALPHAS = (0.05, 0.05 / 3, 0.01)
-FEW = settings(max_examples=60, deadline=None)
+FEW = settings(max_examples=20, deadline=None, derandomize=True)  # the same 20 examples on every run
 
 
 def fixed(d, alpha=0.05, margin=1.0):
@@ -111,8 +111,11 @@ def _study(tmp_path, **kw):
     return aggregate(write_fake_study(tmp_path / "s", **kw), tmp_path / "t")
 
 
+TWO = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}  # one comparison, where the family is apart
+
+
 def test_the_test_split_is_reported_when_every_run_has_it_and_dev_is_caveated_otherwise(tmp_path):
-    runs, sched = _study(tmp_path, seeds=range(1, 4), test_split=True)
+    runs, sched = _study(tmp_path, schedules=TWO, seeds=range(1, 4), test_split=True)
     _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
     assert (stats["split"], stats["accuracy_metric"]) == ("test", "test_accuracy")
     assert {"test_accuracy", "test_f1", "test_mcc"} <= set(deltas["metric"])
@@ -152,7 +155,7 @@ def test_the_positive_control_is_detected_or_the_headline_says_the_study_cannot_
 
 
 def test_cpu_capabilities_are_shown_and_a_mixed_study_is_warned_about(tmp_path):
-    runs, sched = _study(tmp_path, seeds=range(1, 4))
+    runs, sched = _study(tmp_path, schedules=TWO, seeds=range(1, 4))
     stats = compute(runs, sched, load_settings(bootstrap_resamples=0))[2]
     assert "cpu capability" not in render(stats)  # metrics without the keys: nothing shown, nothing broken
     runs = runs.assign(cpu_capability=["AVX2" if i % 2 else "AVX512" for i in range(len(runs))],

@@ -144,7 +144,8 @@ def _with_load(runs, start, end, cpu_count=2, device="cpu"):
 
 
 def test_load_check(tmp_path):
-    runs, sched = _study(tmp_path, seeds=range(1, 4))
+    two = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}  # one comparison: the check is apart
+    runs, sched = _study(tmp_path, schedules=two, seeds=range(1, 4))
     s = load_settings(**FAST)
     # old runs: no load columns → nothing
     assert "load_avg_1m_start" not in runs

@@ -21,7 +21,7 @@ from precswitch.errors import EXIT_PREEMPTED  # noqa: E402
 from precswitch.train.engine import loop as engine_loop, state as engine_state  # noqa: E402
 
 TINY = {"max_position_embeddings": 64, "hidden_size": 32, "intermediate_size": 64}
-STEPS = 120
+STEPS = 60  # the first state is saved at step 4: a window of 56 steps to stop the stage in
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,10 @@ def setup(tmp_path_factory):
     data = make_prepared(root, "mlm", n_train=256)
     hp = {"data": str(data), "precision": "amp_fp16", "steps": STEPS, "seed": 5, "model": TINY, "threads": 1,
           "checkpoint_every_steps": 4}
-    ref = root / "reference"
-    r = _start(hp, ref)
-    assert r.wait(timeout=300) == 0, r.stderr.read()
+    ref = root / "reference"  # the uninterrupted run, in this process (a train job's run_stage, without its start-up)
+    from precswitch.train.engine import run_stage
+
+    assert run_stage(hp, ref)["status"] == "ok"
     return hp, ref
 
 
@@ -41,6 +42,14 @@ def _start(hp: dict, out: Path) -> subprocess.Popen:
         [sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(hp), "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+
+
+def _rerun(hp: dict, out: Path) -> None:
+    """The rerun of a stopped stage: `precswitch train` in this process (the resume a new job makes, without a
+    second start-up of torch and transformers)."""
+    from precswitch.cli import main as cli_main
+
+    assert cli_main(["train", "--hparams", json.dumps(hp), "--out", str(out)]) == 0
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -76,8 +85,7 @@ def test_stop_signal_saves_state_and_rerun_resumes_identically(setup, tmp_path, 
     err = p.stderr.read()
     assert f"preempted: {name} at step" in err and "Traceback" not in err, err
     assert (out / "resume" / "state.pt").is_file() and not (out / "metrics.json").exists()
-    r = _start(hp, out)
-    assert r.wait(timeout=300) == 0, r.stderr.read()
+    _rerun(hp, out)
     m = json.loads((out / "metrics.json").read_text())
     assert m["resumed"] is True and m["attempts"] == 2 and m["train_seconds"] > 0
     assert not (out / "resume").exists()  # cleaned up after success
@@ -93,14 +101,13 @@ def test_kill9_at_random_step_then_rerun_is_identical(setup, tmp_path):
     p.kill()
     p.wait(timeout=30)
     assert not (out / "metrics.json").exists()
-    r = _start(hp, out)
-    assert r.wait(timeout=300) == 0, r.stderr.read()
+    _rerun(hp, out)
     m = json.loads((out / "metrics.json").read_text())
     assert m["resumed"] is True and m["attempts"] == 2
     _same_result(ref, out)
 
 
-def test_resume_state_of_other_hparams_is_set_aside_and_the_stage_starts_over(setup, tmp_path):
+def test_resume_state_of_other_hparams_is_set_aside_and_the_stage_starts_over(setup, tmp_path, capsys):
     """A stage stopped, then rerun with other hyper-parameters (the study's config edited before the rerun, which
     Snakemake reruns the job for): its state cannot be resumed. The rerun used to stop with 'delete it to start
     over', and Snakemake with it, after the first such job; now the state is moved aside (kept, not deleted), the
@@ -112,13 +119,11 @@ def test_resume_state_of_other_hparams_is_set_aside_and_the_stage_starts_over(se
     p.kill()
     p.wait(timeout=30)
     old_state = (out / "resume" / "state.pt").read_bytes()
-    new = {**hp, "lr": 1e-3}
-    r = subprocess.run([sys.executable, "-m", "precswitch.cli", "train", "--hparams", json.dumps(new), "--out", str(out)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    capsys.readouterr()
+    _rerun({**hp, "lr": 1e-3}, out)
     stale = list(out.glob("resume.stale-*"))
     assert len(stale) == 1 and (stale[0] / "state.pt").read_bytes() == old_state
-    line = next(ln for ln in r.stderr.splitlines() if "belongs to different hyper-parameters" in ln)
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if "belongs to different hyper-parameters" in ln)
     assert f"moved to {str(stale[0])!r}; the stage starts over" in line, line
     m = json.loads((out / "metrics.json").read_text())
     assert m["resumed"] is False and m["attempts"] == 1 and m["hparams"]["lr"] == 1e-3

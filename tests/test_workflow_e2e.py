@@ -1,20 +1,29 @@
 """The whole workflow for real, on tiny configs (slow: a few minutes on 2 cores).
 
 One study of tests/configs/tiny.yaml (4 schedules, 2 of them sharing stage 1, one without stage 1,
-2 seeds) is run once per module; the tests then read its tables, build the report (and render it in
-a browser) and check what a config change reruns.
+2 seeds) is run once per module, the way a crash leaves one: kill -9 of snakemake (and its jobs) in the
+middle of the grid, a rerun refused until the stale lock is removed (`--unlock`, as the README says), then
+the rerun of only the unfinished jobs. The tests then check that every finished output stayed
+byte-identical with an unchanged mtime, read the study's tables, build the report (and render it in a
+browser) and check what a config change reruns.
 """
 
 from __future__ import annotations
 
+import base64
 import math
+import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
-from workflow_helpers import CONFIGS, job_counts, load_config, snakemake, write_config
+from workflow_helpers import CONFIGS, SNAKEFILE, job_counts, load_config, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -23,19 +32,69 @@ STAGE1 = {s["pretrain"] for s in TINY["schedules"].values() if "pretrain" in s}
 N_RUNS = len(STAGE1) * len(TINY["seeds"]) + len(TINY["schedules"]) * len(TINY["seeds"])
 
 
+def _incomplete(workdir: Path) -> set[Path]:
+    """Outputs Snakemake still marks incomplete (a job it started and never saw finish).
+
+    Markers are files under .snakemake/incomplete named by the url-safe base64 of the output path,
+    split into path segments ('@' marks a continued segment).
+    """
+    root = workdir / ".snakemake" / "incomplete"
+    out = set()
+    for f in root.rglob("*") if root.exists() else []:
+        if f.is_file() and f.name != "migration_underway":
+            b64 = "".join(part.lstrip("@") for part in f.relative_to(root).parts)
+            out.add((workdir / base64.urlsafe_b64decode(b64).decode()).resolve())
+    return out
+
+
+def _finished(workdir: Path) -> dict[Path, tuple[bytes, int]]:
+    """metrics.json of every stage run that Snakemake saw finish."""
+    runs = workdir / "results" / "runs"
+    skip = _incomplete(workdir)
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in runs.rglob("metrics.json") if p.resolve() not in skip}
+
+
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny-study")
     cfg = CONFIGS / "tiny.yaml"
+    out = workdir.parent / f"{workdir.name}-killed.log"
+    with open(out, "w") as f:  # own process group: kill -9 takes its jobs too
+        p = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "-d", str(workdir), "--cores",
+                              "2", "--configfile", str(cfg)], stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while len(_finished(workdir)) < 2:  # mid-grid: two stage runs finished, the study not
+        assert p.poll() is None, f"snakemake ended before two stage runs finished:\n{out.read_text()[-4000:]}"
+        if time.monotonic() > deadline:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise AssertionError("timed out waiting for two finished stage runs")
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    before = _finished(workdir)
+    locked = snakemake(workdir, "--cores", "2", "--configfile", cfg, timeout=120)
+    snakemake(workdir, "--unlock", "--configfile", cfg, timeout=120, check=True)
     proc = snakemake(workdir, "--cores", "2", "--configfile", cfg, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return workdir, cfg, proc
+    return SimpleNamespace(workdir=workdir, cfg=cfg, before=before, locked=locked, rerun=proc)
+
+
+def test_a_grid_killed_midway_is_locked_then_reruns_only_its_unfinished_jobs(tiny_study):
+    before, after = tiny_study.before, _finished(tiny_study.workdir)
+    assert 2 <= len(before) < N_RUNS, "killed too late: every stage run had already finished (the window missed)"
+    # the stale lock refused the rerun, clearly
+    assert tiny_study.locked.returncode != 0 and "LockException" in tiny_study.locked.stdout + tiny_study.locked.stderr
+    assert len(after) == N_RUNS
+    log = tiny_study.rerun.stdout + tiny_study.rerun.stderr
+    for path, (data, mtime) in before.items():
+        assert after[path] == (data, mtime), f"{path} was rerun or changed"
+        assert f"output: {path.parent.relative_to(tiny_study.workdir)}/metrics.json" not in log  # not run again
 
 
 def test_tables_have_one_row_per_run_and_schedule_seed(tiny_study):
     import pandas as pd
 
-    workdir, _, _ = tiny_study
+    workdir = tiny_study.workdir
     runs = pd.read_csv(workdir / "results" / "runs.csv")
     schedules = pd.read_csv(workdir / "results" / "schedules.csv")
     assert len(runs) == N_RUNS and runs["run_id"].is_unique
@@ -57,7 +116,7 @@ def test_tables_have_one_row_per_run_and_schedule_seed(tiny_study):
 def test_values_are_sane(tiny_study):
     import pandas as pd
 
-    workdir, _, _ = tiny_study
+    workdir = tiny_study.workdir
     runs = pd.read_csv(workdir / "results" / "runs.csv")
     schedules = pd.read_csv(workdir / "results" / "schedules.csv")
     assert set(runs["status"]) == {"ok"}
@@ -80,7 +139,7 @@ def test_values_are_sane(tiny_study):
 
 
 def test_analysis_outputs(tiny_study):
-    workdir, _, _ = tiny_study
+    workdir = tiny_study.workdir
     results = workdir / "results"
     for name in ("summary.csv", "summary.md", "deltas.csv", "stats.json", "verdict.md"):
         assert (results / name).stat().st_size > 0, name
@@ -98,7 +157,7 @@ def test_analysis_outputs(tiny_study):
 
 
 def test_report_builds(tiny_study):
-    workdir, cfg, _ = tiny_study
+    workdir, cfg = tiny_study.workdir, tiny_study.cfg
     proc = snakemake(workdir, "--configfile", cfg, "--report", "results/report.html", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     html = (workdir / "results" / "report.html").read_text(errors="replace")
@@ -108,7 +167,7 @@ def test_report_builds(tiny_study):
 
 
 def test_changing_one_schedule_reruns_only_what_depends_on_it(tiny_study, tmp_path):
-    workdir, _, _ = tiny_study
+    workdir = tiny_study.workdir
     cfg = yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
     # stage 2 of bf16-bf16 in pure bf16: its 2 fine-tunes rerun; the shared amp_bf16 stage 1 does not
     cfg["schedules"]["bf16-bf16"]["finetune"] = "pure_bf16"
@@ -132,7 +191,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium; CI does)")
 def test_report_renders_in_a_real_browser(tiny_study, tmp_path):
     """Headless Chromium loads the report: no JavaScript errors, navigation and every plot present."""
-    workdir, cfg, _ = tiny_study
+    workdir, cfg = tiny_study.workdir, tiny_study.cfg
     report = workdir / "results" / "report.html"
     if not report.exists():
         snakemake(workdir, "--configfile", cfg, "--report", "results/report.html", timeout=300, check=True)
