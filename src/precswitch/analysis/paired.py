@@ -340,7 +340,7 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
             if sd == 0:  # the sign test: any consistent difference once n reaches its minimum, none before
                 out["mde"] = 0.0 if n >= _sign_seeds(alpha, "two-sided") else math.inf
             else:
-                out["mde"] = _mde_dz(tp, n, alpha, power) * sd
+                out["mde"] = _mde_dz(n, alpha, power) * sd
         if margin is not None and math.isfinite(margin):
             out["seeds_needed"] = seeds_to_detect(margin, sd, alpha, power, tp)
     return out
@@ -394,12 +394,17 @@ def _chi2_nodes(df: int, k: int = 20_000):
     return stats.chi2.ppf((np.arange(k) + 0.5) / k, df)
 
 
-def _mde_dz(tp, n: int, alpha: float, power: float) -> float:
+@functools.lru_cache(maxsize=256)
+def _mde_dz(n: int, alpha: float, power: float) -> float:
     """Smallest standardized paired effect detected with ``power`` by n pairs at ``alpha``. statsmodels'
     solve_power is taken when its answer checks out against the exact power; at 2-3 pairs with a Holm-divided
     alpha it returns a non-root without raising (e.g. 5.0 SD at n = 3, alpha 0.0125, where the power is
-    0.61 and the answer 6.55), so the root is then found on the exact power."""
+    0.61 and the answer 6.55), so the root is then found on the exact power. A function of (n, alpha, power)
+    alone, kept per process: a study asks it the same few questions for every comparison and metric."""
     from scipy.optimize import brentq
+    from statsmodels.stats.power import TTestPower
+
+    tp = TTestPower()
 
     if paired_t_power(0.0, n, alpha) >= power:  # power <= alpha: even no effect is "detected"
         return 0.0
