@@ -326,12 +326,9 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
     """Minimum detectable paired effect at ``power`` for n pairs (``mde``), pairs needed to detect a
     ``margin``-sized difference (``seeds_needed``) and to detect the ``observed`` mean difference
     (``seeds_needed_observed``): two different questions, reported apart."""
-    from statsmodels.stats.power import TTestPower
-
     out = {"mde": math.nan, "seeds_needed": math.nan}
     if not math.isfinite(sd):
         return out
-    tp = TTestPower()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if observed is not None:
@@ -342,21 +339,20 @@ def power_analysis(sd: float, n: int, alpha: float = 0.05, power: float = 0.8,
             else:
                 out["mde"] = _mde_dz(n, alpha, power) * sd
         if margin is not None and math.isfinite(margin):
-            out["seeds_needed"] = seeds_to_detect(margin, sd, alpha, power, tp)
+            out["seeds_needed"] = seeds_to_detect(margin, sd, alpha, power)
     return out
 
 
-def seeds_to_detect(effect: float, sd: float, alpha: float, power: float, tp=None) -> float:
+def seeds_to_detect(effect: float, sd: float, alpha: float, power: float) -> float:
     """Fewest paired seeds whose paired t-test detects a difference ``effect`` with ``power`` at ``alpha``,
     the paired SD being ``sd``; NaN for no effect, inf beyond 10,000 seeds."""
     if not (math.isfinite(effect) and math.isfinite(sd)) or effect <= 0:
         return math.nan
     if sd == 0:  # the degenerate test is a sign test (see _t_test)
         return _sign_seeds(alpha, "two-sided")
-    if tp is None:
-        from statsmodels.stats.power import TTestPower
+    from statsmodels.stats.power import TTestPower
 
-        tp = TTestPower()
+    tp = TTestPower()
     nn = math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -524,8 +524,9 @@ def positive_control(rows: list[dict], settings: dict, available: list, metric: 
         return None
     row = next((r for r in rows if r["family"] == "vs_baseline" and r["metric"] == metric and r["a"] == name), None)
     # the smallest difference the study's own comparisons detect (the control's spread is not theirs)
+    control = _control_key(settings)
     mdes = [r["mde"] for r in rows if r["metric"] == metric and r["family"] != "stage1"
-            and frozenset((r["a"], r["b"])) != _control_key(settings)
+            and frozenset((r["a"], r["b"])) != control
             and isinstance(r.get("mde"), float) and not math.isnan(r["mde"])]
     return {"schedule": name, "baseline": base, "ran": name in available, "metric": metric,
             "classification": row["classification"] if row else None,
