@@ -15,22 +15,11 @@ def _sentences(n: int, seed: int) -> list[str]:
 
 
 def make_tokenizer(out: Path, max_length: int = 32):
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    """The product's WordPiece tokenizer (vocabulary 60) on the fixture's sentences: the same ids in every process
+    (tokenizers' own trainer breaks ties in hash-map order, so the engine tests' data changed from run to run)."""
+    from precswitch.data.tokenizer import train_wordpiece, wrap_fast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(_sentences(200, 0), trainers.WordPieceTrainer(vocab_size=60, special_tokens=specials))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-        mask_token="[MASK]", model_max_length=max_length,
-    )
+    fast = wrap_fast(train_wordpiece(_sentences(200, 0), 60), max_length)
     fast.save_pretrained(out)
     return fast
 
