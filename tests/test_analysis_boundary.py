@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from precswitch.analysis.aggregate import aggregate
-from precswitch.analysis.fakes import write_fake_study
+from precswitch.analysis.fakes import TWO_SCHEDULES, write_fake_study
 from precswitch.analysis.paired import classify, describe_proportion, paired_contrast
 from precswitch.analysis.sequential import decide
 from precswitch.analysis.settings import load_settings
@@ -111,11 +111,8 @@ def _study(tmp_path, **kw):
     return aggregate(write_fake_study(tmp_path / "s", **kw), tmp_path / "t")
 
 
-TWO = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}  # one comparison, where the family is apart
-
-
 def test_the_test_split_is_reported_when_every_run_has_it_and_dev_is_caveated_otherwise(tmp_path):
-    runs, sched = _study(tmp_path, schedules=TWO, seeds=range(1, 4), test_split=True)
+    runs, sched = _study(tmp_path, schedules=TWO_SCHEDULES, seeds=range(1, 4), test_split=True)
     _, deltas, stats = compute(runs, sched, load_settings(bootstrap_resamples=0))
     assert (stats["split"], stats["accuracy_metric"]) == ("test", "test_accuracy")
     assert {"test_accuracy", "test_f1", "test_mcc"} <= set(deltas["metric"])
@@ -155,7 +152,7 @@ def test_the_positive_control_is_detected_or_the_headline_says_the_study_cannot_
 
 
 def test_cpu_capabilities_are_shown_and_a_mixed_study_is_warned_about(tmp_path):
-    runs, sched = _study(tmp_path, schedules=TWO, seeds=range(1, 4))
+    runs, sched = _study(tmp_path, schedules=TWO_SCHEDULES, seeds=range(1, 4))
     stats = compute(runs, sched, load_settings(bootstrap_resamples=0))[2]
     assert "cpu capability" not in render(stats)  # metrics without the keys: nothing shown, nothing broken
     runs = runs.assign(cpu_capability=["AVX2" if i % 2 else "AVX512" for i in range(len(runs))],

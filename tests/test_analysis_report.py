@@ -10,7 +10,7 @@ import pytest
 from plot_helpers import fake_study
 
 from precswitch.analysis.aggregate import aggregate
-from precswitch.analysis.fakes import write_fake_study
+from precswitch.analysis.fakes import TWO_SCHEDULES, write_fake_study
 from precswitch.analysis.plots import PLOT_NAMES, make_plots
 from precswitch.analysis.settings import load_settings
 from precswitch.analysis.cli import run_stats
@@ -57,8 +57,7 @@ def test_plots_explicit_outputs_and_bad_names(study, tmp_path):
 
 
 def test_plots_without_fp16_runs(tmp_path):
-    paths = write_fake_study(tmp_path / "s", seeds=[1, 2],
-                             schedules={"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")})
+    paths = write_fake_study(tmp_path / "s", seeds=[1, 2], schedules=TWO_SCHEDULES)
     aggregate(paths, tmp_path / "t")
     run_stats(tmp_path / "t" / "runs.csv", tmp_path / "t" / "schedules.csv", load_settings(bootstrap_resamples=0),
               tmp_path / "t")

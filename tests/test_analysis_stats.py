@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from precswitch.analysis.aggregate import aggregate
-from precswitch.analysis.fakes import write_fake_study
+from precswitch.analysis.fakes import TWO_SCHEDULES, write_fake_study
 from precswitch.analysis.paired import classify, holm, paired_contrast
 from precswitch.analysis.settings import load_settings
 from precswitch.analysis.cli import run_stats
@@ -144,8 +144,7 @@ def _with_load(runs, start, end, cpu_count=2, device="cpu"):
 
 
 def test_load_check(tmp_path):
-    two = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}  # one comparison: the check is apart
-    runs, sched = _study(tmp_path, schedules=two, seeds=range(1, 4))
+    runs, sched = _study(tmp_path, schedules=TWO_SCHEDULES, seeds=range(1, 4))  # one comparison: the check is apart
     s = load_settings(**FAST)
     # old runs: no load columns → nothing
     assert "load_avg_1m_start" not in runs

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib.util
 import json
 import statistics
-import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +32,6 @@ COMMAND_S = 600  # the device tool's limit on one command
 BUDGET_S = 570  # LEASE_BUDGET_S: the command less 30 s for the tool's kill margin and the last tar
 SPARE = 0.25
 COMPILE_S = 30  # a stage-1 job's cold compile (CUDA graphs), and the compile preflight's own limit
-#: seconds outside the training jobs (see the module docstring), in the order the lease spends them
 #: seconds outside the training jobs, in the order the lease spends them (the CPU rehearsal's, rounded up)
 FIXED = {"wheels": 15, "preflight": 15, "snakemake -n": 10,
          "synth, tokenizer, prepare x2 (side by side)": 15, "aggregate, stats, plots, verdict": 15, "report": 10,

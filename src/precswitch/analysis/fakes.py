@@ -19,6 +19,8 @@ DEFAULT_SCHEDULES = {
     "fp16-fp16": ("amp_fp16", "amp_fp16"),
     "bf16-fp32": ("amp_bf16", "fp32"),
 }
+#: the smallest study with a comparison: one schedule against the baseline (one power analysis, not six)
+TWO_SCHEDULES = {"fp32-fp32": ("fp32", "fp32"), "bf16-fp32": ("amp_bf16", "fp32")}
 
 _SPEED = {"fp32": 1.0, "tf32": 1.0, "amp_fp16": 1.05, "amp_bf16": 1.35, "pure_fp16": 1.45, "pure_bf16": 1.9}
 _MEM = {"fp32": 1.0, "tf32": 1.0, "amp_fp16": 1.1, "amp_bf16": 1.1, "pure_fp16": 0.6, "pure_bf16": 0.6}
